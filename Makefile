@@ -1,0 +1,54 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both build .venv themselves.
+# System packages: redis-server (tests start private ones) and bubblewrap are installed with
+# apt-get when missing and we are root; otherwise the target says what to install.
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+PKGS := common services/reward services/rollout services/trainer
+PYPROJECTS := $(addsuffix /pyproject.toml,$(PKGS))
+
+.PHONY: demo test test-fast lint fmt protos check-protos system-deps clean bench
+
+$(STAMP): $(PYPROJECTS) requirements-dev.txt
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --disable-pip-version-check torch==2.13.0
+	$(PIP) install -q --disable-pip-version-check $(addprefix -e ,$(PKGS)) -r requirements-dev.txt
+	touch $@
+
+system-deps:
+	@command -v redis-server >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server; \
+	  else echo "please install redis-server (apt-get install redis-server)"; exit 1; fi; }
+
+protos: $(STAMP)
+	PY=$(PY) scripts/gen_protos.sh
+
+check-protos: $(STAMP)
+	PY=$(PY) scripts/check_protos.sh
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+fmt: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+test: $(STAMP) system-deps check-protos lint
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP) system-deps
+	$(PY) -m pytest -q -m "not slow"
+
+bench: $(STAMP) system-deps
+	$(PY) bench/run_all.py
+
+demo: $(STAMP) system-deps
+	$(PY) -m grpo.reward.demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Code shared by the GRPO services: settings, logging, gRPC servers, auth, ports."""

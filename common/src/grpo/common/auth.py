@@ -1,0 +1,59 @@
+"""Optional bearer-token auth for gRPC servers and clients.
+
+Health checks and reflection stay open: Kubernetes probes cannot send a token.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+def token_matches(given: str | None, expected: str) -> bool:
+    """Constant-time comparison of an `Authorization` value against `Bearer <expected>`."""
+    if not given:
+        return False
+    return hmac.compare_digest(given.encode(), f"Bearer {expected}".encode())
+
+
+def _deny(message: str) -> grpc.RpcMethodHandler:
+    def abort(request: Any, context: grpc.ServicerContext) -> None:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    return grpc.unary_unary_rpc_method_handler(abort)
+
+
+class BearerTokenInterceptor(grpc.ServerInterceptor):
+    """Rejects calls without `authorization: Bearer <token>`.
+
+    `method_tokens` maps a full method name to its own token (e.g. the weight-update
+    endpoint can require a different one from Generate).
+    """
+
+    def __init__(self, token: str | None, method_tokens: dict[str, str] | None = None) -> None:
+        self.token = token
+        self.method_tokens = method_tokens or {}
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        method = handler_call_details.method
+        expected = self.method_tokens.get(method, self.token)
+        if expected is None or method.startswith(OPEN_SERVICES):
+            return continuation(handler_call_details)
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        if token_matches(metadata.get("authorization"), expected):
+            return continuation(handler_call_details)
+        return _deny(f"{method} needs 'authorization: Bearer <token>' metadata")
+
+
+def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """Call metadata carrying the token, or nothing when auth is off."""
+    return (("authorization", f"Bearer {token}"),) if token else ()

@@ -1,0 +1,97 @@
+"""One way to load a service's settings: defaults < config file < env < CLI flags.
+
+Each service declares one pydantic settings class (a docstring under each field) and
+calls `load_settings` before it imports anything heavy, so `--help` is instant and a
+bad value is reported with the field's name before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic_settings import (
+    BaseSettings,
+    CliSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def service_config(env_prefix: str, prog: str) -> SettingsConfigDict:
+    """The settings-class config every service uses (kebab-case flags, env prefix)."""
+    return SettingsConfigDict(
+        env_prefix=env_prefix,
+        cli_prog_name=prog,
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_avoid_json=True,
+        extra="forbid",
+        validate_default=True,
+    )
+
+
+def _split_config_flag(argv: list[str]) -> tuple[Path | None, list[str]]:
+    """Take `--config PATH` (or `--config=PATH`) out of argv; the rest goes to the CLI parser."""
+    rest: list[str] = []
+    path: Path | None = None
+    it = iter(argv)
+    for arg in it:
+        if arg == "--config":
+            value = next(it, None)
+            if value is None:
+                raise SystemExit("--config needs a path")
+            path = Path(value)
+        elif arg.startswith("--config="):
+            path = Path(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+    return path, rest
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A YAML or JSON mapping (JSON is YAML); an empty file is an empty mapping."""
+    if not path.is_file():
+        raise SystemExit(f"config file not found: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise SystemExit(f"config file {path} must hold a mapping of setting names to values")
+    # Config files use the field names; accept kebab-case keys too.
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def load_settings(cls: type[S], argv: list[str] | None = None, env_file_var: str | None = None) -> S:
+    """Build `cls` from its defaults, a config file, the environment and CLI flags.
+
+    The config file comes from `--config PATH` or from the environment variable
+    `env_file_var` (e.g. GRPO_REWARD_CONFIG).
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    path, rest = _split_config_flag(argv)
+    if path is None and env_file_var and os.environ.get(env_file_var):
+        path = Path(os.environ[env_file_var])
+    file_values = read_config_file(path) if path else {}
+
+    class _Loaded(cls):  # type: ignore[valid-type, misc]
+        @classmethod
+        def settings_customise_sources(
+            cls_,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            cli = CliSettingsSource(settings_cls, cli_parse_args=rest)
+            # Earlier sources win: CLI > env > file (init) > defaults.
+            return (cli, env_settings, init_settings)
+
+    _Loaded.__name__ = cls.__name__
+    _Loaded.__doc__ = cls.__doc__
+    loaded = _Loaded(**file_values)
+    return cls.model_validate(loaded.model_dump())

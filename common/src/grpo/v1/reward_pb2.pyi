@@ -1,0 +1,255 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class VerifyMathRequest(_message.Message):
+    __slots__ = ("answer", "gold", "timeout_s")
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    GOLD_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    answer: str
+    gold: str
+    timeout_s: float
+    def __init__(self, answer: _Optional[str] = ..., gold: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class VerifyMathResponse(_message.Message):
+    __slots__ = ("correct", "status", "extracted_answer", "detail", "wall_s")
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    EXTRACTED_ANSWER_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
+    correct: bool
+    status: str
+    extracted_answer: str
+    detail: str
+    wall_s: float
+    def __init__(self, correct: _Optional[bool] = ..., status: _Optional[str] = ..., extracted_answer: _Optional[str] = ..., detail: _Optional[str] = ..., wall_s: _Optional[float] = ...) -> None: ...
+
+class ExecuteRequest(_message.Message):
+    __slots__ = ("language", "code", "stdin", "timeout_s", "memory_mb")
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    STDIN_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    language: str
+    code: str
+    stdin: str
+    timeout_s: float
+    memory_mb: int
+    def __init__(self, language: _Optional[str] = ..., code: _Optional[str] = ..., stdin: _Optional[str] = ..., timeout_s: _Optional[float] = ..., memory_mb: _Optional[int] = ...) -> None: ...
+
+class ExecuteResponse(_message.Message):
+    __slots__ = ("status", "exit_code", "stdout", "stderr", "wall_s")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    wall_s: float
+    def __init__(self, status: _Optional[str] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., wall_s: _Optional[float] = ...) -> None: ...
+
+class CodeTest(_message.Message):
+    __slots__ = ("stdio",)
+    STDIO_FIELD_NUMBER: _ClassVar[int]
+    ASSERT_FIELD_NUMBER: _ClassVar[int]
+    stdio: StdioTest
+    def __init__(self, stdio: _Optional[_Union[StdioTest, _Mapping]] = ..., **kwargs) -> None: ...
+
+class StdioTest(_message.Message):
+    __slots__ = ("stdin", "expected_stdout")
+    STDIN_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_STDOUT_FIELD_NUMBER: _ClassVar[int]
+    stdin: str
+    expected_stdout: str
+    def __init__(self, stdin: _Optional[str] = ..., expected_stdout: _Optional[str] = ...) -> None: ...
+
+class VerifyCodeRequest(_message.Message):
+    __slots__ = ("language", "code", "tests", "timeout_s", "memory_mb")
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    TESTS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    language: str
+    code: str
+    tests: _containers.RepeatedCompositeFieldContainer[CodeTest]
+    timeout_s: float
+    memory_mb: int
+    def __init__(self, language: _Optional[str] = ..., code: _Optional[str] = ..., tests: _Optional[_Iterable[_Union[CodeTest, _Mapping]]] = ..., timeout_s: _Optional[float] = ..., memory_mb: _Optional[int] = ...) -> None: ...
+
+class CodeTestResult(_message.Message):
+    __slots__ = ("verdict", "exit_code", "stdout", "stderr", "wall_s")
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
+    verdict: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    wall_s: float
+    def __init__(self, verdict: _Optional[str] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., wall_s: _Optional[float] = ...) -> None: ...
+
+class VerifyCodeResponse(_message.Message):
+    __slots__ = ("passed", "total", "tests")
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TESTS_FIELD_NUMBER: _ClassVar[int]
+    passed: int
+    total: int
+    tests: _containers.RepeatedCompositeFieldContainer[CodeTestResult]
+    def __init__(self, passed: _Optional[int] = ..., total: _Optional[int] = ..., tests: _Optional[_Iterable[_Union[CodeTestResult, _Mapping]]] = ...) -> None: ...
+
+class MathCheck(_message.Message):
+    __slots__ = ("gold",)
+    GOLD_FIELD_NUMBER: _ClassVar[int]
+    gold: str
+    def __init__(self, gold: _Optional[str] = ...) -> None: ...
+
+class CodeCheck(_message.Message):
+    __slots__ = ("tests", "language", "timeout_s")
+    TESTS_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    tests: _containers.RepeatedCompositeFieldContainer[CodeTest]
+    language: str
+    timeout_s: float
+    def __init__(self, tests: _Optional[_Iterable[_Union[CodeTest, _Mapping]]] = ..., language: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class FormatCheck(_message.Message):
+    __slots__ = ("think_tag", "answer_tag", "think_prefilled")
+    THINK_TAG_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_TAG_FIELD_NUMBER: _ClassVar[int]
+    THINK_PREFILLED_FIELD_NUMBER: _ClassVar[int]
+    think_tag: str
+    answer_tag: str
+    think_prefilled: bool
+    def __init__(self, think_tag: _Optional[str] = ..., answer_tag: _Optional[str] = ..., think_prefilled: _Optional[bool] = ...) -> None: ...
+
+class LanguageCheck(_message.Message):
+    __slots__ = ("target",)
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    def __init__(self, target: _Optional[str] = ...) -> None: ...
+
+class OverlongCheck(_message.Message):
+    __slots__ = ("max_tokens", "buffer_tokens", "completion_tokens")
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    max_tokens: int
+    buffer_tokens: int
+    completion_tokens: int
+    def __init__(self, max_tokens: _Optional[int] = ..., buffer_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+
+class RewardModelCheck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PluginCheck(_message.Message):
+    __slots__ = ("kwargs_json",)
+    KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    kwargs_json: str
+    def __init__(self, kwargs_json: _Optional[str] = ...) -> None: ...
+
+class Checks(_message.Message):
+    __slots__ = ("math", "code", "format", "language", "overlong", "reward_model", "plugins")
+    class PluginsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: PluginCheck
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[PluginCheck, _Mapping]] = ...) -> None: ...
+    MATH_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    OVERLONG_FIELD_NUMBER: _ClassVar[int]
+    REWARD_MODEL_FIELD_NUMBER: _ClassVar[int]
+    PLUGINS_FIELD_NUMBER: _ClassVar[int]
+    math: MathCheck
+    code: CodeCheck
+    format: FormatCheck
+    language: LanguageCheck
+    overlong: OverlongCheck
+    reward_model: RewardModelCheck
+    plugins: _containers.MessageMap[str, PluginCheck]
+    def __init__(self, math: _Optional[_Union[MathCheck, _Mapping]] = ..., code: _Optional[_Union[CodeCheck, _Mapping]] = ..., format: _Optional[_Union[FormatCheck, _Mapping]] = ..., language: _Optional[_Union[LanguageCheck, _Mapping]] = ..., overlong: _Optional[_Union[OverlongCheck, _Mapping]] = ..., reward_model: _Optional[_Union[RewardModelCheck, _Mapping]] = ..., plugins: _Optional[_Mapping[str, PluginCheck]] = ...) -> None: ...
+
+class ScoreItem(_message.Message):
+    __slots__ = ("id", "prompt", "completion", "checks", "weights")
+    class WeightsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    prompt: str
+    completion: str
+    checks: Checks
+    weights: _containers.ScalarMap[str, float]
+    def __init__(self, id: _Optional[str] = ..., prompt: _Optional[str] = ..., completion: _Optional[str] = ..., checks: _Optional[_Union[Checks, _Mapping]] = ..., weights: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class ScoreRequest(_message.Message):
+    __slots__ = ("items", "timeout_s")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[ScoreItem]
+    timeout_s: float
+    def __init__(self, items: _Optional[_Iterable[_Union[ScoreItem, _Mapping]]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class ComponentResult(_message.Message):
+    __slots__ = ("score", "status", "detail")
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    score: float
+    status: str
+    detail: str
+    def __init__(self, score: _Optional[float] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class ScoreResult(_message.Message):
+    __slots__ = ("id", "reward", "status", "error", "components")
+    class ComponentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: ComponentResult
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ComponentResult, _Mapping]] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    reward: float
+    status: str
+    error: str
+    components: _containers.MessageMap[str, ComponentResult]
+    def __init__(self, id: _Optional[str] = ..., reward: _Optional[float] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., components: _Optional[_Mapping[str, ComponentResult]] = ...) -> None: ...
+
+class ScoreResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[ScoreResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[ScoreResult, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,64 @@
+"""The engine interface: what the rollout service needs from vLLM or transformers."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]
+    # log_softmax(logits / temperature) of each sampled token, before top-p/top-k
+    # truncation (temperature 0 counts as 1): the same quantity the trainer computes.
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" | "length"
+
+
+@dataclass
+class PromptOutput:
+    prompt_token_ids: list[int]
+    samples: list[Sample] = field(default_factory=list)
+
+
+class Engine(ABC):
+    """A loaded model that samples completions and accepts new weights in place.
+
+    The service serialises calls: `load_weights` never runs during `generate`, so no
+    sequence mixes two weight versions.
+    """
+
+    name: str
+    tokenizer: Any  # a transformers tokenizer
+    max_context: int
+
+    @abstractmethod
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[PromptOutput]:
+        """`params.n` samples for each tokenised prompt, in prompt order."""
+
+    @abstractmethod
+    def weight_specs(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Name -> (safetensors dtype, shape) of every weight an update must provide."""
+
+    @abstractmethod
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Replace the weights with `tensors` (already validated against `weight_specs`)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the engine's resources."""
