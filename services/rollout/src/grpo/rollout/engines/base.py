@@ -60,5 +60,13 @@ class Engine(ABC):
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Replace the weights with `tensors` (already validated against `weight_specs`)."""
 
+    def weights_checksum(self) -> str:
+        """sha256 of the loaded weights as `grpo.common.weights.weights_checksum` defines it.
+
+        The service reports it as the checksum of version 0; "" when the engine cannot read
+        its weights back (then version 0 reports an empty checksum).
+        """
+        return ""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's resources."""

@@ -1,0 +1,194 @@
+"""Rollout benchmarks, each against a reference measured in the same run → bench/results/rollout.json.
+
+(a) tokens/s through gRPC Generate vs the same engine in-process (target >= 0.9x);
+(b) UpdateWeights of a ~200 MB model vs safetensors save + load + copy through /dev/shm (target <= 2x);
+(c) how long a Generate waits while an update is applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "service"))
+
+from grpo.common.tiny_model import ensure_tiny_model  # noqa: E402
+from grpo.common.weights import model_weights, push_weights  # noqa: E402
+from grpo.rollout.engines.base import SamplingParams  # noqa: E402
+from grpo.rollout.engines.hf import HFEngine  # noqa: E402
+from grpo.v1 import rollout_pb2 as pb  # noqa: E402
+from grpo.v1 import rollout_pb2_grpc as pb_grpc  # noqa: E402
+from rollout_proc import start_rollout_service  # noqa: E402
+
+log = logging.getLogger("bench_rollout")
+# ~50M parameters (~200 MB in fp32) with the tiny model's tokenizer.
+BIG = {"hidden_size": 512, "num_hidden_layers": 12, "num_attention_heads": 8, "num_key_value_heads": 4}
+BIG |= {"intermediate_size": 2048}
+QUESTIONS = [f"What is {a} + {b}?" for a, b in [(3, 4), (12, 30), (7, 8), (51, 9), (2, 2), (40, 17), (66, 5), (1, 99)]]
+
+
+def throughput(log_dir: Path, reps: int) -> dict:
+    """(a) the same requests through the service and through an in-process engine, interleaved."""
+    path = str(ensure_tiny_model())
+    engine = HFEngine(path, torch_threads=1)
+    sampling = pb.SamplingParams(n=16, temperature=1.0, max_new_tokens=64, seed=0)
+    params = SamplingParams(n=16, temperature=1.0, max_new_tokens=64, seed=0)
+    prompts = [pb.Prompt(text=q, apply_chat_template=True) for q in QUESTIONS]
+    proc = start_rollout_service("--model", path, log_dir=log_dir)
+    try:
+        with grpc.insecure_channel(proc.address) as channel:
+            stub = pb_grpc.RolloutServiceStub(channel)
+            reply = stub.Generate(pb.GenerateRequest(prompts=prompts, sampling=sampling), timeout=300)
+            ids = [list(r.prompt_token_ids) for r in reply.results]
+            engine.generate(ids, params)  # warm-up
+            service_rates, local_rates = [], []
+            for _ in range(reps):
+                start = time.perf_counter()
+                reply = stub.Generate(pb.GenerateRequest(prompts=prompts, sampling=sampling), timeout=300)
+                tokens = sum(len(c.token_ids) for r in reply.results for c in r.completions)
+                service_rates.append(tokens / (time.perf_counter() - start))
+                start = time.perf_counter()
+                out = engine.generate(ids, params)
+                local = sum(len(s.token_ids) for o in out for s in o.samples)
+                local_rates.append(local / (time.perf_counter() - start))
+                assert local == tokens, "same seed, same engine: the same tokens"
+    finally:
+        proc.stop()
+    service, local = statistics.median(service_rates), statistics.median(local_rates)
+    return {
+        "workload": "8 prompts x n=16 x <=64 new tokens, tiny model fp32, 1 torch thread",
+        "tokens_per_request": tokens,
+        "service_tokens_per_s": round(service, 1),
+        "in_process_tokens_per_s": round(local, 1),
+        "ratio": round(service / local, 3),
+        "target": ">= 0.9",
+        "ok": service / local >= 0.9,
+    }
+
+
+def reference_reload(tensors: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> float:
+    """safetensors save to /dev/shm, load, copy into the live tensors: the in-process baseline."""
+    from safetensors.torch import load_file, save_file
+
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    file = shm / f"grpo-bench-{time.time_ns()}.safetensors"
+    start = time.perf_counter()
+    try:
+        save_file(tensors, str(file))
+        loaded = load_file(str(file))
+        with torch.no_grad():
+            for name, t in loaded.items():
+                target[name].copy_(t)
+    finally:
+        file.unlink(missing_ok=True)
+    return time.perf_counter() - start
+
+
+def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
+    """(b) end-to-end UpdateWeights vs the /dev/shm reload, and (c) the pause it causes to Generate."""
+    from transformers import AutoModelForCausalLM
+
+    path = ensure_tiny_model(**BIG)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    live = model_weights(model)
+    params = sum(t.numel() for t in live.values())
+    size = sum(t.numel() * t.element_size() for t in live.values())
+    proc = start_rollout_service("--model", str(path), log_dir=log_dir)
+    push_s, ref_s, replies = [], [], []
+    try:
+        for version in range(1, reps + 1):
+            new = {k: v + 0.01 * version for k, v in live.items()}
+            start = time.perf_counter()
+            replies.append(push_weights(proc.address, new, version, timeout_s=300))
+            push_s.append(time.perf_counter() - start)
+            ref_s.append(reference_reload(new, {k: v.clone() for k, v in live.items()}))
+        pause = generation_pause(proc.address, live, reps + 1)
+    finally:
+        proc.stop()
+    push, ref = statistics.median(push_s), statistics.median(ref_s)
+    update = {
+        "params": params,
+        "bytes": size,
+        "update_weights_s": round(push, 4),
+        "server_receive_s": round(statistics.median(r.receive_s for r in replies), 4),
+        "server_apply_s": round(statistics.median(r.apply_s for r in replies), 4),
+        "throughput_gb_per_s": round(size / push / 1e9, 3),
+        "reference_shm_save_load_copy_s": round(ref, 4),
+        "ratio": round(push / ref, 3),
+        "target": "<= 2.0",
+        "ok": push / ref <= 2.0,
+    }
+    return update, pause
+
+
+def generation_pause(address: str, live: dict[str, torch.Tensor], version: int) -> dict:
+    """(c) short Generate calls in a loop while an update streams in: how much longer does the slowest wait?"""
+    request = pb.GenerateRequest(
+        prompts=[pb.Prompt(text=QUESTIONS[0], apply_chat_template=True)],
+        sampling=pb.SamplingParams(n=1, temperature=0, max_new_tokens=4),
+    )
+    latencies: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.RolloutServiceStub(channel)
+            while not stop.is_set():
+                start = time.perf_counter()
+                stub.Generate(request, timeout=60)
+                latencies.append((start, time.perf_counter() - start))
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    time.sleep(1.0)
+    new = {k: v - 0.01 for k, v in live.items()}
+    begin = time.perf_counter()
+    reply = push_weights(address, new, version, timeout_s=300)
+    end = time.perf_counter()
+    time.sleep(0.5)
+    stop.set()
+    thread.join()
+    before = [lat for s, lat in latencies if s + lat < begin]
+    during = [lat for s, lat in latencies if s < end and s + lat > begin]
+    baseline = statistics.median(before)
+    worst = max(during) if during else 0.0
+    return {
+        "generate_baseline_s": round(baseline, 4),
+        "generate_worst_during_update_s": round(worst, 4),
+        "pause_s": round(max(worst - baseline, 0.0), 4),
+        "server_apply_s": round(reply.apply_s, 4),
+        "update_total_s": round(end - begin, 4),
+        "generate_calls_during_update": len(during),
+        "note": "weights are received outside the generation lock; only the apply (copy) blocks Generate",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rollout.json")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
+        result = {"generate_throughput": throughput(Path(tmp), args.reps)}
+        log.info("throughput: %s", result["generate_throughput"])
+        result["update_weights"], result["generation_pause"] = weight_updates(Path(tmp), args.reps)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

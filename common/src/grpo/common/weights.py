@@ -1,0 +1,255 @@
+"""Weight transport between the trainer (sender) and rollout replicas (receivers).
+
+The stream is one `WeightHeader` then the raw tensor bytes, in header order. Canonical
+order is the tensor names sorted; the names are the checkpoint names (what
+`save_pretrained` writes to model.safetensors: tied weights appear once). The checksum
+is the sha256 hex digest of the concatenated little-endian bytes of every tensor in that
+order, so sender and receiver compute the same value from the same weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from grpo.common.auth import bearer_metadata
+from grpo.common.grpc_server import MAX_MESSAGE_BYTES
+from grpo.v1 import rollout_pb2, rollout_pb2_grpc
+
+if TYPE_CHECKING:
+    import torch
+
+CHUNK_BYTES = 4 * 1024 * 1024
+# safetensors dtype name -> (torch dtype attribute, bytes per element)
+DTYPES: dict[str, tuple[str, int]] = {
+    "F64": ("float64", 8),
+    "F32": ("float32", 4),
+    "F16": ("float16", 2),
+    "BF16": ("bfloat16", 2),
+    "I64": ("int64", 8),
+    "I32": ("int32", 4),
+    "I16": ("int16", 2),
+    "I8": ("int8", 1),
+    "U8": ("uint8", 1),
+    "BOOL": ("bool", 1),
+}
+
+Specs = dict[str, tuple[str, tuple[int, ...]]]
+
+
+class WeightUpdateError(ValueError):
+    """A weight stream that cannot be applied; the message says what is wrong."""
+
+    def __init__(self, message: str, precondition: bool = False) -> None:
+        super().__init__(message)
+        # True when the stream is fine but does not fit the state (an older version).
+        self.precondition = precondition
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for name, (attr, _) in DTYPES.items():
+        if str(dtype) == f"torch.{attr}":
+            return name
+    raise WeightUpdateError(f"unsupported tensor dtype {dtype}")
+
+
+def to_torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    if name not in DTYPES:
+        raise WeightUpdateError(f"unsupported dtype {name!r}; known: {sorted(DTYPES)}")
+    return getattr(torch, DTYPES[name][0])
+
+
+def nbytes(dtype: str, shape: Iterable[int]) -> int:
+    count = 1
+    for d in shape:
+        count *= int(d)
+    return count * DTYPES[dtype][1]
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's raw bytes without a copy when it is already contiguous on the CPU."""
+    import torch
+
+    flat = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    return memoryview(flat.numpy())
+
+
+def model_weights(model: Any) -> dict[str, torch.Tensor]:
+    """A model's checkpoint tensors by name, tied duplicates (e.g. lm_head = embeddings) dropped."""
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        key = (t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size(), tuple(t.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t
+    return out
+
+
+def specs_of(tensors: Mapping[str, torch.Tensor]) -> Specs:
+    return {name: (dtype_name(t.dtype), tuple(t.shape)) for name, t in tensors.items()}
+
+
+def weights_checksum(tensors: Mapping[str, torch.Tensor]) -> str:
+    """sha256 hex of the tensor bytes in canonical (sorted-name) order."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(tensor_bytes(tensors[name]))
+    return h.hexdigest()
+
+
+def make_header(
+    tensors: Mapping[str, torch.Tensor], version: int, checksum: str | None = None
+) -> rollout_pb2.WeightHeader:
+    specs = specs_of(tensors)
+    names = sorted(tensors)
+    return rollout_pb2.WeightHeader(
+        version=version,
+        tensors=[rollout_pb2.TensorSpec(name=n, dtype=specs[n][0], shape=specs[n][1]) for n in names],
+        sha256=checksum or weights_checksum(tensors),
+        total_bytes=sum(nbytes(*specs[n]) for n in names),
+    )
+
+
+def iter_weight_chunks(
+    tensors: Mapping[str, torch.Tensor],
+    version: int,
+    chunk_bytes: int = CHUNK_BYTES,
+    checksum: str | None = None,
+) -> Iterator[rollout_pb2.WeightChunk]:
+    """The header, then the bytes in chunks of at most `chunk_bytes`, tensor by tensor.
+
+    Small tensors are packed together; large ones are sliced, so no copy of the whole model is made.
+    """
+    yield rollout_pb2.WeightChunk(header=make_header(tensors, version, checksum))
+    pending: list[memoryview] = []
+    size = 0
+    for name in sorted(tensors):
+        view = tensor_bytes(tensors[name])
+        start = 0
+        while start < len(view):
+            take = min(chunk_bytes - size, len(view) - start)
+            pending.append(view[start : start + take])
+            size += take
+            start += take
+            if size == chunk_bytes:
+                yield rollout_pb2.WeightChunk(data=b"".join(pending))
+                pending, size = [], 0
+    if pending:
+        yield rollout_pb2.WeightChunk(data=b"".join(pending))
+
+
+class WeightAssembler:
+    """Receives a weight stream and checks it against the engine's specs before anything is applied."""
+
+    def __init__(self, specs: Specs, loaded_version: int) -> None:
+        self.specs = specs
+        self.loaded_version = loaded_version
+        self.header: rollout_pb2.WeightHeader | None = None
+        self.buffer = bytearray()
+        self.offset = 0
+        self.hash = hashlib.sha256()
+
+    def feed(self, chunk: rollout_pb2.WeightChunk) -> None:
+        kind = chunk.WhichOneof("kind")
+        if kind == "header":
+            if self.header is not None:
+                raise WeightUpdateError("a second header arrived; send exactly one header, first")
+            self._accept_header(chunk.header)
+        elif kind == "data":
+            if self.header is None:
+                raise WeightUpdateError("data arrived before the header; the first message must be the header")
+            self._accept_data(chunk.data)
+        else:
+            raise WeightUpdateError("empty WeightChunk: set either header or data")
+
+    def _accept_header(self, header: rollout_pb2.WeightHeader) -> None:
+        if header.version <= self.loaded_version:
+            raise WeightUpdateError(
+                f"version {header.version} is not newer than the loaded version {self.loaded_version}",
+                precondition=True,
+            )
+        got = {t.name: (t.dtype, tuple(t.shape)) for t in header.tensors}
+        if len(got) != len(header.tensors):
+            raise WeightUpdateError("the header names a tensor twice")
+        missing, extra = sorted(set(self.specs) - set(got)), sorted(set(got) - set(self.specs))
+        if missing or extra:
+            raise WeightUpdateError(f"tensor names differ from the model's: missing {missing[:5]}, unknown {extra[:5]}")
+        for name, want in self.specs.items():
+            if got[name] != want:
+                raise WeightUpdateError(f"tensor {name}: got dtype/shape {got[name]}, the model has {want}")
+        expected = sum(nbytes(*got[t.name]) for t in header.tensors)
+        if header.total_bytes != expected:
+            raise WeightUpdateError(f"header total_bytes {header.total_bytes} != {expected} implied by the tensors")
+        if len(header.sha256) != 64:
+            raise WeightUpdateError("header sha256 must be a 64-character hex digest")
+        self.header = header
+        self.buffer = bytearray(expected)
+
+    def _accept_data(self, data: bytes) -> None:
+        end = self.offset + len(data)
+        if end > len(self.buffer):
+            raise WeightUpdateError(f"stream is longer than the header's total_bytes {len(self.buffer)}")
+        self.buffer[self.offset : end] = data
+        self.hash.update(data)
+        self.offset = end
+
+    def finish(self) -> tuple[int, str, dict[str, torch.Tensor]]:
+        """(version, checksum, tensors) once the whole stream has arrived and checked out."""
+        import torch
+
+        if self.header is None:
+            raise WeightUpdateError("the stream had no header")
+        if self.offset != len(self.buffer):
+            raise WeightUpdateError(f"stream truncated: got {self.offset} of {len(self.buffer)} bytes")
+        digest = self.hash.hexdigest()
+        if digest != self.header.sha256:
+            raise WeightUpdateError(
+                f"sha256 mismatch: the bytes hash to {digest}, the header says {self.header.sha256}"
+            )
+        tensors: dict[str, torch.Tensor] = {}
+        offset = 0
+        for spec in self.header.tensors:
+            size = nbytes(spec.dtype, spec.shape)
+            if size:
+                flat = torch.frombuffer(self.buffer, dtype=torch.uint8, count=size, offset=offset)
+                tensors[spec.name] = flat.view(to_torch_dtype(spec.dtype)).reshape(tuple(spec.shape))
+            else:
+                tensors[spec.name] = torch.empty(tuple(spec.shape), dtype=to_torch_dtype(spec.dtype))
+            offset += size
+        return self.header.version, digest, tensors
+
+
+def assemble(chunks: Iterable[rollout_pb2.WeightChunk], specs: Specs, loaded_version: int) -> tuple[int, str, dict]:
+    assembler = WeightAssembler(specs, loaded_version)
+    for chunk in chunks:
+        assembler.feed(chunk)
+    return assembler.finish()
+
+
+def push_weights(
+    address: str,
+    tensors: Mapping[str, torch.Tensor],
+    version: int,
+    token: str | None = None,
+    timeout_s: float = 120.0,
+    chunk_bytes: int = CHUNK_BYTES,
+    checksum: str | None = None,
+) -> rollout_pb2.UpdateWeightsResponse:
+    """Stream `tensors` as `version` to the rollout replica at `address`; raises grpc.RpcError on rejection."""
+    options = [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ]
+    start = time.monotonic()
+    with grpc.insecure_channel(address, options=options) as channel:
+        stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+        chunks = iter_weight_chunks(tensors, version, chunk_bytes, checksum)
+        remaining = max(timeout_s - (time.monotonic() - start), 1.0)
+        return stub.UpdateWeights(chunks, timeout=remaining, metadata=bearer_metadata(token))

@@ -1,0 +1,106 @@
+{{/* Names, labels and shared snippets. */}}
+
+{{- define "grpo.fullname" -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "grpo.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Selector labels of one component: include "grpo.selector" (list $ "reward") */}}
+{{- define "grpo.selector" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ $root.Chart.Name }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "grpo.image" -}}
+{{- $root := index . 0 -}}
+{{- printf "%s/grpo-%s:%s" $root.Values.image.registry (index . 1) $root.Values.image.tag -}}
+{{- end -}}
+
+{{- define "grpo.redisUrl" -}}
+{{- if .Values.redis.enabled -}}
+{{- printf "redis://%s-redis:6379/0" (include "grpo.fullname" .) -}}
+{{- else -}}
+{{- required "redis.externalUrl is required when redis.enabled is false" .Values.redis.externalUrl -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "grpo.secretName" -}}
+{{- if .Values.auth.create -}}{{ include "grpo.fullname" . }}-auth{{- else -}}{{ required "auth.existingSecret is required when auth.create is false" .Values.auth.existingSecret }}{{- end -}}
+{{- end -}}
+
+{{/* Pod-level security context shared by the unprivileged pods. */}}
+{{- define "grpo.podSecurity" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.securityContext.runAsUser }}
+runAsGroup: {{ .Values.securityContext.runAsGroup }}
+fsGroup: {{ .Values.securityContext.fsGroup }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Container security context: read-only root, no privilege escalation, no capabilities. */}}
+{{- define "grpo.containerSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+
+{{/* Env shared by every service: caches and the hub token. */}}
+{{- define "grpo.commonEnv" -}}
+- name: GRPO_CACHE_DIR
+  value: /cache
+- name: HF_HOME
+  value: /cache/hf
+- name: HF_TOKEN
+  valueFrom:
+    secretKeyRef: {name: {{ include "grpo.secretName" . }}, key: hf-token, optional: true}
+{{- end -}}
+
+{{/* Env var NAME holding the API token from the chart's Secret: include "grpo.tokenEnv" (list $ "GRPO_REWARD_TOKEN" "api-token") */}}
+{{- define "grpo.tokenEnv" -}}
+{{- $root := index . 0 -}}
+- name: {{ index . 1 }}
+  valueFrom:
+    secretKeyRef: {name: {{ include "grpo.secretName" $root }}, key: {{ index . 2 }}, optional: true}
+{{- end -}}
+
+{{/* Volumes every pod mounts: writable /tmp and /cache (the root filesystem is read-only) and the config. */}}
+{{- define "grpo.volumes" -}}
+- name: tmp
+  emptyDir: {}
+- name: cache
+  emptyDir: {sizeLimit: {{ .Values.modelCache.sizeLimit }}}
+- name: config
+  configMap: {name: {{ include "grpo.fullname" . }}-config}
+{{- end -}}
+
+{{- define "grpo.volumeMounts" -}}
+- {name: tmp, mountPath: /tmp}
+- {name: cache, mountPath: /cache}
+- {name: config, mountPath: /etc/grpo, readOnly: true}
+{{- end -}}
+
+{{- define "grpo.grpcProbes" -}}
+readinessProbe:
+  grpc: {port: {{ . }}}
+  periodSeconds: 5
+  failureThreshold: 3
+livenessProbe:
+  grpc: {port: {{ . }}}
+  periodSeconds: 10
+  failureThreshold: 6
+startupProbe:
+  grpc: {port: {{ . }}}
+  periodSeconds: 5
+  failureThreshold: 120
+{{- end -}}

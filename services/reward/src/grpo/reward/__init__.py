@@ -1,0 +1,1 @@
+"""The reward service: a sandboxed verifier API over gRPC and HTTP."""

@@ -1,0 +1,90 @@
+"""`grpo-reward` / `python -m grpo.reward`: gRPC and HTTP in one process around one core."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+
+from grpo.reward.settings import RewardSettings, load
+
+log = logging.getLogger("grpo.reward")
+
+
+def serve(settings: RewardSettings) -> int:
+    """Run until SIGTERM/SIGINT; returns the exit code."""
+    # Heavy imports only after the settings are known to be valid (`--help` stays instant).
+    import uvicorn
+    from grpo.common.grpc_server import GrpcServer, server_credentials
+    from grpo.reward.core import RewardCore
+    from grpo.reward.grpc_api import SERVICE_NAME, register
+    from grpo.reward.http_api import create_app
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: shutting down", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    core = RewardCore(settings)
+    credentials = server_credentials(settings.tls_cert_file, settings.tls_key_file)
+    grpc_server = GrpcServer(
+        register(core),
+        [SERVICE_NAME],
+        settings.host,
+        settings.grpc_port,
+        workers=settings.grpc_threads,
+        token=settings.token,
+        credentials=credentials,
+    )
+    grpc_server.start()
+    app = create_app(core, settings.token)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.http_port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        log_config=None,
+    )
+    http = uvicorn.Server(config)
+    # Off the main thread uvicorn installs no signal handlers; this process owns shutdown.
+    http_thread = threading.Thread(target=http.run, name="http", daemon=True)
+    http_thread.start()
+    code = 0
+    while not stop.wait(0.2):
+        if not http_thread.is_alive():
+            log.error("HTTP server stopped unexpectedly (port %d in use?)", settings.http_port)
+            code = 1
+            break
+    http.should_exit = True
+    grpc_server.stop(grace=2.0)
+    http_thread.join(10)
+    core.close()
+    log.info("stopped")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = load(argv)
+    from grpo.common.logs import setup_logging
+
+    setup_logging(settings.log_level, settings.json_logs)
+    log.info(
+        "grpo-reward starting: gRPC %s:%d, HTTP %s:%d, %d workers",
+        settings.host,
+        settings.grpc_port,
+        settings.host,
+        settings.http_port,
+        settings.workers,
+    )
+    return serve(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""gRPC client of the reward service, with retries; it raises rather than ever inventing a reward.
+
+>>> client = RewardClient("127.0.0.1:50052")                       # doctest: +SKIP
+>>> client.score([{"id": "a", "completion": "\\\\boxed{4}", "checks": {"math": {"gold": "4"}}}])  # doctest: +SKIP
+[ScoreResult(id='a', reward=1.0, status='ok', ...)]
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import grpc
+from grpo.common.auth import bearer_metadata
+from grpo.reward.convert import model_to_proto, proto_to_model, validation_message
+from grpo.reward.schemas import ScoreItem, ScoreRequest, ScoreResult, VerifyMathRequest, VerifyMathResponse
+from grpo.v1 import reward_pb2 as pb
+from grpo.v1 import reward_pb2_grpc
+from pydantic import ValidationError
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+)
+
+
+class RewardServiceError(RuntimeError):
+    """The reward service could not score the request (after retries, or a non-retryable error)."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class RewardClient:
+    """Score completions over gRPC. Each attempt has a deadline; retryable failures back off exponentially."""
+
+    def __init__(
+        self,
+        addr: str,
+        token: str | None = None,
+        timeout_s: float = 60.0,
+        retries: int = 4,
+        backoff_s: float = 0.25,
+        max_backoff_s: float = 8.0,
+        root_certificates: bytes | None = None,
+    ) -> None:
+        options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        if root_certificates is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates)
+            self.channel = grpc.secure_channel(addr, creds, options=options)
+        else:
+            self.channel = grpc.insecure_channel(addr, options=options)
+        self.stub = reward_pb2_grpc.RewardServiceStub(self.channel)
+        self.addr, self.timeout_s, self.retries = addr, timeout_s, retries
+        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.metadata = bearer_metadata(token)
+
+    def _call(self, method: Any, request: Any, name: str) -> Any:
+        last: grpc.RpcError | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                return method(request, timeout=self.timeout_s, metadata=self.metadata)
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                if code not in RETRYABLE:
+                    raise RewardServiceError(f"{name} failed: {code}: {_details(exc)}", code) from exc
+                last = exc
+                if attempt < self.retries:
+                    delay = min(self.max_backoff_s, self.backoff_s * 2**attempt) * (0.5 + random.random())
+                    log.warning("%s to %s: %s; retry %d in %.2fs", name, self.addr, code, attempt + 1, delay)
+                    time.sleep(delay)
+        code = last.code() if last is not None else None
+        raise RewardServiceError(
+            f"{name} to {self.addr} failed after {self.retries + 1} attempts: {code}: {_details(last)}", code
+        )
+
+    @staticmethod
+    def _request(items: Sequence[ScoreItem | Mapping[str, Any]], timeout_s: float | None) -> pb.ScoreRequest:
+        try:
+            req = ScoreRequest(items=[ScoreItem.model_validate(i) for i in items], timeout_s=timeout_s)
+        except ValidationError as exc:
+            raise ValueError(f"invalid score request: {validation_message(exc)}") from None
+        return model_to_proto(req, pb.ScoreRequest())
+
+    def score(
+        self, items: Sequence[ScoreItem | Mapping[str, Any]], timeout_s: float | None = None
+    ) -> list[ScoreResult]:
+        """One result per item, in order; raises RewardServiceError instead of returning made-up rewards."""
+        response = self._call(self.stub.Score, self._request(items, timeout_s or self.timeout_s), "Score")
+        return [proto_to_model(ScoreResult, r) for r in response.results]
+
+    def score_stream(self, items: Sequence[ScoreItem | Mapping[str, Any]]) -> Iterator[ScoreResult]:
+        """Results as they finish (no retries: a broken stream raises RewardServiceError)."""
+        request = self._request(items, self.timeout_s)
+        try:
+            for r in self.stub.ScoreStream(request, timeout=self.timeout_s, metadata=self.metadata):
+                yield proto_to_model(ScoreResult, r)
+        except grpc.RpcError as exc:
+            raise RewardServiceError(f"ScoreStream failed: {exc.code()}: {_details(exc)}", exc.code()) from exc
+
+    def verify_math(self, answer: str, gold: str, timeout_s: float | None = None) -> VerifyMathResponse:
+        request = model_to_proto(
+            VerifyMathRequest(answer=answer, gold=gold, timeout_s=timeout_s), pb.VerifyMathRequest()
+        )
+        return proto_to_model(VerifyMathResponse, self._call(self.stub.VerifyMath, request, "VerifyMath"))
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> RewardClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _details(exc: grpc.RpcError | None) -> str:
+    if exc is None:
+        return ""
+    return exc.details() if hasattr(exc, "details") else str(exc)  # type: ignore[no-any-return]

@@ -1,0 +1,253 @@
+"""Each component as a coroutine: math in the worker pool, code in the sandbox, the rest inline or batched.
+
+Failures of the machinery become statuses (timeout, error, sandbox_error) here; the
+scoring rules in grpo.reward.scoring decide what they mean for the reward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from grpo.reward import metrics
+from grpo.reward.pool import PoolFull, TaskTimeout, WorkerPool
+from grpo.reward.schemas import (
+    CodeTestResult,
+    ExecuteRequest,
+    ExecuteResponse,
+    ScoreItem,
+    ScoreResult,
+    VerifyMathResponse,
+    code_test_dict,
+)
+from grpo.reward.scoring import code_judgement, combine, math_judgement
+from grpo.reward.settings import RewardSettings
+from grpo.reward.verifiers.format import format_reward
+from grpo.reward.verifiers.language import language_reward
+from grpo.reward.verifiers.math import verify_math
+from grpo.reward.verifiers.overlong import overlong_reward
+from grpo.reward.verifiers.plugins import RewardFn, load_plugins, run_plugin
+from grpo.reward.verifiers.result import Judgement
+
+log = logging.getLogger(__name__)
+
+
+def _observe(verifier: str, status: str, started: float) -> float:
+    wall = time.monotonic() - started
+    metrics.VERIFIER_SECONDS.labels(verifier).observe(wall)
+    metrics.VERDICTS.labels(verifier, status).inc()
+    return wall
+
+
+class ComponentRunner:
+    """Runs verifiers on the right executor with the right deadline."""
+
+    def __init__(
+        self,
+        settings: RewardSettings,
+        pool: WorkerPool,
+        sandbox: Any,
+        code_threads: ThreadPoolExecutor,
+        aux_threads: ThreadPoolExecutor,
+    ) -> None:
+        self.settings, self.pool, self.sandbox = settings, pool, sandbox
+        self.code_threads, self.aux_threads = code_threads, aux_threads
+        self.plugins: dict[str, RewardFn] = load_plugins(settings.plugins)
+        self.reward_model: Any = None
+        if settings.reward_model_path:
+            from grpo.reward.verifiers.reward_model import RewardModel
+
+            self.reward_model = RewardModel(
+                settings.reward_model_path, settings.reward_model_batch_size, settings.reward_model_max_length
+            )
+
+    async def math(self, answer: str, gold: str, deadline: float) -> VerifyMathResponse:
+        """One verification in a worker process, killed at min(math_timeout_s, deadline)."""
+        started = time.monotonic()
+        # A kill and its answer take a few ms: leave them inside the request deadline.
+        timeout = min(self.settings.math_timeout_s, deadline - started - 0.05)
+        if timeout <= 0:
+            return VerifyMathResponse(correct=None, status="timeout", detail="no time left before the deadline")
+        try:
+            verdict = await asyncio.wrap_future(self.pool.submit(verify_math, answer, gold, timeout_s=timeout))
+        except TaskTimeout as exc:
+            wall = _observe("math", "timeout", started)
+            return VerifyMathResponse(correct=None, status="timeout", detail=str(exc), wall_s=wall)
+        except (PoolFull, Exception) as exc:  # worker crash, pool closed, full queue: infrastructure
+            wall = _observe("math", "error", started)
+            log.warning("math verification failed: %s", exc)
+            return VerifyMathResponse(correct=None, status="error", detail=f"{type(exc).__name__}: {exc}", wall_s=wall)
+        wall = _observe("math", verdict.status, started)
+        return VerifyMathResponse(
+            correct=verdict.correct,
+            status=verdict.status,
+            extracted_answer=verdict.extracted_answer,
+            detail=verdict.detail,
+            wall_s=wall,
+        )
+
+    def _limits(self, timeout_s: float | None, memory_mb: int | None, deadline: float | None = None) -> Any:
+        from grpo.reward.sandbox import Limits
+
+        s = self.settings
+        timeout = min(timeout_s or s.code_timeout_s, s.max_code_timeout_s)
+        if deadline is not None:
+            timeout = max(0.05, min(timeout, deadline - time.monotonic()))
+        return Limits(timeout_s=timeout, memory_mb=min(memory_mb or s.code_memory_mb, s.max_code_memory_mb))
+
+    async def execute(self, req: ExecuteRequest, deadline: float) -> ExecuteResponse:
+        """One sandboxed run."""
+        started = time.monotonic()
+        if self.sandbox is None:
+            _observe("execute", "sandbox_error", started)
+            return ExecuteResponse(status="sandbox_error", stderr="no sandbox available on this server")
+        limits = self._limits(req.timeout_s, req.memory_mb, deadline)
+        loop = asyncio.get_running_loop()
+        try:
+            res = await loop.run_in_executor(
+                self.code_threads, lambda: self.sandbox.run(req.code, req.stdin, limits, req.language)
+            )
+        except Exception as exc:
+            log.exception("sandbox run failed")
+            _observe("execute", "sandbox_error", started)
+            return ExecuteResponse(status="sandbox_error", stderr=f"{type(exc).__name__}: {exc}")
+        if res.status == "timeout":
+            metrics.SANDBOX_KILLS.labels("sandbox").inc()
+        _observe("execute", res.status, started)
+        return ExecuteResponse(
+            status=res.status, exit_code=res.exit_code, stdout=res.stdout, stderr=res.stderr, wall_s=res.wall_s
+        )
+
+    async def code_tests(
+        self, code: str, tests: list[dict[str, str]], language: str, timeout_s: float | None, memory_mb: int | None
+    ) -> list[CodeTestResult]:
+        """Every test of one candidate (the last fenced block of a completion) in the sandbox."""
+        from grpo.reward.verifiers.code import extract_code, run_code_tests
+
+        started = time.monotonic()
+        if self.sandbox is None:
+            return [CodeTestResult(verdict="sandbox_error", stderr="no sandbox available on this server")] * len(tests)
+        limits = self._limits(timeout_s, memory_mb)
+        program = extract_code(code, language)
+        loop = asyncio.get_running_loop()
+        try:
+            raw = await loop.run_in_executor(
+                self.code_threads,
+                lambda: run_code_tests(self.sandbox, program, tests, language, limits.timeout_s, limits.memory_mb),
+            )
+        except Exception as exc:
+            log.exception("code tests failed in the sandbox machinery")
+            detail = f"{type(exc).__name__}: {exc}"
+            return [CodeTestResult(verdict="sandbox_error", stderr=detail)] * len(tests)
+        results = [
+            CodeTestResult(
+                verdict=r.verdict,
+                exit_code=r.exit_code,
+                stdout=r.stdout,
+                stderr=r.stderr,
+                wall_s=r.wall_s,
+                detail=r.detail,
+            )
+            for r in raw
+        ]
+        for r in results:
+            metrics.VERDICTS.labels("code", r.verdict).inc()
+            if r.verdict == "timeout":
+                metrics.SANDBOX_KILLS.labels("sandbox").inc()
+        metrics.VERIFIER_SECONDS.labels("code").observe(time.monotonic() - started)
+        return results
+
+    def start_batch(self, items: Sequence[ScoreItem], deadline: float) -> ScoreBatch:
+        return ScoreBatch(self, items, deadline)
+
+
+class ScoreBatch:
+    """One /v1/score request: batched components (plug-ins, reward model) start once, items await them."""
+
+    def __init__(self, runner: ComponentRunner, items: Sequence[ScoreItem], deadline: float) -> None:
+        self.runner, self.deadline = runner, deadline
+        self._batched: dict[str, asyncio.Task[dict[str, Judgement]]] = {}
+        names = {name for item in items for name in item.checks.plugins}
+        for name in names:
+            chosen = [item for item in items if name in item.checks.plugins]
+            self._batched[name] = asyncio.ensure_future(self._plugin(name, chosen))
+        rm_items = [item for item in items if item.checks.reward_model is not None]
+        if rm_items:
+            self._batched["reward_model"] = asyncio.ensure_future(self._reward_model(rm_items))
+
+    async def _in_thread(self, name: str, fn: Any, ids: list[str], timeout: float) -> dict[str, Judgement]:
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        try:
+            judged: list[Judgement] = await asyncio.wait_for(loop.run_in_executor(self.runner.aux_threads, fn), timeout)
+        except TimeoutError:
+            judged = [Judgement(None, "error", f"{name} gave no answer within {timeout:.1f}s")] * len(ids)
+        except Exception as exc:
+            judged = [Judgement(None, "error", f"{name} raised {type(exc).__name__}: {exc}")] * len(ids)
+        for j in judged:
+            metrics.VERDICTS.labels(name, j.status).inc()
+        metrics.VERIFIER_SECONDS.labels(name).observe(time.monotonic() - started)
+        return dict(zip(ids, judged, strict=True))
+
+    async def _plugin(self, name: str, items: list[ScoreItem]) -> dict[str, Judgement]:
+        fn = self.runner.plugins[name]
+        prompts, completions = [i.prompt for i in items], [i.completion for i in items]
+        kwargs = [i.checks.plugins[name].kwargs for i in items]
+        timeout = min(self.runner.settings.plugin_timeout_s, self.deadline - time.monotonic())
+        return await self._in_thread(
+            name, lambda: run_plugin(fn, prompts, completions, kwargs), [i.id for i in items], timeout
+        )
+
+    async def _reward_model(self, items: list[ScoreItem]) -> dict[str, Judgement]:
+        model = self.runner.reward_model
+
+        def run() -> list[Judgement]:
+            scores = model.score([i.prompt for i in items], [i.completion for i in items])
+            return [Judgement(s, "ok") for s in scores]
+
+        timeout = self.deadline - time.monotonic()
+        return await self._in_thread("reward_model", run, [i.id for i in items], timeout)
+
+    async def score_item(self, item: ScoreItem) -> ScoreResult:
+        """All of one item's components, combined by the scoring rules."""
+        started = time.monotonic()
+        checks, runner = item.checks, self.runner
+        judged: dict[str, Judgement] = {}
+        waits: dict[str, Any] = {}
+        if checks.math is not None:
+            waits["math"] = runner.math(item.completion, checks.math.gold, self.deadline)
+        if checks.code is not None:
+            tests = [code_test_dict(t) for t in checks.code.tests]
+            waits["code"] = runner.code_tests(item.completion, tests, checks.code.language, checks.code.timeout_s, None)
+        if checks.format is not None:
+            f = checks.format
+            judged["format"] = format_reward(item.completion, f.think_tag, f.answer_tag, f.think_prefilled)
+        if checks.language is not None:
+            think_tag = checks.format.think_tag if checks.format else "think"
+            judged["language"] = language_reward(item.completion, checks.language.target, item.prompt, think_tag)
+        if checks.overlong is not None:
+            o = checks.overlong
+            judged["overlong"] = overlong_reward(item.completion, o.max_tokens, o.buffer_tokens, o.completion_tokens)
+        for name in [*checks.plugins, *(["reward_model"] if checks.reward_model is not None else [])]:
+            waits[name] = self._batched[name]
+        done = await asyncio.gather(*waits.values())
+        for name, value in zip(waits, done, strict=True):
+            if name == "math":
+                judged[name] = math_judgement(value)
+            elif name == "code":
+                judged[name] = code_judgement(value)
+            else:
+                judged[name] = value[item.id]
+        for name in ("format", "language", "overlong"):
+            if name in judged:
+                metrics.VERDICTS.labels(name, judged[name].status).inc()
+        ordered = {name: judged[name] for name in checks.names()}
+        return combine(item.id, ordered, item.weights, time.monotonic() - started)
+
+    def cancel(self) -> None:
+        for task in self._batched.values():
+            task.cancel()

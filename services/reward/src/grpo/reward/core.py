@@ -1,0 +1,247 @@
+"""The reward core both edges share: limits, admission, deadlines, and the verifiers wired to the pools.
+
+It owns one asyncio loop on its own thread; the HTTP and gRPC edges hand it coroutines
+with `submit` and wait on the returned future, so both see the same queue and limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from grpo.reward import metrics
+from grpo.reward.components import ComponentRunner
+from grpo.reward.errors import DeadlineExceeded, InputError, Overloaded
+from grpo.reward.pool import WorkerPool
+from grpo.reward.schemas import (
+    CodeTestResult,
+    ExecuteRequest,
+    ExecuteResponse,
+    Health,
+    ScoreRequest,
+    ScoreResult,
+    VerifyCodeRequest,
+    VerifyCodeResponse,
+    VerifyMathRequest,
+    VerifyMathResponse,
+    code_test_dict,
+)
+from grpo.reward.scoring import error_result
+from grpo.reward.settings import RewardSettings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class RewardCore:
+    """Verifier pools, sandbox, plug-ins and the admission counter of one service process."""
+
+    def __init__(self, settings: RewardSettings) -> None:
+        self.settings = settings
+        self.pool = WorkerPool(
+            settings.workers,
+            max_queue=settings.max_queue,
+            max_batch=settings.math_batch,
+            preload=["grpo.reward.verifiers.math"],
+            on_kill=lambda: metrics.SANDBOX_KILLS.labels("math_worker").inc(),
+        )
+        metrics.QUEUE_DEPTH.set_function(self.pool.queue_depth)
+        self.sandbox, self.sandbox_note = self._start_sandbox()
+        workers = settings.sandbox_workers or settings.workers
+        self._code_threads = ThreadPoolExecutor(max_workers=workers * 2, thread_name_prefix="code")
+        self._aux_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="aux")
+        self.components = ComponentRunner(settings, self.pool, self.sandbox, self._code_threads, self._aux_threads)
+        self._inflight = 0
+        self._lock = threading.Lock()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="reward-core", daemon=True)
+        self._thread.start()
+
+    def _start_sandbox(self) -> tuple[Any, str]:
+        from grpo.reward.sandbox import SandboxUnavailable, make_sandbox
+
+        try:
+            sandbox = make_sandbox(
+                self.settings.sandbox, workers=self.settings.sandbox_workers or self.settings.workers
+            )
+        except (SandboxUnavailable, OSError, ValueError) as exc:
+            # The service still verifies math; code requests answer sandbox_error (never a 0).
+            log.error("sandbox unavailable, code verification disabled: %s", exc)
+            return None, f"unavailable: {exc}"
+        log.info("sandbox: %s", sandbox.isolation)
+        return sandbox, str(sandbox.isolation)
+
+    # ---- plumbing ---------------------------------------------------------------------
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        """Run `coro` on the core loop; safe from any thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def deadline(self, timeout_s: float | None, remaining_s: float | None = None) -> float:
+        """Absolute (monotonic) deadline: the request's timeout or the default, capped, and within `remaining_s`."""
+        budget = min(timeout_s or self.settings.default_timeout_s, self.settings.max_timeout_s)
+        if remaining_s is not None:
+            # Finish a little before the caller's own deadline so it gets our answer, not DEADLINE_EXCEEDED.
+            budget = min(budget, remaining_s * 0.95 - 0.05)
+        return time.monotonic() + max(0.0, budget)
+
+    @contextmanager
+    def admit(self, units: int) -> Iterator[None]:
+        """Count `units` items against max_queue for the duration; refuse when full."""
+        limit = self.settings.max_queue
+        if units > limit:
+            raise InputError(f"{units} items exceed this server's queue capacity of {limit}; split the request")
+        with self._lock:
+            if self._inflight + units > limit:
+                metrics.REJECTED.labels("overloaded").inc()
+                raise Overloaded(
+                    f"server busy: {self._inflight} items in flight, limit {limit}; retry later",
+                    self.settings.retry_after_s,
+                )
+            self._inflight += units
+            metrics.INFLIGHT.set(self._inflight)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inflight -= units
+                metrics.INFLIGHT.set(self._inflight)
+
+    def health(self) -> Health:
+        return Health(
+            status="ok",
+            workers=self.pool.size,
+            sandbox=self.sandbox_note,
+            queue_depth=self.pool.queue_depth(),
+            inflight=self._inflight,
+        )
+
+    # ---- limits -----------------------------------------------------------------------
+
+    def _check_text(self, name: str, text: str, limit: int) -> None:
+        if len(text) > limit:
+            metrics.REJECTED.labels("too_large").inc()
+            raise InputError(f"{name} has {len(text)} characters; the limit is {limit}")
+
+    def _check_tests(self, where: str, tests: list[Any]) -> None:
+        if len(tests) > self.settings.max_tests:
+            raise InputError(f"{where}: {len(tests)} tests; the limit is {self.settings.max_tests}")
+        for i, test in enumerate(tests):
+            for key, text in code_test_dict(test).items():
+                self._check_text(f"{where}[{i}].{key}", text, self.settings.max_code_chars)
+
+    def check_score(self, req: ScoreRequest) -> None:
+        """Server-side limits and names a schema cannot know (raises InputError)."""
+        s = self.settings
+        if len(req.items) > s.max_items:
+            metrics.REJECTED.labels("too_large").inc()
+            raise InputError(f"{len(req.items)} items; the limit per request is {s.max_items}")
+        for i, item in enumerate(req.items):
+            self._check_text(f"items[{i}].completion", item.completion, s.max_text_chars)
+            self._check_text(f"items[{i}].prompt", item.prompt, s.max_text_chars)
+            checks = item.checks
+            if checks.math is not None:
+                self._check_text(f"items[{i}].checks.math.gold", checks.math.gold, s.max_text_chars)
+            if checks.code is not None:
+                self._check_tests(f"items[{i}].checks.code.tests", checks.code.tests)
+            if checks.reward_model is not None and self.components.reward_model is None:
+                raise InputError(f"items[{i}]: the reward_model component is not enabled on this server")
+            unknown = sorted(set(checks.plugins) - set(self.components.plugins))
+            if unknown:
+                known = sorted(self.components.plugins) or "none"
+                raise InputError(f"items[{i}]: unknown plug-in(s) {unknown}; configured: {known}")
+
+    # ---- operations (coroutines for the core loop) ------------------------------------
+
+    async def verify_math(self, req: VerifyMathRequest, remaining_s: float | None = None) -> VerifyMathResponse:
+        self._check_text("answer", req.answer, self.settings.max_text_chars)
+        self._check_text("gold", req.gold, self.settings.max_text_chars)
+        timeout = min(req.timeout_s or self.settings.math_timeout_s, self.settings.max_timeout_s)
+        deadline = self.deadline(timeout, remaining_s)
+        with self.admit(1):
+            return await self.components.math(req.answer, req.gold, deadline)
+
+    async def execute(self, req: ExecuteRequest, remaining_s: float | None = None) -> ExecuteResponse:
+        self._check_text("code", req.code, self.settings.max_code_chars)
+        self._check_text("stdin", req.stdin, self.settings.max_text_chars)
+        # req.timeout_s limits the program; the request itself may take the default deadline.
+        deadline = self.deadline(None, remaining_s)
+        with self.admit(1):
+            result = await self._within(self.components.execute(req, deadline), deadline + 1.0)
+        return result
+
+    async def verify_code(self, req: VerifyCodeRequest, remaining_s: float | None = None) -> VerifyCodeResponse:
+        self._check_text("code", req.code, self.settings.max_code_chars)
+        self._check_tests("tests", req.tests)
+        deadline = self.deadline(None, remaining_s)
+        with self.admit(len(req.tests)):
+            tests = await self._within(
+                self.components.code_tests(
+                    req.code, [code_test_dict(t) for t in req.tests], req.language, req.timeout_s, req.memory_mb
+                ),
+                deadline,
+            )
+        return _code_response(tests)
+
+    async def score_iter(self, req: ScoreRequest, remaining_s: float | None = None) -> AsyncIterator[ScoreResult]:
+        """Yield each item's result as soon as it is done (any order)."""
+        self.check_score(req)
+        deadline = self.deadline(req.timeout_s, remaining_s)
+        with self.admit(len(req.items)):
+            batch = self.components.start_batch(req.items, deadline)
+            pending = {
+                asyncio.ensure_future(self._item_within(batch.score_item(item), item.id, deadline))
+                for item in req.items
+            }
+            try:
+                for next_done in asyncio.as_completed(pending):
+                    result = await next_done
+                    metrics.ITEMS.labels(result.status).inc()
+                    yield result
+            finally:
+                for task in pending:
+                    task.cancel()
+                batch.cancel()
+
+    async def score(self, req: ScoreRequest, remaining_s: float | None = None) -> list[ScoreResult]:
+        """Every item's result, in request order."""
+        by_id = {r.id: r async for r in self.score_iter(req, remaining_s)}
+        return [by_id[item.id] for item in req.items]
+
+    async def _within(self, aw: Awaitable[T], deadline: float) -> T:
+        try:
+            return await asyncio.wait_for(aw, max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise DeadlineExceeded("request deadline exceeded") from None
+
+    async def _item_within(self, aw: Awaitable[ScoreResult], item_id: str, deadline: float) -> ScoreResult:
+        started = time.monotonic()
+        try:
+            return await asyncio.wait_for(aw, max(0.0, deadline - started))
+        except TimeoutError:
+            return error_result(
+                item_id, "request deadline exceeded before this item finished", time.monotonic() - started
+            )
+        except Exception as exc:  # an item must never take the batch down; it is an error, not a 0
+            log.exception("scoring item %s failed", item_id)
+            return error_result(item_id, f"internal error: {type(exc).__name__}: {exc}", time.monotonic() - started)
+
+    def close(self) -> None:
+        """Stop the loop, the pools and the sandbox."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.pool.close()
+        self._code_threads.shutdown(wait=False, cancel_futures=True)
+        self._aux_threads.shutdown(wait=False, cancel_futures=True)
+        if self.sandbox is not None:
+            self.sandbox.close()
+
+
+def _code_response(tests: list[CodeTestResult]) -> VerifyCodeResponse:
+    return VerifyCodeResponse(passed=sum(t.verdict == "pass" for t in tests), total=len(tests), tests=tests)

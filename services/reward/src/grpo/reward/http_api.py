@@ -1,0 +1,152 @@
+"""HTTP edge (FastAPI): /v1/verify/math, /v1/execute, /v1/verify/code, /v1/score, /healthz, /metrics, /docs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+from grpo.common.auth import token_matches
+from grpo.reward import metrics
+from grpo.reward.core import RewardCore
+from grpo.reward.errors import DeadlineExceeded, InputError, Overloaded
+from grpo.reward.schemas import (
+    ExecuteRequest,
+    ExecuteResponse,
+    Health,
+    ScoreRequest,
+    ScoreResponse,
+    VerifyCodeRequest,
+    VerifyCodeResponse,
+    VerifyMathRequest,
+    VerifyMathResponse,
+)
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for bodies over `max_bytes`, declared or streamed."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._reject(send)
+            return
+        seen = 0
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counting_receive, send)
+        except _TooLarge:
+            await self._reject(send)
+
+    async def _reject(self, send: Send) -> None:
+        metrics.REJECTED.labels("too_large").inc()
+        body = f'{{"detail": "request body exceeds {self.max_bytes} bytes"}}'.encode()
+        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(core: RewardCore, token: str | None = None) -> FastAPI:
+    """The FastAPI app around `core`; /v1/* needs `Authorization: Bearer <token>` when a token is set."""
+    app = FastAPI(
+        title="grpo-reward",
+        version="1",
+        description="Sandboxed verifier API: math answers, code execution against tests, format, language, scoring.",
+    )
+
+    async def run(coro: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wrap_future(core.submit(coro))
+
+    def require_token(authorization: str | None = Header(default=None)) -> None:
+        if token is not None and not token_matches(authorization, token):
+            raise HTTPException(401, "missing or wrong 'Authorization: Bearer <token>'", {"WWW-Authenticate": "Bearer"})
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+
+    @v1.post("/verify/math", response_model=VerifyMathResponse)
+    async def verify_math(req: VerifyMathRequest) -> VerifyMathResponse:
+        """Judge an answer (or a whole completion) against a gold answer."""
+        return await run(core.verify_math(req))
+
+    @v1.post("/execute", response_model=ExecuteResponse)
+    async def execute(req: ExecuteRequest) -> ExecuteResponse:
+        """Run a program in the sandbox."""
+        return await run(core.execute(req))
+
+    @v1.post("/verify/code", response_model=VerifyCodeResponse)
+    async def verify_code(req: VerifyCodeRequest) -> VerifyCodeResponse:
+        """Run candidate code (or the last fenced block of a completion) against tests."""
+        return await run(core.verify_code(req))
+
+    @v1.post("/score", response_model=ScoreResponse)
+    async def score(req: ScoreRequest) -> ScoreResponse:
+        """Score a batch of completions; `reward` is null with a reason when it cannot be trusted."""
+        return ScoreResponse(results=await run(core.score(req)))
+
+    app.include_router(v1)
+
+    @app.get("/healthz", response_model=Health)
+    async def healthz() -> Health:
+        return core.health()
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    _install_handlers(app, core)
+    app.add_middleware(BodyLimit, max_bytes=core.settings.max_body_bytes)
+    return app
+
+
+def _install_handlers(app: FastAPI, core: RewardCore) -> None:
+    @app.middleware("http")
+    async def count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.monotonic()
+        response = await call_next(request)
+        endpoint = request.url.path if request.url.path.startswith("/v1/") else "other"
+        metrics.REQUESTS.labels(endpoint, str(response.status_code)).inc()
+        metrics.REQUEST_SECONDS.labels(endpoint).observe(time.monotonic() - started)
+        return response
+
+    @app.exception_handler(InputError)
+    async def bad_input(request: Request, exc: InputError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    @app.exception_handler(Overloaded)
+    async def overloaded(request: Request, exc: Overloaded) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=429, headers={"Retry-After": str(exc.retry_after_s)})
+
+    @app.exception_handler(DeadlineExceeded)
+    async def deadline(request: Request, exc: DeadlineExceeded) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=504)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s", request.url.path)
+        return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, status_code=500)

@@ -1,0 +1,277 @@
+"""A pool of long-lived worker processes whose per-task deadline is enforced with SIGKILL.
+
+Pure-Python verifiers (sympy!) cannot be interrupted from another thread and SIGALRM only
+works on a main thread, so the only deadline that always holds is killing the process
+that runs the task. Each worker slot is a thread that owns one child process: it takes up
+to `max_batch` tasks from a bounded queue, sends them down a pipe, and waits for each
+answer until that task's deadline; a late task kills and replaces the child and is
+answered with `TaskTimeout`; the rest of its batch goes to the fresh child.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class PoolFull(Exception):
+    """The task queue is at its limit: the caller should back off and retry."""
+
+
+class TaskTimeout(Exception):
+    """The task did not finish before its deadline; its worker was killed."""
+
+
+class WorkerCrashed(Exception):
+    """The worker process died while running the task (not a timeout)."""
+
+
+class TaskFailed(Exception):
+    """The task function raised inside the worker; the message carries its repr."""
+
+
+@dataclass
+class _Task:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    timeout_s: float
+    deadline: float  # absolute (monotonic): queueing time counts against the request
+    future: Future[Any] = field(default_factory=Future)
+
+
+def _worker_main(conn: Connection) -> None:
+    """Child process: run (index, fn, args) batches; answer each item as soon as it is done."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns shutdown
+    while True:
+        try:
+            batch = conn.recv()
+        except (EOFError, OSError):
+            return  # parent gone or pool closed
+        if batch is None:
+            return
+        for index, fn, args in batch:
+            try:
+                conn.send((index, True, fn(*args)))
+            except Exception as exc:
+                conn.send((index, False, f"{type(exc).__name__}: {exc}"))
+
+
+class _Worker:
+    """One child process and the pipe to it."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def kill(self) -> None:
+        if self.proc.pid is not None and self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.join(5)
+        self.conn.close()
+
+    def close(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.proc.join(1)
+        if self.proc.is_alive():
+            self.kill()
+        else:
+            self.conn.close()
+
+
+class WorkerPool:
+    """N worker processes behind a bounded queue; `submit` returns a Future.
+
+    `preload` names modules the forkserver imports once, so a replaced worker starts in
+    milliseconds instead of re-importing sympy.
+    """
+
+    def __init__(
+        self,
+        workers: int,
+        *,
+        max_queue: int = 1024,
+        max_batch: int = 1,
+        preload: Sequence[str] = (),
+        on_kill: Callable[[], None] | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        self._ctx = mp.get_context("forkserver")
+        self._ctx.set_forkserver_preload(list(preload))
+        self._queue: queue.Queue[_Task | None] = queue.Queue(maxsize=max_queue)
+        self._max_batch = max(1, max_batch)
+        self._on_kill = on_kill
+        self._closed = threading.Event()
+        self.kills = 0
+        self.crashes = 0
+        self._threads = [
+            threading.Thread(target=self._slot, name=f"pool-slot-{i}", daemon=True) for i in range(workers)
+        ]
+        self._workers: list[_Worker | None] = [None] * workers
+        for i, thread in enumerate(self._threads):
+            self._workers[i] = _Worker(self._ctx)
+            thread.start()
+
+    @property
+    def size(self) -> int:
+        return len(self._threads)
+
+    def pids(self) -> list[int | None]:
+        """The current worker process ids, by slot."""
+        return [w.proc.pid if w is not None else None for w in self._workers]
+
+    def queue_depth(self) -> int:
+        return self._queue.qsize()
+
+    def submit(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Future[Any]:
+        """Queue `fn(*args)` (both picklable) to finish within `timeout_s`; raises PoolFull."""
+        if self._closed.is_set():
+            raise RuntimeError("pool is closed")
+        task = _Task(fn, args, timeout_s, time.monotonic() + timeout_s)
+        try:
+            self._queue.put_nowait(task)
+        except queue.Full:
+            raise PoolFull(f"worker queue is full ({self._queue.maxsize} tasks waiting)") from None
+        return task.future
+
+    def _take_batch(self) -> list[_Task] | None:
+        first = self._queue.get()
+        if first is None:
+            return None
+        batch = [first]
+        while len(batch) < self._max_batch:
+            try:
+                nxt = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:  # keep the shutdown marker for this or another slot
+                self._queue.put(None)
+                break
+            batch.append(nxt)
+        return batch
+
+    def _slot(self) -> None:
+        index = self._threads.index(threading.current_thread())
+        while True:
+            batch = self._take_batch()
+            if batch is None:
+                return
+            live = [t for t in batch if self._start_or_expire(t)]
+            while live:
+                live = self._run(index, live)
+
+    @staticmethod
+    def _start_or_expire(task: _Task) -> bool:
+        if not task.future.set_running_or_notify_cancel():
+            return False
+        if time.monotonic() >= task.deadline:
+            task.future.set_exception(TaskTimeout(f"deadline of {task.timeout_s}s passed while queued"))
+            return False
+        return True
+
+    def _discard(self, index: int) -> None:
+        old = self._workers[index]
+        self._workers[index] = None
+        if old is not None:
+            old.kill()
+
+    def _replace(self, index: int) -> _Worker:
+        old = self._workers[index]
+        if old is not None:
+            old.kill()
+        worker = _Worker(self._ctx)
+        self._workers[index] = worker
+        return worker
+
+    def _run(self, index: int, tasks: list[_Task]) -> list[_Task]:
+        """Run tasks on slot `index`'s worker; returns the tasks still to run after a kill."""
+        worker = self._workers[index]
+        if worker is None or not worker.proc.is_alive():
+            worker = self._replace(index)
+        try:
+            worker.conn.send([(i, t.fn, t.args) for i, t in enumerate(tasks)])
+        except Exception as exc:  # unpicklable arguments: a caller error, not the worker's fault
+            for t in tasks:
+                t.future.set_exception(TaskFailed(f"cannot send task: {exc}"))
+            return []
+        pending = dict(enumerate(tasks))
+        started = time.monotonic()
+        while pending:
+            current = min(pending)
+            task = pending[current]
+            # Each item gets its own timeout from when the previous one finished, capped by its deadline.
+            wait = min(task.deadline, started + task.timeout_s) - time.monotonic()
+            try:
+                ready = worker.conn.poll(max(0.0, wait))
+                message = worker.conn.recv() if ready else None
+            except (EOFError, OSError):
+                self.crashes += 1
+                log.warning("worker %d died (exit %s); replacing it", index, worker.proc.exitcode)
+                self._discard(index)  # before answering, so a caller never sees the dead worker in place
+                task.future.set_exception(WorkerCrashed(f"worker process died (exit {worker.proc.exitcode})"))
+                del pending[current]
+                self._replace(index)
+                return [pending[k] for k in sorted(pending)]
+            if message is None:
+                self.kills += 1
+                if self._on_kill is not None:
+                    self._on_kill()
+                log.warning(
+                    "task over its %.2fs deadline: killing worker %d (pid %s)", task.timeout_s, index, worker.proc.pid
+                )
+                self._discard(index)
+                task.future.set_exception(TaskTimeout(f"no result within {task.timeout_s:g}s; worker killed"))
+                del pending[current]
+                self._replace(index)
+                return [pending[k] for k in sorted(pending)]
+            i, ok, payload = message
+            done = pending.pop(i)
+            if ok:
+                done.future.set_result(payload)
+            else:
+                done.future.set_exception(TaskFailed(payload))
+            started = time.monotonic()
+        return []
+
+    def close(self) -> None:
+        """Stop accepting tasks, fail queued ones, stop the workers."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        while True:
+            try:
+                task = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if task is not None and task.future.set_running_or_notify_cancel():
+                task.future.set_exception(RuntimeError("pool closed"))
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join(10)
+        for worker in self._workers:
+            if worker is not None:
+                worker.close()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,27 @@
+"""Sandboxed execution of untrusted programs: one interface (Sandbox), one file per implementation."""
+
+from __future__ import annotations
+
+import os
+
+from grpo.reward.sandbox.base import STATUSES, ExecResult, Limits, Sandbox, SandboxUnavailable
+
+__all__ = ["STATUSES", "ExecResult", "Limits", "Sandbox", "SandboxUnavailable", "make_sandbox"]
+
+
+def make_sandbox(kind: str = "auto", workers: int = os.cpu_count() or 2) -> Sandbox:
+    """Start a sandbox of `kind` ("namespace", or "auto" = the same) and prove it works with one run.
+
+    Raises SandboxUnavailable with an actionable message when the machine lacks what the sandbox needs;
+    there is deliberately no weaker fallback that would run untrusted code unconfined.
+    """
+    from grpo.reward.sandbox.namespace import NamespaceSandbox
+
+    if kind not in ("auto", "namespace"):
+        raise ValueError(f"unknown sandbox kind {kind!r}; choose 'auto' or 'namespace'")
+    sandbox = NamespaceSandbox(workers=workers)
+    probe = sandbox.run("print(6 * 7)", limits=Limits(timeout_s=10.0))
+    if probe.status != "ok" or probe.stdout.strip() != "42" or not probe.proof:
+        sandbox.close()
+        raise SandboxUnavailable(f"sandbox self-test failed: {probe.status}: {probe.stderr.strip()[:500]}")
+    return sandbox

@@ -1,0 +1,89 @@
+"""The sandbox interface: limits in, an ExecResult out; one implementation per file."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+STATUSES = ("ok", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error")
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot be set up on this machine (missing privileges or kernel features)."""
+
+
+@dataclass
+class ExecResult:
+    """What one sandboxed run did."""
+
+    status: str
+    """ok | runtime_error | timeout | memory_limit | output_limit | sandbox_error"""
+    exit_code: int | None
+    """The program's exit code; -N when it was killed by signal N; None when it never ran or was killed by us."""
+    stdout: str
+    stderr: str
+    wall_s: float
+    proof: bool = False
+    """The harness saw the program run to its end (see languages.py for what that proves)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-run resource limits."""
+
+    timeout_s: float = 10.0
+    """Wall-clock deadline; past it the whole process tree is killed."""
+    memory_mb: int = 512
+    """Address-space limit per process (RLIMIT_AS)."""
+    max_output_bytes: int = 1_000_000
+    """stdout + stderr together; past it the run is killed with status output_limit."""
+    max_processes: int = 64
+    """Processes and threads of the run (RLIMIT_NPROC on a uid no one else uses)."""
+    max_file_bytes: int = 16 << 20
+    """Largest file the program may write (RLIMIT_FSIZE)."""
+    scratch_mb: int = 64
+    """Size of the private writable tmpfs (cwd, /tmp)."""
+    cpu_s: float | None = None
+    """CPU-time limit per process; None derives it from the deadline."""
+
+    def effective_cpu_s(self) -> int:
+        """CPU seconds per process: the deadline (rounded up) plus one, unless set explicitly."""
+        return max(1, math.ceil(self.cpu_s if self.cpu_s is not None else self.timeout_s + 1))
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first limit that is out of range."""
+        checks = {
+            "timeout_s": 0 < self.timeout_s <= 3600,
+            "memory_mb": 16 <= self.memory_mb <= 1 << 20,
+            "max_output_bytes": 0 < self.max_output_bytes <= 1 << 30,
+            "max_processes": 1 <= self.max_processes <= 4096,
+            "max_file_bytes": 0 <= self.max_file_bytes <= 1 << 40,
+            "scratch_mb": 1 <= self.scratch_mb <= 1 << 16,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"limit {name}={getattr(self, name)!r} is out of range")
+
+
+class Sandbox(ABC):
+    """Runs untrusted programs in isolation. `run` is thread-safe and blocking."""
+
+    isolation: str = "none"
+    """Human-readable description of the isolation in force (for the README and /healthz)."""
+    workers: int = 1
+    """How many runs can proceed at the same time."""
+
+    @abstractmethod
+    def run(self, program: str, stdin: str = "", limits: Limits | None = None, language: str = "python") -> ExecResult:
+        """Run `program` with `stdin` under `limits`; never raises for anything the program does."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop every helper process; runs in flight end with sandbox_error."""
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,243 @@
+"""The default sandbox: a pool of zygote processes (zygote.py) that each fork one namespaced run at a time."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import select
+import signal
+import struct
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from grpo.reward.sandbox.base import ExecResult, Limits, Sandbox, SandboxUnavailable
+from grpo.reward.sandbox.languages import launch_for
+
+log = logging.getLogger(__name__)
+
+ZYGOTE = Path(__file__).with_name("zygote.py")
+RO_BINDS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/libx32", "/sbin")
+RUN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/scratch", "LANG": "C.UTF-8", "TMPDIR": "/scratch"}
+REPLY_SLACK_S = 5.0  # the zygote enforces the deadline itself; this only catches a wedged zygote
+ISOLATION = (
+    "linux namespaces (pid, mount, net, ipc, uts) via a zygote pool: read-only minimal root (/usr, /bin, /lib*), "
+    "private size-capped tmpfs scratch, own /proc, no network interfaces, unprivileged per-worker uid, "
+    "no capabilities, no_new_privs, rlimits (as, cpu, nproc, fsize, nofile), wall-clock kill of the whole PID namespace"
+)
+
+
+class ZygoteError(RuntimeError):
+    """The zygote died or broke the protocol."""
+
+
+def _default_interpreter() -> str:
+    """A python3 that lives under the read-only binds (the service's own venv is hidden from runs)."""
+    for path in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if Path(path).exists():
+            return path
+    raise SandboxUnavailable("no /usr/bin/python3 or /usr/local/bin/python3 to run sandboxed programs with")
+
+
+class Zygote:
+    """One launcher process and the pipes to it; used by one thread at a time."""
+
+    def __init__(self, interpreter: str, uid_base: int) -> None:
+        cfg = {"ro_binds": list(RO_BINDS), "uid_base": uid_base, "check_exists": [interpreter]}
+        # Empty environment and isolated interpreter: nothing of the service's environment reaches the zygote.
+        try:
+            self.proc = subprocess.Popen(
+                [interpreter, "-I", "-S", str(ZYGOTE), json.dumps(cfg)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env={},
+                close_fds=True,
+                cwd="/",
+            )
+        except OSError as exc:
+            raise SandboxUnavailable(f"sandbox zygote cannot start with interpreter {interpreter}: {exc}") from exc
+        try:
+            hello = self._recv(time.monotonic() + 10.0)
+        except ZygoteError as exc:
+            self.kill()
+            raise SandboxUnavailable(f"sandbox zygote cannot start: {exc}") from exc
+        if not hello.get("ready"):
+            self.kill()
+            raise SandboxUnavailable(f"sandbox zygote could not start: {hello.get('error')}")
+        self.uid = int(hello["uid"])
+
+    def request(self, req: dict[str, Any], deadline: float) -> dict[str, Any]:
+        body = json.dumps(req).encode()
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(struct.pack(">I", len(body)) + body)
+            self.proc.stdin.flush()
+        except OSError as exc:
+            raise ZygoteError(f"zygote pipe broken: {exc}") from exc
+        return self._recv(deadline)
+
+    def _recv(self, deadline: float) -> dict[str, Any]:
+        head = self._read_exact(4, deadline)
+        return json.loads(self._read_exact(struct.unpack(">I", head)[0], deadline))
+
+    def _read_exact(self, n: int, deadline: float) -> bytes:
+        assert self.proc.stdout is not None
+        fd, buf = self.proc.stdout.fileno(), b""
+        while len(buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise ZygoteError("zygote did not answer in time")
+            chunk = os.read(fd, n - len(buf))
+            if not chunk:
+                raise ZygoteError(f"zygote exited (code {self.proc.poll()})")
+            buf += chunk
+        return buf
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL; the runs' init processes follow through PR_SET_PDEATHSIG."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def classify(reply: dict[str, Any]) -> tuple[str, int | None]:
+    """Map the zygote's raw reply to (status, exit_code)."""
+    if reply.get("error") or reply.get("setup_error"):
+        return "sandbox_error", None
+    exit_code = reply["exit_code"]
+    if reply["verdict"] is not None:  # killed by us (deadline or output limit): no exit code of its own
+        return reply["verdict"], None
+    if exit_code == 0:
+        return "ok", 0
+    # An init cannot be SIGKILLed from inside its namespace, so a SIGKILL we did not send came from the kernel:
+    # the CPU-time rlimit (a deadline too) when the CPU time is used up.
+    if exit_code == -signal.SIGKILL and reply.get("cpu_s", 0.0) >= reply.get("cpu_limit_s", float("inf")) - 0.05:
+        return "timeout", exit_code
+    if _died_of_memory(reply["stderr"]):
+        return "memory_limit", exit_code
+    return "runtime_error", exit_code
+
+
+def _died_of_memory(stderr: str) -> bool:
+    tail = stderr.rstrip().splitlines()[-3:]
+    return any(line.startswith("MemoryError") or "Cannot allocate memory" in line for line in tail)
+
+
+class NamespaceSandbox(Sandbox):
+    """A pool of `workers` zygotes; each run takes a free one, so runs proceed in parallel on all cores."""
+
+    isolation = ISOLATION
+
+    def __init__(self, workers: int = 2, interpreter: str | None = None, uid_base: int = 200_000) -> None:
+        if os.geteuid() != 0:
+            raise SandboxUnavailable(
+                "the namespace sandbox needs root with CAP_SYS_ADMIN, CAP_SETUID and CAP_SETGID "
+                "(e.g. a container run with --cap-add SYS_ADMIN); it refuses to run code unsandboxed"
+            )
+        self.workers = workers
+        self.interpreter = interpreter or _default_interpreter()
+        self._uid_base = uid_base
+        self._idle: queue.Queue[Zygote] = queue.Queue()
+        self._lock = threading.Lock()
+        self._all: list[Zygote] = []
+        self._closed = False
+        for _ in range(workers):
+            self._idle.put(self._spawn())
+
+    def _spawn(self) -> Zygote:
+        zygote = Zygote(self.interpreter, self._uid_base)
+        with self._lock:
+            self._all.append(zygote)
+        return zygote
+
+    def _retire(self, zygote: Zygote) -> None:
+        zygote.kill()
+        with self._lock:
+            if zygote in self._all:
+                self._all.remove(zygote)
+
+    def run(self, program: str, stdin: str = "", limits: Limits | None = None, language: str = "python") -> ExecResult:
+        limits = limits or Limits()
+        limits.validate()
+        launch = launch_for(language, program, self.interpreter)
+        req = {
+            "argv": launch.argv,
+            "files": launch.files,
+            "stdin": stdin,
+            "env": RUN_ENV,
+            "limits": {
+                "timeout_s": limits.timeout_s,
+                "memory_mb": limits.memory_mb,
+                "max_output_bytes": limits.max_output_bytes,
+                "max_processes": limits.max_processes,
+                "max_file_bytes": limits.max_file_bytes,
+                "scratch_mb": limits.scratch_mb,
+                "cpu_s": limits.effective_cpu_s(),
+            },
+        }
+        if self._closed:
+            return ExecResult("sandbox_error", None, "", "sandbox is closed", 0.0)
+        zygote = self._take()
+        if zygote is None:
+            return ExecResult("sandbox_error", None, "", "sandbox is closed", 0.0)
+        started = time.monotonic()
+        try:
+            reply = zygote.request(req, started + limits.timeout_s + REPLY_SLACK_S)
+        except (ZygoteError, OSError, ValueError) as exc:
+            log.error("sandbox zygote failed, restarting it: %s", exc)
+            self._replace(zygote)
+            return ExecResult("sandbox_error", None, "", f"sandbox failure: {exc}", time.monotonic() - started)
+        if "error" in reply:  # the zygote itself raised: do not trust its state any more
+            self._replace(zygote)
+        else:
+            self._idle.put(zygote)
+        reply["cpu_limit_s"] = req["limits"]["cpu_s"]
+        status, exit_code = classify(reply)
+        if status == "sandbox_error":
+            detail = reply.get("error") or reply.get("setup_error")
+            log.error("sandbox set-up failed: %s", detail)
+            return ExecResult(status, None, "", f"sandbox failure: {detail}", time.monotonic() - started)
+        return ExecResult(status, exit_code, reply["stdout"], reply["stderr"], reply["wall_s"], reply["proof"])
+
+    def _take(self) -> Zygote | None:
+        while not self._closed:
+            try:
+                return self._idle.get(timeout=0.5)
+            except queue.Empty:
+                continue
+        return None
+
+    def _replace(self, zygote: Zygote) -> None:
+        self._retire(zygote)
+        if self._closed:
+            return
+        try:
+            self._idle.put(self._spawn())
+        except Exception:  # keep the pool's size honest: try again on a later run
+            log.exception("could not restart a sandbox zygote")
+            threading.Timer(1.0, self._replace_later).start()
+
+    def _replace_later(self) -> None:
+        if not self._closed:
+            try:
+                self._idle.put(self._spawn())
+            except Exception:
+                log.exception("could not restart a sandbox zygote")
+                threading.Timer(5.0, self._replace_later).start()
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            zygotes = list(self._all)
+        for zygote in zygotes:
+            self._retire(zygote)

@@ -1,0 +1,319 @@
+"""The sandbox launcher ("zygote"): a single-threaded, stdlib-only root process that forks one isolated run per request.
+
+It is started by `namespace.py` as `python3 -I -S zygote.py CONFIG_JSON` with an empty environment and never
+imports anything from the service. At start it enters its own mount, network and UTS namespaces (no interface is
+up, not even loopback), builds a minimal read-only root (the read-only binds listed in the config, a few device
+nodes, a synthetic /etc) and pivots into it, so nothing of the host (/work, /root, /home, /tmp, /proc, /sys, ...)
+is reachable from it any more. Then, per request (length-prefixed JSON on stdin/stdout):
+
+    zygote ── unshare(NEWPID) + fork ──▶ child = pid 1 of a fresh PID namespace
+                                           unshare(NEWNS); tmpfs /scratch (size-capped); fresh /proc;
+                                           rlimits, no_new_privs, empty capability bounding set,
+                                           unprivileged uid (unique per zygote); execve(argv), minimal env
+
+The program is the namespace's init: when it exits, the kernel kills everything left in the PID namespace
+(daemons, setsid children, fork-bomb remnants), and no privileged process exists inside it. On the wall-clock
+deadline or the output limit the zygote SIGKILLs it, with the same effect; if the zygote dies, the parent-death
+signal does it. (As an init, the program ignores signals it sends itself without installing a handler.)
+The zygote reads stdout/stderr itself and enforces both limits.
+
+Proof of completion: the program gets fd 4 (a pipe holding a random per-run nonce) and fd 3 (an empty pipe);
+a language driver copies fd 4 to fd 3 only after the user program has run to its end. The zygote compares what
+arrives on fd 3 with the nonce and reports `proof`. See `languages.py` for what this does and does not prove.
+"""
+
+# Syscall-level code on purpose: plain os calls map one-to-one to what the kernel does.
+# ruff: noqa: PTH103, PTH106, PTH110, PTH112, PTH114, PTH115, PTH211
+
+import ctypes
+import fcntl
+import json
+import os
+import resource as r
+import select
+import signal
+import struct
+import sys
+import time
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+DEVICES = ("null", "zero", "full", "random", "urandom")
+PROOF_FD, NONCE_FD = 3, 4
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+
+
+def _check(rc, what):
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _b(s):
+    return None if s is None else s.encode()
+
+
+def mount(src, dst, fstype, flags, data=None):
+    _check(libc.mount(_b(src), _b(dst), _b(fstype), flags, _b(data)), f"mount {src} on {dst}")
+
+
+def unshare(flags):
+    _check(libc.unshare(flags), f"unshare({flags:#x})")
+
+
+def bind_ro(src, dst, devices=False):
+    """Bind `src` read-only at `dst`; device nodes keep working only where asked."""
+    mount(src, dst, None, MS_BIND | MS_REC)
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | (0 if devices else MS_NODEV)
+    mount(None, dst, None, flags)
+
+
+def build_root(cfg, uid):
+    """Enter private mount/net/uts namespaces and pivot into a minimal read-only root."""
+    unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC)
+    # SysV IPC objects outlive processes; with none allowed in this IPC namespace nothing can pass from one
+    # run to the next (POSIX message queues are off through RLIMIT_MSGQUEUE=0, shm lives in the scratch).
+    for name, value in (("shmmni", "0"), ("msgmni", "0"), ("sem", "0 0 0 0")):
+        with open(f"/proc/sys/kernel/{name}", "w") as f:
+            f.write(value)
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    new = "/tmp"  # any existing directory will do: the tmpfs over it exists only in our namespace
+    mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=512,mode=0755")
+    for path in cfg["ro_binds"]:
+        if os.path.islink(path):
+            os.symlink(os.readlink(path), new + path)
+        elif os.path.isdir(path):
+            os.makedirs(new + path, exist_ok=True)
+            bind_ro(path, new + path)
+    for d in ("dev", "etc", "proc", "scratch", ".old"):
+        os.makedirs(f"{new}/{d}", exist_ok=True)
+    os.symlink("scratch", f"{new}/tmp")  # /tmp is the run's own scratch tmpfs
+    for name in DEVICES:
+        open(f"{new}/dev/{name}", "w").close()
+        bind_ro(f"/dev/{name}", f"{new}/dev/{name}", devices=True)
+    os.symlink("/scratch", f"{new}/dev/shm")
+    for i, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{i}", f"{new}/dev/{name}")
+    os.symlink("/proc/self/fd", f"{new}/dev/fd")
+    etc = {
+        "passwd": f"root:x:0:0::/:/bin/false\nsandbox:x:{uid}:{uid}::/scratch:/bin/false\n",
+        "group": f"root:x:0:\nsandbox:x:{uid}:\n",
+        "hosts": "127.0.0.1 localhost\n",
+        "hostname": "sandbox\n",
+    }
+    for name, text in etc.items():
+        with open(f"{new}/etc/{name}", "w") as f:
+            f.write(text)
+    _check(libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], _b(new), _b(new + "/.old")), "pivot_root")
+    os.chdir("/")
+    _check(libc.umount2(b"/.old", MNT_DETACH), "umount old root")
+    os.rmdir("/.old")
+    mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    libc.sethostname(b"sandbox", 7)
+
+
+def _read_msg(fd):
+    head = _read_exact(fd, 4)
+    if head is None:
+        return None
+    body = _read_exact(fd, struct.unpack(">I", head)[0])
+    return None if body is None else json.loads(body)
+
+
+def _read_exact(fd, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def _write_msg(fd, obj):
+    body = json.dumps(obj).encode()
+    data = struct.pack(">I", len(body)) + body
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _setup_mounts(req, uid):
+    """Fresh mount namespace: a size-capped tmpfs scratch holding the program's files, and this PID ns's /proc."""
+    unshare(CLONE_NEWNS)
+    opts = f"size={req['limits']['scratch_mb']}m,nr_inodes=4096,mode=0700,uid={uid},gid={uid}"
+    mount("tmpfs", "/scratch", "tmpfs", MS_NOSUID | MS_NODEV, opts)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name, text in req["files"].items():
+        fd = os.open("/scratch/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        os.write(fd, text.encode())
+        os.fchown(fd, uid, uid)
+        os.close(fd)
+    if not req["stdin"]:
+        return os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+    stdin = os.memfd_create("stdin")
+    os.write(stdin, req["stdin"].encode())
+    os.lseek(stdin, 0, os.SEEK_SET)
+    return stdin
+
+
+def _drop_privileges(limits, uid, cap_last_cap):
+    """Rlimits, no_new_privs, an empty capability bounding set, then the unprivileged uid."""
+    cpu = int(limits["cpu_s"])
+    for res, val in (
+        (r.RLIMIT_AS, limits["memory_mb"] << 20),
+        (r.RLIMIT_CPU, cpu),  # an init ignores SIGXCPU, so the hard limit (SIGKILL) is the one that acts
+        (r.RLIMIT_NPROC, limits["max_processes"]),
+        (r.RLIMIT_FSIZE, limits["max_file_bytes"]),
+        (r.RLIMIT_NOFILE, 256),
+        (r.RLIMIT_CORE, 0),
+        (r.RLIMIT_MSGQUEUE, 0),
+    ):
+        r.setrlimit(res, val if isinstance(val, tuple) else (val, val))
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    for cap in range(cap_last_cap + 1):
+        _check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "capbset_drop")
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    # A uid change clears the parent-death signal, so it is set last: zygote gone -> this init and its
+    # whole PID namespace gone.
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+
+
+def _child(req, uid, fds, status_w):
+    """Pid 1 of a fresh PID namespace: mounts, limits, unprivileged uid, then exec the program; never returns.
+
+    The program itself is the namespace's init, so when it exits (or is killed) the kernel kills every
+    process it left behind, and no privileged process exists inside the namespace at all.
+    """
+    try:
+        stdin = _setup_mounts(req, uid)
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in (stdin, *fds)]  # above every target
+        for target, fd in enumerate(high):
+            os.dup2(fd, target)  # inheritable: exactly fds 0-4 survive the exec
+        os.chdir("/scratch")
+        _drop_privileges(req["limits"], uid, req["cap_last_cap"])
+        os.execve(req["argv"][0], req["argv"], req["env"])
+    except BaseException as exc:  # report through the close-on-exec status pipe; never return to the loop
+        try:
+            os.write(status_w, f"{type(exc).__name__}: {exc}".encode())
+        finally:
+            os._exit(127)
+
+
+def _collect(pid, readers, limits, nonce, started):
+    """Read outputs until every writer is gone, the deadline passes, or the output limit is hit."""
+    deadline = started + limits["timeout_s"]
+    bufs = {fd: bytearray() for fd in readers.values()}
+    poller = select.poll()
+    for fd in bufs:
+        poller.register(fd, select.POLLIN)
+    open_fds, verdict, total = set(bufs), None, 0
+    while open_fds:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            verdict = "timeout"
+            break
+        for fd, _ in poller.poll(max(1, int(left * 1000) + 1)):
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                poller.unregister(fd)
+                open_fds.discard(fd)
+                continue
+            bufs[fd] += chunk
+            if fd != readers["status"]:  # the program can write to out, err and the proof fd
+                total += len(chunk)
+        if total > limits["max_output_bytes"]:
+            verdict = "output_limit"
+            break
+    wall = time.monotonic() - started
+    if verdict is not None:
+        os.kill(pid, signal.SIGKILL)  # init dies -> the kernel kills the whole PID namespace
+    _, wait_status, usage = os.wait4(pid, 0)
+    cap = limits["max_output_bytes"]
+    out = bytes(bufs[readers["out"]][:cap]).decode("utf-8", "replace")
+    err = bytes(bufs[readers["err"]][:cap]).decode("utf-8", "replace")
+    proof = bytes(bufs[readers["proof"]]) == nonce
+    setup_error = bytes(bufs[readers["status"]]).decode("utf-8", "replace")
+    cpu = usage.ru_utime + usage.ru_stime
+    return verdict, out, err, wait_status, setup_error, proof, wall, cpu
+
+
+def run_one(req, uid, pidns_fd):
+    """Run one request in a fresh PID namespace and return the raw outcome."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    proof_r, proof_w = os.pipe()
+    nonce_r, nonce_w = os.pipe()
+    status_r, status_w = os.pipe()
+    nonce = os.urandom(16).hex().encode()
+    os.write(nonce_w, nonce)
+    os.close(nonce_w)
+    started = time.monotonic()
+    unshare(CLONE_NEWPID)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            _child(req, uid, [out_w, err_w, proof_w, nonce_r], status_w)
+    finally:
+        _check(libc.setns(pidns_fd, CLONE_NEWPID), "setns back to own pid namespace")
+    for fd in (out_w, err_w, proof_w, nonce_r, status_w):
+        os.close(fd)
+    readers = {"out": out_r, "err": err_r, "proof": proof_r, "status": status_r}
+    try:
+        verdict, out, err, wait_status, setup_error, proof, wall, cpu = _collect(
+            pid, readers, req["limits"], nonce, started
+        )
+    finally:
+        for fd in readers.values():
+            os.close(fd)
+    exit_code = -os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else os.WEXITSTATUS(wait_status)
+    return {
+        "verdict": verdict,
+        "exit_code": exit_code,
+        "setup_error": setup_error,
+        "stdout": out,
+        "stderr": err,
+        "proof": proof,
+        "wall_s": wall,
+        "cpu_s": cpu,
+    }
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the service died -> so do we
+    uid = cfg["uid_base"] + os.getpid()  # unique among live zygotes, so RLIMIT_NPROC is per run
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            cap_last_cap = int(f.read())
+        pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY)
+        build_root(cfg, uid)
+        for argv0 in cfg.get("check_exists", []):
+            if not os.path.exists(argv0):
+                raise FileNotFoundError(f"{argv0} is not visible inside the sandbox root")
+    except Exception as exc:
+        _write_msg(1, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    _write_msg(1, {"ready": True, "uid": uid, "pid": os.getpid()})
+    while True:
+        req = _read_msg(0)
+        if req is None:
+            return 0
+        req["cap_last_cap"] = cap_last_cap
+        try:
+            reply = run_one(req, uid, pidns_fd)
+        except Exception as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        _write_msg(1, reply)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

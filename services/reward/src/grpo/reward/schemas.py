@@ -1,0 +1,229 @@
+"""The reward API's request and response models: the HTTP contract, also what the gRPC edge converts to.
+
+Static bounds (positive timeouts, known languages, tag names) live here; limits that
+depend on the server's settings (items per batch, code length) are checked by the core.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Language = Literal["python"]
+Timeout = Annotated[float, Field(gt=0, le=3600, description="Seconds; capped by the server's limit.")]
+MemoryMb = Annotated[int, Field(ge=16, le=65536)]
+TagName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][\w\-]*$")]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+# ---- math ------------------------------------------------------------------------------
+
+
+class VerifyMathRequest(Model):
+    answer: str = Field(description="The model's answer; a whole completion is fine (\\boxed{} first, then <answer>).")
+    gold: str = Field(description="The reference answer.")
+    timeout_s: Timeout | None = None
+
+
+class VerifyMathResponse(Model):
+    correct: bool | None = Field(default=None, description="null when the verifier cannot judge (see status).")
+    status: Literal["correct", "incorrect", "unparseable_gold", "unparseable_answer", "timeout", "error"]
+    extracted_answer: str = ""
+    detail: str = ""
+    wall_s: float = 0.0
+
+
+# ---- code ------------------------------------------------------------------------------
+
+
+class StdioTest(Model):
+    stdin: str = ""
+    expected_stdout: str
+
+
+class AssertTest(Model):
+    """A program run after the candidate code (HumanEval: the test code + `check(entry_point)`)."""
+
+    assert_: str = Field(alias="assert", min_length=1)
+
+
+CodeTest = StdioTest | AssertTest
+
+
+def code_test_dict(test: CodeTest) -> dict[str, str]:
+    """The plain dict form the code verifier takes."""
+    if isinstance(test, AssertTest):
+        return {"assert": test.assert_}
+    return {"stdin": test.stdin, "expected_stdout": test.expected_stdout}
+
+
+class ExecuteRequest(Model):
+    language: Language = "python"
+    code: str
+    stdin: str = ""
+    timeout_s: Timeout | None = None
+    memory_mb: MemoryMb | None = None
+
+
+ExecStatus = Literal["ok", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error"]
+
+
+class ExecuteResponse(Model):
+    status: ExecStatus
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    wall_s: float = 0.0
+
+
+class VerifyCodeRequest(Model):
+    language: Language = "python"
+    code: str = Field(description="Candidate code; a whole completion is fine (the last fenced block is taken).")
+    tests: list[CodeTest] = Field(min_length=1)
+    timeout_s: Timeout | None = Field(default=None, description="Per test.")
+    memory_mb: MemoryMb | None = None
+
+
+Verdict = Literal["pass", "fail", "timeout", "runtime_error", "memory_limit", "output_limit", "sandbox_error"]
+
+
+class CodeTestResult(Model):
+    verdict: Verdict
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    wall_s: float = 0.0
+    detail: str = Field(default="", description="Why the verdict is what it is (empty for a pass).")
+
+
+class VerifyCodeResponse(Model):
+    passed: int
+    total: int
+    tests: list[CodeTestResult]
+
+
+# ---- scoring ---------------------------------------------------------------------------
+
+
+class MathCheck(Model):
+    gold: str
+
+
+class CodeCheck(Model):
+    tests: list[CodeTest] = Field(min_length=1)
+    language: Language = "python"
+    timeout_s: Timeout | None = None
+
+
+class FormatCheck(Model):
+    think_tag: TagName = "think"
+    answer_tag: TagName = "answer"
+    think_prefilled: bool = Field(default=False, description="The chat template already opened <think>.")
+
+
+class LanguageCheck(Model):
+    target: Literal["en", "zh", "auto"] = "auto"
+
+
+class OverlongCheck(Model):
+    max_tokens: int = Field(gt=0)
+    buffer_tokens: int = Field(ge=0)
+    completion_tokens: int | None = Field(default=None, ge=0, description="Characters / 4 when unset.")
+
+    @model_validator(mode="after")
+    def _buffer_fits(self) -> OverlongCheck:
+        if self.buffer_tokens > self.max_tokens:
+            raise ValueError("buffer_tokens must not exceed max_tokens")
+        return self
+
+
+class RewardModelCheck(Model):
+    pass
+
+
+class PluginCheck(Model):
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the plug-in.")
+
+
+class Checks(Model):
+    math: MathCheck | None = None
+    code: CodeCheck | None = None
+    format: FormatCheck | None = None
+    language: LanguageCheck | None = None
+    overlong: OverlongCheck | None = None
+    reward_model: RewardModelCheck | None = None
+    plugins: dict[str, PluginCheck] = Field(default_factory=dict, description="Plug-in reward functions by name.")
+
+    def names(self) -> list[str]:
+        """The component names this item asked for (plug-ins by their own name)."""
+        fixed = ["math", "code", "format", "language", "overlong", "reward_model"]
+        return [n for n in fixed if getattr(self, n) is not None] + list(self.plugins)
+
+
+class ScoreItem(Model):
+    id: str = Field(max_length=256)
+    prompt: str = ""
+    completion: str
+    checks: Checks
+    weights: dict[str, float] = Field(
+        default_factory=dict, description="Weights by component name; 1 when absent; 0 makes a component optional."
+    )
+
+    @model_validator(mode="after")
+    def _known_weights(self) -> ScoreItem:
+        names = self.checks.names()
+        if not names:
+            raise ValueError("checks must ask for at least one component")
+        unknown = sorted(set(self.weights) - set(names))
+        if unknown:
+            raise ValueError(f"weights name components not in checks: {unknown}; checks: {names}")
+        return self
+
+
+class ScoreRequest(Model):
+    items: list[ScoreItem] = Field(min_length=1)
+    timeout_s: Timeout | None = Field(default=None, description="Whole-request deadline.")
+
+    @field_validator("items")
+    @classmethod
+    def _unique_ids(cls, items: list[ScoreItem]) -> list[ScoreItem]:
+        seen: set[str] = set()
+        for item in items:
+            if item.id in seen:
+                raise ValueError(f"duplicate item id {item.id!r}")
+            seen.add(item.id)
+        return items
+
+
+class ComponentResult(Model):
+    score: float | None = Field(default=None, description="null when the component cannot judge or failed.")
+    status: str
+    detail: str = ""
+
+
+class ScoreResult(Model):
+    id: str
+    reward: float | None = Field(
+        default=None, description="Weighted sum of the components; null when one cannot judge or failed."
+    )
+    status: Literal["ok", "error"]
+    error: str = Field(default="", description="Why reward is null (cannot judge, or the infrastructure error).")
+    components: dict[str, ComponentResult] = Field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+class ScoreResponse(Model):
+    results: list[ScoreResult]
+
+
+class Health(Model):
+    status: str = "ok"
+    workers: int = 0
+    sandbox: str = ""
+    queue_depth: int = 0
+    inflight: int = 0
+    version: str = ""

@@ -1,0 +1,90 @@
+"""`/v1/score` semantics: turn component verdicts into one reward, null when it cannot be trusted.
+
+Every component ends in one of three states:
+
+* **judged** — a score (a wrong answer is a judged 0);
+* **cannot judge** — the item itself gives the verifier nothing to judge with: the
+  reward is null, the item status stays "ok" and `error` says why (the trainer skips
+  the sample instead of learning from a made-up 0);
+* **failed** — the infrastructure broke: the item status is "error" and the reward is
+  null. Never a score of 0.
+
+Per component:
+
+| component | judged | cannot judge | failed |
+|---|---|---|---|
+| math | correct → 1, incorrect → 0, unparseable_answer → 0 (the model gave no answer) | unparseable_gold; timeout (the expression blew up sympy; worker killed) | error (verifier exception, worker crash, queue full) |
+| code | passed / total over real verdicts (fail, timeout, runtime_error, memory_limit, output_limit count as not passed) | — | any test with sandbox_error, or the sandbox machinery itself failing |
+| format | 1 / 0.5 (a block empty) / 0 | — | — |
+| language | share of target-language words (0 when the reasoning has none) | target auto with a prompt that has no words | — |
+| overlong | 0 … -1 | — | — |
+| reward_model | the model's first logit | — | the model raised |
+| plug-ins | the returned float | the plug-in returned None | it raised, returned a non-number, or the wrong count |
+
+A component with weight 0 is informational: its result is reported, but it cannot null
+the reward. Components without a weight count 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from grpo.reward.schemas import CodeTestResult, ComponentResult, ScoreResult, VerifyMathResponse
+from grpo.reward.verifiers.result import Judgement
+
+FAILED_STATUSES = frozenset({"error", "sandbox_error", "pool_error"})
+MATH_SCORES = {"correct": 1.0, "incorrect": 0.0, "unparseable_answer": 0.0}
+MATH_CANNOT_JUDGE = frozenset({"unparseable_gold", "timeout"})
+
+
+def math_judgement(result: VerifyMathResponse) -> Judgement:
+    """The math component from a math verification."""
+    if result.status in MATH_SCORES:
+        return Judgement(MATH_SCORES[result.status], result.status, result.detail)
+    if result.status in MATH_CANNOT_JUDGE:
+        return Judgement(None, result.status, result.detail or f"math verifier: {result.status}")
+    return Judgement(None, "error", result.detail or "math verifier failed")
+
+
+def code_judgement(tests: Sequence[CodeTestResult]) -> Judgement:
+    """passed / total, unless a test could not run (sandbox_error): then the component failed."""
+    if not tests:
+        return Judgement(None, "cannot_judge", "no tests")
+    broken = [i for i, t in enumerate(tests) if t.verdict == "sandbox_error"]
+    if broken:
+        first = tests[broken[0]]
+        return Judgement(None, "sandbox_error", f"{len(broken)} test(s) hit a sandbox error: {first.stderr[:200]}")
+    passed = sum(t.verdict == "pass" for t in tests)
+    return Judgement(passed / len(tests), "ok", f"{passed}/{len(tests)} tests passed")
+
+
+def combine(
+    item_id: str, components: Mapping[str, Judgement], weights: Mapping[str, float], wall_s: float = 0.0
+) -> ScoreResult:
+    """The weighted reward of one item, or null with the reason (see the module docstring)."""
+    reported = {
+        name: ComponentResult(score=j.score, status=j.status, detail=j.detail) for name, j in components.items()
+    }
+    failed, unjudged, reward = [], [], 0.0
+    for name, j in components.items():
+        weight = weights.get(name, 1.0)
+        if j.status in FAILED_STATUSES:
+            failed.append(f"{name}: {j.status} ({j.detail})" if j.detail else f"{name}: {j.status}")
+        elif j.score is None:
+            if weight != 0:
+                unjudged.append(f"{name}: {j.status}" + (f" ({j.detail})" if j.detail else ""))
+        else:
+            reward += weight * j.score
+    if failed:
+        return ScoreResult(
+            id=item_id, reward=None, status="error", error="; ".join(failed), components=reported, wall_s=wall_s
+        )
+    if unjudged:
+        error = "cannot judge: " + "; ".join(unjudged)
+        return ScoreResult(id=item_id, reward=None, status="ok", error=error, components=reported, wall_s=wall_s)
+    return ScoreResult(id=item_id, reward=reward, status="ok", components=reported, wall_s=wall_s)
+
+
+def error_result(item_id: str, message: str, wall_s: float = 0.0) -> ScoreResult:
+    """An item the service could not finish (deadline, overload mid-request, crash)."""
+    return ScoreResult(id=item_id, reward=None, status="error", error=message, wall_s=wall_s)

@@ -1,0 +1,96 @@
+"""Settings of the reward service: defaults < config file (GRPO_REWARD_CONFIG / --config) < env (GRPO_REWARD_*) < flags."""
+
+from __future__ import annotations
+
+import os
+
+from grpo.common.settings import load_settings, service_config
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings
+
+BUILTIN_COMPONENTS = ("math", "code", "format", "language", "overlong", "reward_model")
+
+
+class RewardSettings(BaseSettings):
+    """grpo-reward: sandboxed verifier service (math, code, format, language) over gRPC and HTTP."""
+
+    model_config = service_config("GRPO_REWARD_", "grpo-reward")
+
+    host: str = "0.0.0.0"
+    """Address both servers bind to."""
+    grpc_port: int = Field(default=50052, ge=0, le=65535)
+    """gRPC port (0 picks a free one)."""
+    http_port: int = Field(default=8002, ge=0, le=65535)
+    """HTTP port (FastAPI: /v1/..., /docs, /healthz, /metrics)."""
+    workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=512)
+    """Math worker processes, and concurrent sandbox runs unless sandbox_workers is set."""
+    sandbox: str = "auto"
+    """Sandbox implementation for code (auto picks the strongest isolation this machine allows)."""
+    sandbox_workers: int | None = Field(default=None, ge=1, le=512)
+    """Concurrent sandbox runs; defaults to workers."""
+    token: str | None = None
+    """Bearer token required on /v1/* and on every gRPC method but health and reflection; off when unset."""
+    tls_cert_file: str | None = None
+    """PEM certificate for gRPC TLS (with tls_key_file); plaintext when unset."""
+    tls_key_file: str | None = None
+    """PEM private key for gRPC TLS."""
+    log_level: str = "INFO"
+    """Root log level."""
+    json_logs: bool = False
+    """One JSON object per log line (for log shippers)."""
+    max_queue: int = Field(default=4096, ge=1)
+    """Items admitted but not finished, across all requests; beyond it requests get 429 / RESOURCE_EXHAUSTED."""
+    retry_after_s: int = Field(default=1, ge=1)
+    """Retry-After hint sent with 429."""
+    max_items: int = Field(default=1024, ge=1)
+    """Items per /v1/score request."""
+    max_tests: int = Field(default=512, ge=1)
+    """Code tests per item or /v1/verify/code request."""
+    max_body_bytes: int = Field(default=32 << 20, ge=1024)
+    """Largest HTTP request body."""
+    max_code_chars: int = Field(default=200_000, ge=1)
+    """Longest code (or whole completion given as code) and longest test program."""
+    max_text_chars: int = Field(default=400_000, ge=1)
+    """Longest completion, prompt, answer or gold."""
+    default_timeout_s: float = Field(default=60.0, gt=0)
+    """Request deadline when the request sets none."""
+    max_timeout_s: float = Field(default=600.0, gt=0)
+    """Cap on any requested deadline."""
+    math_timeout_s: float = Field(default=10.0, gt=0)
+    """Deadline of one math verification; the worker is killed past it."""
+    code_timeout_s: float = Field(default=10.0, gt=0)
+    """Default wall-clock limit per code run / test."""
+    max_code_timeout_s: float = Field(default=60.0, gt=0)
+    """Cap on a requested per-run code limit."""
+    code_memory_mb: int = Field(default=512, ge=16)
+    """Default memory limit per code run."""
+    max_code_memory_mb: int = Field(default=4096, ge=16)
+    """Cap on a requested memory limit."""
+    math_batch: int = Field(default=1, ge=1, le=64)
+    """Math verifications sent to a worker per round trip."""
+    grpc_threads: int = Field(default=32, ge=1)
+    """gRPC handler threads (each waits on the core; the work itself runs in the pools)."""
+    reward_model_path: str | None = None
+    """Local path of a HF sequence-classification model; the reward_model component is off when unset."""
+    reward_model_batch_size: int = Field(default=16, ge=1)
+    """Pairs per reward-model forward pass."""
+    reward_model_max_length: int = Field(default=1024, ge=8)
+    """Token limit per (prompt, completion) pair for the reward model."""
+    plugins: dict[str, str] = Field(default_factory=dict)
+    """Plug-in reward functions, name -> 'package.module:function' (config file or JSON in env)."""
+    plugin_timeout_s: float = Field(default=30.0, gt=0)
+    """Deadline of one plug-in call (the whole batch)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardSettings:
+        clash = sorted(set(self.plugins) & set(BUILTIN_COMPONENTS))
+        if clash:
+            raise ValueError(f"plugins: names {clash} clash with built-in components")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file must be set together")
+        return self
+
+
+def load(argv: list[str] | None = None) -> RewardSettings:
+    """Settings from defaults, config file, env and flags (flags win)."""
+    return load_settings(RewardSettings, argv, env_file_var="GRPO_REWARD_CONFIG")

@@ -1,0 +1,1 @@
+"""Verifiers: small pure functions that judge one completion (math, format, language, ...)."""

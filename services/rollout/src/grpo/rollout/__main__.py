@@ -1,0 +1,93 @@
+"""`python -m grpo.rollout` / `grpo-rollout`: the engine, gRPC + HTTP servers, and the worker loop with --redis-url."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+from grpo.common.logs import setup_logging
+from grpo.rollout.settings import RolloutSettings, parse_settings
+
+if TYPE_CHECKING:
+    from grpo.rollout.engines.base import Engine
+
+log = logging.getLogger("grpo.rollout")
+
+
+def build_engine(settings: RolloutSettings, model: str) -> Engine:
+    """The engine named by --engine; vLLM is imported only when asked for."""
+    if settings.engine == "vllm":
+        from grpo.rollout.engines.vllm import VLLMEngine
+
+        return VLLMEngine(model=model, dtype=settings.dtype)
+    from grpo.rollout.engines.hf import HFEngine
+
+    return HFEngine(model, dtype=settings.dtype, device=settings.device, torch_threads=settings.torch_threads or None)
+
+
+def serve(settings: RolloutSettings, stop: threading.Event) -> None:
+    # Heavy imports (torch, transformers) only after the settings are known to be valid.
+    from grpo.common.grpc_server import GrpcServer
+    from grpo.common.tiny_model import resolve_model
+    from grpo.rollout.grpc_api import SERVICE_NAME, UPDATE_METHOD, register
+    from grpo.rollout.http_api import HttpServer
+    from grpo.rollout.service import Limits, RolloutService
+
+    model = resolve_model(settings.model)
+    limits = Limits(settings.max_prompts, settings.max_n, settings.max_new_tokens_cap)
+    service = RolloutService(build_engine(settings, model), model, settings.replica_id, limits)
+    method_tokens = {UPDATE_METHOD: settings.weights_token} if settings.weights_token else None
+    grpc_server = GrpcServer(
+        register(service),
+        [SERVICE_NAME],
+        settings.host,
+        settings.grpc_port,
+        workers=settings.grpc_workers,
+        token=settings.token,
+        method_tokens=method_tokens,
+    )
+    service.grpc_port = grpc_server.port
+    http = HttpServer(service, settings.host, settings.http_port)
+    grpc_server.start()
+    http.start()
+    worker = None
+    if settings.redis_url:
+        from grpo.rollout.worker import run_worker
+
+        worker = threading.Thread(target=run_worker, args=(service, settings, stop), name="rollout-worker")
+        worker.start()
+    log.info("rollout ready: grpc %d, http %d, replica %s", grpc_server.port, http.port, settings.replica_id)
+    try:
+        while not stop.wait(0.5):
+            if worker is not None and not worker.is_alive():
+                log.error("the worker loop stopped; shutting down")
+                stop.set()
+    finally:
+        grpc_server.set_serving(False)
+        if worker is not None:
+            worker.join(timeout=30)
+        grpc_server.stop(grace=5)
+        http.stop()
+        service.close()
+        log.info("rollout stopped")
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_settings(argv)
+    setup_logging(settings.log_level, settings.json_logs)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    serve(settings, stop)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,141 @@
+"""The gRPC servicer: proto messages in, checked plain values to RolloutService, proto messages out."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+
+import grpc
+from grpo.common.weights import WeightUpdateError
+from grpo.rollout.engines.base import PromptOutput, SamplingParams
+from grpo.rollout.service import Limits, RolloutService
+from grpo.v1 import rollout_pb2, rollout_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
+UPDATE_METHOD = f"/{SERVICE_NAME}/UpdateWeights"
+
+
+class BadRequest(ValueError):
+    """A request the caller must fix (INVALID_ARGUMENT)."""
+
+
+def sampling_params(msg: rollout_pb2.SamplingParams, limits: Limits) -> SamplingParams:
+    """Checked engine parameters from the proto; raises BadRequest naming the field."""
+    if msg.n < 1:
+        raise BadRequest(f"sampling.n must be >= 1 (got {msg.n})")
+    if msg.n > limits.max_n:
+        raise BadRequest(f"sampling.n = {msg.n} is over this replica's limit of {limits.max_n}")
+    if msg.temperature < 0:
+        raise BadRequest(f"sampling.temperature must be >= 0 (got {msg.temperature}); 0 means greedy")
+    if not 0 <= msg.top_p <= 1:
+        raise BadRequest(f"sampling.top_p must be in (0, 1] (got {msg.top_p}); 0 means 1")
+    if msg.top_k < 0:
+        raise BadRequest(f"sampling.top_k must be >= 0 (got {msg.top_k}); 0 turns it off")
+    if msg.max_new_tokens < 1:
+        raise BadRequest(f"sampling.max_new_tokens must be >= 1 (got {msg.max_new_tokens})")
+    if msg.max_new_tokens > limits.max_new_tokens_cap:
+        raise BadRequest(
+            f"sampling.max_new_tokens = {msg.max_new_tokens} is over the cap of {limits.max_new_tokens_cap}"
+        )
+    if any(not s for s in msg.stop):
+        raise BadRequest("sampling.stop must not contain empty strings")
+    return SamplingParams(
+        n=msg.n,
+        temperature=msg.temperature,
+        top_p=msg.top_p or 1.0,
+        top_k=msg.top_k,
+        max_new_tokens=msg.max_new_tokens,
+        stop=tuple(msg.stop),
+        seed=msg.seed if msg.HasField("seed") else None,
+    )
+
+
+def encode_prompts(service: RolloutService, prompts: list[rollout_pb2.Prompt], max_new_tokens: int) -> list[list[int]]:
+    """Token ids of each prompt, checked against the context length."""
+    if not prompts:
+        raise BadRequest("prompts is empty: send at least one prompt")
+    if len(prompts) > service.limits.max_prompts:
+        raise BadRequest(f"{len(prompts)} prompts is over this replica's limit of {service.limits.max_prompts}")
+    context = service.engine.max_context
+    encoded = []
+    for i, p in enumerate(prompts):
+        if p.WhichOneof("kind") == "messages":
+            if not p.messages.messages:
+                raise BadRequest(f"prompts[{i}].messages is empty")
+            ids = service.encode([{"role": m.role, "content": m.content} for m in p.messages.messages], chat=True)
+        else:
+            if not p.text and not p.apply_chat_template:
+                raise BadRequest(f"prompts[{i}] is empty: set text or messages")
+            ids = service.encode(p.text, chat=p.apply_chat_template)
+        if not ids:
+            raise BadRequest(f"prompts[{i}] has no tokens")
+        if len(ids) + max_new_tokens > context:
+            raise BadRequest(
+                f"prompts[{i}] has {len(ids)} tokens; with max_new_tokens {max_new_tokens} that exceeds "
+                f"the model context of {context} tokens: shorten the prompt or lower max_new_tokens"
+            )
+        encoded.append(ids)
+    return encoded
+
+
+def to_response(
+    outputs: list[PromptOutput], version: int, checksum: str, wall_s: float
+) -> rollout_pb2.GenerateResponse:
+    results = [
+        rollout_pb2.PromptResult(
+            prompt_token_ids=o.prompt_token_ids,
+            completions=[
+                rollout_pb2.Completion(
+                    text=s.text, token_ids=s.token_ids, logprobs=s.logprobs, finish_reason=s.finish_reason
+                )
+                for s in o.samples
+            ],
+        )
+        for o in outputs
+    ]
+    return rollout_pb2.GenerateResponse(
+        results=results, weight_version=version, weight_checksum=checksum, wall_s=wall_s
+    )
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
+    def __init__(self, service: RolloutService) -> None:
+        self.service = service
+
+    def Generate(
+        self, request: rollout_pb2.GenerateRequest, context: grpc.ServicerContext
+    ) -> rollout_pb2.GenerateResponse:
+        start = time.monotonic()
+        try:
+            params = sampling_params(request.sampling, self.service.limits)
+            prompts = encode_prompts(self.service, list(request.prompts), params.max_new_tokens)
+        except BadRequest as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        outputs, version, checksum = self.service.generate(prompts, params)
+        return to_response(outputs, version, checksum, time.monotonic() - start)
+
+    def UpdateWeights(
+        self, request_iterator: Iterator[rollout_pb2.WeightChunk], context: grpc.ServicerContext
+    ) -> rollout_pb2.UpdateWeightsResponse:
+        try:
+            result = self.service.update_weights(request_iterator)
+        except WeightUpdateError as exc:
+            code = grpc.StatusCode.FAILED_PRECONDITION if exc.precondition else grpc.StatusCode.INVALID_ARGUMENT
+            context.abort(code, f"weight update rejected, version {self.service.version} keeps serving: {exc}")
+        return rollout_pb2.UpdateWeightsResponse(**asdict(result))
+
+    def GetStatus(
+        self, request: rollout_pb2.GetStatusRequest, context: grpc.ServicerContext
+    ) -> rollout_pb2.RolloutStatus:
+        return rollout_pb2.RolloutStatus(**asdict(self.service.status()))
+
+
+def register(service: RolloutService) -> Callable[[grpc.Server], None]:
+    def add(server: grpc.Server) -> None:
+        rollout_pb2_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(service), server)
+
+    return add

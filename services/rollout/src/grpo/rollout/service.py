@@ -1,0 +1,209 @@
+"""The rollout service's core: one engine, a lock that keeps weight updates between generation calls, stats.
+
+The gRPC servicer and the Redis worker (grpo.rollout.worker) both call this object in-process.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from grpo.common.weights import WeightAssembler, WeightUpdateError
+from grpo.rollout.engines.base import Engine, PromptOutput, SamplingParams
+from grpo.v1 import rollout_pb2
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+log = logging.getLogger(__name__)
+
+# Throughput is reported over the generation calls of the last minute.
+RATE_WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_prompts: int = 256
+    max_n: int = 64
+    max_new_tokens_cap: int = 4096
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    version: int
+    checksum: str
+    receive_s: float
+    apply_s: float
+
+
+@dataclass(frozen=True)
+class Status:
+    replica_id: str
+    model: str
+    engine: str
+    weight_version: int
+    weight_checksum: str
+    tasks_done: int
+    tasks_failed: int
+    tokens_generated: int
+    tokens_per_s: float
+    busy: int
+
+
+class Metrics:
+    """Prometheus metrics in a registry of their own (several services can share a process in tests)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.tokens = Counter("grpo_rollout_generated_tokens", "Completion tokens generated", registry=r)
+        self.requests = Counter("grpo_rollout_generate_requests", "Generate calls", ["source"], registry=r)
+        self.latency = Histogram(
+            "grpo_rollout_generate_seconds",
+            "Wall time of a generation call, lock wait included",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=r,
+        )
+        self.updates = Counter("grpo_rollout_weight_updates", "Weight updates", ["result"], registry=r)
+        self.update_seconds = Histogram("grpo_rollout_weight_update_seconds", "Receive + apply time", registry=r)
+        self.version = Gauge("grpo_rollout_weight_version", "Loaded weight version", registry=r)
+        self.tasks = Counter("grpo_rollout_tasks", "Worker tasks", ["result"], registry=r)
+
+
+class RolloutService:
+    """Owns the engine; `generate` and `update_weights` never overlap, so no sample mixes two versions."""
+
+    def __init__(self, engine: Engine, model: str, replica_id: str = "local", limits: Limits | None = None) -> None:
+        self.engine = engine
+        self.model = model
+        self.replica_id = replica_id
+        self.limits = limits or Limits()
+        self.specs = engine.weight_specs()
+        self.version = 0
+        self.checksum = engine.weights_checksum()
+        self.metrics = Metrics()
+        self.grpc_port = 0  # set by __main__ once bound: the worker registers it
+        self._gen_lock = threading.Lock()  # engine calls: generate / load_weights
+        self._update_lock = threading.Lock()  # one update stream at a time (bounds memory)
+        self._stats_lock = threading.Lock()
+        self._recent: collections.deque[tuple[float, int, float]] = collections.deque()
+        self.tokens_generated = 0
+        self.tasks_done = 0
+        self.tasks_failed = 0
+        self.busy = 0
+        log.info("rollout service: model %s, engine %s, checksum %s", model, engine.name, self.checksum[:12])
+
+    @property
+    def tokenizer(self) -> Any:  # a transformers tokenizer
+        return self.engine.tokenizer
+
+    def encode(self, prompt: str | list[dict[str, str]], chat: bool = False) -> list[int]:
+        """Token ids of a text prompt or a message list; messages always go through the chat template."""
+        if isinstance(prompt, str) and not chat:
+            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, source: str = "grpc"
+    ) -> tuple[list[PromptOutput], int, str]:
+        """(outputs, weight version, checksum): every sample comes from that one version."""
+        start = time.monotonic()
+        with self._stats_lock:
+            self.busy += 1
+        try:
+            with self._gen_lock:
+                outputs = self.engine.generate(prompts, params)
+                version, checksum = self.version, self.checksum
+        finally:
+            with self._stats_lock:
+                self.busy -= 1
+        wall = time.monotonic() - start
+        tokens = sum(len(s.token_ids) for o in outputs for s in o.samples)
+        self._record(tokens, wall, source)
+        return outputs, version, checksum
+
+    def _record(self, tokens: int, wall: float, source: str) -> None:
+        now = time.monotonic()
+        with self._stats_lock:
+            self.tokens_generated += tokens
+            self._recent.append((now, tokens, wall))
+            while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
+                self._recent.popleft()
+        self.metrics.tokens.inc(tokens)
+        self.metrics.requests.labels(source).inc()
+        self.metrics.latency.observe(wall)
+
+    def tokens_per_s(self) -> float:
+        with self._stats_lock:
+            tokens = sum(t for _, t, _ in self._recent)
+            wall = sum(w for _, _, w in self._recent)
+        return tokens / wall if wall > 0 else 0.0
+
+    def record_task(self, ok: bool) -> None:
+        """Called by the worker loop after each task."""
+        with self._stats_lock:
+            if ok:
+                self.tasks_done += 1
+            else:
+                self.tasks_failed += 1
+        self.metrics.tasks.labels("done" if ok else "failed").inc()
+
+    def update_weights(self, chunks: Iterable[rollout_pb2.WeightChunk]) -> UpdateResult:
+        """Receive a whole stream, check it, then swap it in between generation calls.
+
+        Raises WeightUpdateError (the old weights keep serving) when the stream is bad.
+        """
+        with self._update_lock:
+            start = time.monotonic()
+            try:
+                assembler = WeightAssembler(self.specs, self.version)
+                for chunk in chunks:
+                    assembler.feed(chunk)
+                version, checksum, tensors = assembler.finish()
+            except WeightUpdateError as exc:
+                self.metrics.updates.labels("rejected").inc()
+                log.warning("weight update rejected: %s", exc)
+                raise
+            received = time.monotonic()
+            with self._gen_lock:
+                self.engine.load_weights(tensors)
+                self.version, self.checksum = version, checksum
+            applied = time.monotonic()
+        self.metrics.updates.labels("ok").inc()
+        self.metrics.version.set(version)
+        self.metrics.update_seconds.observe(applied - start)
+        log.info(
+            "weights v%d loaded (%s): receive %.3fs, apply %.3fs",
+            version,
+            checksum[:12],
+            received - start,
+            applied - received,
+        )
+        return UpdateResult(version, checksum, received - start, applied - received)
+
+    def status(self) -> Status:
+        with self._stats_lock:
+            done, failed, tokens, busy = self.tasks_done, self.tasks_failed, self.tokens_generated, self.busy
+        return Status(
+            replica_id=self.replica_id,
+            model=self.model,
+            engine=self.engine.name,
+            weight_version=self.version,
+            weight_checksum=self.checksum,
+            tasks_done=done,
+            tasks_failed=failed,
+            tokens_generated=tokens,
+            tokens_per_s=self.tokens_per_s(),
+            busy=busy,
+        )
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+__all__ = ["Limits", "RolloutService", "Status", "UpdateResult", "WeightUpdateError"]

@@ -1,0 +1,61 @@
+"""Settings of the rollout service: defaults < config file < GRPO_ROLLOUT_* env < CLI flags."""
+
+from __future__ import annotations
+
+import socket
+from typing import Literal
+
+from grpo.common.settings import load_settings, service_config
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+
+class RolloutSettings(BaseSettings):
+    """grpo-rollout: samples completions with vLLM or transformers and accepts live weight updates."""
+
+    model_config = {**service_config("GRPO_ROLLOUT_", "grpo-rollout"), "use_attribute_docstrings": True}
+
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine: `hf` (transformers, CPU or GPU) or `vllm`."""
+    model: str | None = None
+    """A local model folder or a hub id; empty means the built-in tiny model."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weight and compute dtype of the engine."""
+    device: str = "auto"
+    """Device for the `hf` engine: auto, cpu, cuda, cuda:1, ..."""
+    torch_threads: int = Field(0, ge=0)
+    """torch intra-op threads for the `hf` engine on CPU; 0 keeps torch's default."""
+    redis_url: str | None = None
+    """When set, the worker loop consumes prompt tasks from this Redis."""
+    reward_addr: str | None = None
+    """host:port of the reward service's gRPC API (used by the worker loop)."""
+    host: str = "0.0.0.0"
+    """Address the gRPC and HTTP servers bind to."""
+    grpc_port: int = Field(50051, ge=0, le=65535)
+    """gRPC port (0 picks a free one)."""
+    http_port: int = Field(8001, ge=0, le=65535)
+    """HTTP port for /healthz and /metrics (0 picks a free one)."""
+    advertise_host: str = Field(default_factory=socket.gethostname)
+    """Host name other services use to reach this replica (registered in Redis)."""
+    replica_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{__import__('os').getpid()}")
+    """Unique name of this replica."""
+    token: str | None = None
+    """Bearer token every gRPC call must carry (health and reflection stay open)."""
+    weights_token: str | None = None
+    """Separate bearer token for UpdateWeights; defaults to `token`."""
+    max_prompts: int = Field(256, ge=1)
+    """Most prompts accepted in one Generate request."""
+    max_n: int = Field(64, ge=1)
+    """Most samples per prompt."""
+    max_new_tokens_cap: int = Field(4096, ge=1)
+    """Largest max_new_tokens a request may ask for."""
+    grpc_workers: int = Field(16, ge=1)
+    """gRPC server threads."""
+    log_level: str = "INFO"
+    """Logging level."""
+    json_logs: bool = False
+    """Log one JSON object per line."""
+
+
+def parse_settings(argv: list[str] | None = None) -> RolloutSettings:
+    return load_settings(RolloutSettings, argv, env_file_var="GRPO_ROLLOUT_CONFIG")

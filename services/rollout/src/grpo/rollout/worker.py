@@ -1,0 +1,465 @@
+"""The rollout worker loop: prompt tasks from Redis → G samples → reward scores → one group record per task.
+
+Per batch of tasks: renew their leases while working (so only dead replicas' tasks are
+reclaimed), generate all prompts × n in one engine call, score every completion in one
+reward `Score` call, then append each group and ack its task atomically. An
+unreachable reward service, or a task that keeps failing, yields a group with status
+"failed" and the reason: never a reward of 0. On stop, unprocessed tasks are released
+to other replicas (made idle at once), never acked.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from prometheus_client import CollectorRegistry, Counter
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from grpo.common.queue import APPENDED, TAKEN_OVER, Entry, QueueUnavailable, RunQueue, connect
+from grpo.common.registry import ReplicaInfo, ReplicaRegistry
+from grpo.rollout.grpc_api import encode_prompts, sampling_params
+from grpo.rollout.service import RolloutService
+from grpo.v1 import queue_pb2, reward_pb2
+
+log = logging.getLogger(__name__)
+
+Scorer = Callable[[list[reward_pb2.ScoreItem]], list[reward_pb2.ScoreResult]]
+OUTCOMES = ("done", "failed", "reclaimed", "dropped", "invalid", "redis_errors")
+
+
+class WorkerOptions(BaseSettings):
+    """Worker-loop knobs: defaults < GRPO_ROLLOUT_* env < a service settings field of the same name."""
+
+    model_config = SettingsConfigDict(env_prefix="GRPO_ROLLOUT_", extra="ignore", use_attribute_docstrings=True)
+
+    run: str = "default"
+    """Run namespace of the Redis keys (grpo:{run}:...)."""
+    worker_batch_tasks: int = Field(4, ge=1)
+    """Most tasks generated together in one engine call (the engine batches prompts × n)."""
+    worker_block_ms: int = Field(1000, ge=1, le=5000)
+    """How long one read waits for new tasks; bounds how fast a stop is noticed."""
+    reclaim_idle_s: float = Field(30.0, gt=0)
+    """A task pending this long without a lease renewal belongs to a dead replica and is reclaimed."""
+    heartbeat_s: float = Field(2.0, gt=0)
+    """Registry heartbeat and lease-renewal period (keep it well under reclaim_idle_s)."""
+    registry_ttl_s: float = Field(10.0, gt=0)
+    """A replica silent for this long drops out of the registry."""
+    task_max_attempts: int = Field(3, ge=1)
+    """Attempts (in-process retries and deliveries) before a task is written as failed."""
+    reward_timeout_s: float = Field(60.0, gt=0)
+    """Deadline of one Score call."""
+    reward_token: str | None = None
+    """Bearer token for the reward service."""
+
+
+def worker_options(settings: Any) -> WorkerOptions:
+    """Defaults overridden by the fields `settings` has."""
+    return WorkerOptions(**{n: getattr(settings, n) for n in WorkerOptions.model_fields if hasattr(settings, n)})
+
+
+_COUNTERS: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()
+
+
+def _events_counter(registry: CollectorRegistry) -> Counter:
+    """One counter per metrics registry, however many workers a service starts over its life."""
+    if registry not in _COUNTERS:
+        _COUNTERS[registry] = Counter("grpo_rollout_worker_events", "Worker loop events", ["kind"], registry=registry)
+    return _COUNTERS[registry]
+
+
+class WorkerStats:
+    """Worker counters: done/failed groups, reclaimed tasks, dropped results, invalid entries, Redis errors."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.counts = dict.fromkeys(OUTCOMES, 0)
+        self._counter = _events_counter(registry or CollectorRegistry())
+
+    def add(self, outcome: str, n: int = 1) -> None:
+        if n:
+            self.counts[outcome] += n
+            self._counter.labels(outcome).inc(n)
+
+
+@dataclass
+class Generated:
+    """One engine call's output, as the worker needs it."""
+
+    prompt_token_ids: list[list[int]]
+    completions: list[list[Any]]  # per prompt: objects with text, token_ids, logprobs, finish_reason
+    weight_version: int
+    weight_checksum: str
+
+
+# ---- pure record building ---------------------------------------------------------------------
+
+
+def score_items(tasks: Sequence[queue_pb2.PromptTask], generated: Generated) -> list[reward_pb2.ScoreItem]:
+    """One ScoreItem per completion, id "<task_id>/<i>"; overlong checks get the exact token count."""
+    items = []
+    for task, completions in zip(tasks, generated.completions, strict=True):
+        prompt = prompt_text(task)
+        for i, c in enumerate(completions):
+            checks = reward_pb2.Checks()
+            checks.CopyFrom(task.checks)
+            if checks.HasField("overlong") and not checks.overlong.HasField("completion_tokens"):
+                checks.overlong.completion_tokens = len(c.token_ids)
+            items.append(
+                reward_pb2.ScoreItem(
+                    id=f"{task.task_id}/{i}", prompt=prompt, completion=c.text, checks=checks, weights=task.weights
+                )
+            )
+    return items
+
+
+def prompt_text(task: queue_pb2.PromptTask) -> str:
+    """The prompt as text for the reward service (language detection reads it)."""
+    if task.prompt.HasField("messages"):
+        return "\n".join(m.content for m in task.prompt.messages.messages)
+    return task.prompt.text
+
+
+def base_record(task: queue_pb2.PromptTask, replica_id: str) -> queue_pb2.GroupRecord:
+    return queue_pb2.GroupRecord(
+        group_id=task.task_id,
+        task_id=task.task_id,
+        policy_version=task.policy_version,
+        replica_id=replica_id,
+        eval=task.eval,
+    )
+
+
+def failed_record(task: queue_pb2.PromptTask, replica_id: str, error: str) -> queue_pb2.GroupRecord:
+    record = base_record(task, replica_id)
+    record.status, record.error = "failed", error
+    return record
+
+
+def group_records(
+    tasks: Sequence[queue_pb2.PromptTask],
+    generated: Generated,
+    results: Sequence[reward_pb2.ScoreResult] | None,
+    *,
+    replica_id: str,
+    generate_s: float,
+    score_s: float,
+    reward_error: str = "",
+) -> list[queue_pb2.GroupRecord]:
+    """One group per task; without `results` (the reward service failed) every group is failed, unscored."""
+    by_id = {r.id: r for r in results or ()}
+    records = []
+    for t, task in enumerate(tasks):
+        record = base_record(task, replica_id)
+        record.weight_version, record.weight_checksum = generated.weight_version, generated.weight_checksum
+        record.prompt_token_ids.extend(generated.prompt_token_ids[t])
+        record.generate_s, record.score_s = generate_s, score_s
+        record.status, record.error = ("ok", "") if results is not None else ("failed", reward_error)
+        for i, c in enumerate(generated.completions[t]):
+            sample = record.samples.add()
+            sample.completion.text, sample.completion.finish_reason = c.text, c.finish_reason
+            sample.completion.token_ids.extend(c.token_ids)
+            sample.completion.logprobs.extend(c.logprobs)
+            result = by_id.get(f"{task.task_id}/{i}")
+            if result is None:
+                continue
+            if result.HasField("reward"):
+                sample.reward = result.reward
+            for name, component in result.components.items():
+                sample.components[name].CopyFrom(component)
+        if results is not None and any(f"{task.task_id}/{i}" not in by_id for i in range(len(record.samples))):
+            record.status, record.error = "failed", "reward service returned no result for some samples"
+        records.append(record)
+    return records
+
+
+def batches(entries: Sequence[Entry[queue_pb2.PromptTask]], size: int) -> list[list[Entry[queue_pb2.PromptTask]]]:
+    """Tasks with identical sampling params, in arrival order, at most `size` per engine call."""
+    by_params: dict[bytes, list[list[Entry[queue_pb2.PromptTask]]]] = {}
+    for entry in entries:
+        assert entry.message is not None
+        key = entry.message.sampling.SerializeToString(deterministic=True)
+        groups = by_params.setdefault(key, [[]])
+        if len(groups[-1]) == size:
+            groups.append([])
+        groups[-1].append(entry)
+    return [b for groups in by_params.values() for b in groups]
+
+
+# ---- the loop ---------------------------------------------------------------------------------
+
+
+class RolloutWorker:
+    """Consumes tasks for one replica; `run()` blocks until `stop_event` is set."""
+
+    def __init__(
+        self,
+        generate: Callable[[Sequence[queue_pb2.PromptTask]], Generated],
+        weight_info: Callable[[], tuple[int, str]],
+        score: Scorer,
+        queue: RunQueue,
+        registry: ReplicaRegistry,
+        *,
+        replica_id: str,
+        address: str,
+        options: WorkerOptions,
+        stats: WorkerStats | None = None,
+        on_written: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.generate, self.weight_info, self.score = generate, weight_info, score
+        self.queue, self.registry = queue, registry
+        self.replica_id, self.address, self.options = replica_id, address, options
+        self.stats = stats or WorkerStats()
+        self.on_written = on_written
+        self._leases: set[str] = set()
+        self._lock = threading.Lock()
+
+    # -- heartbeat and leases (own thread) --
+
+    def heartbeat_once(self) -> None:
+        version, checksum = self.weight_info()
+        c = self.stats.counts
+        info = ReplicaInfo(self.replica_id, self.address, version, checksum, time.time(), c["done"], c["failed"])
+        self.registry.heartbeat(info)
+        with self._lock:
+            leased = sorted(self._leases)
+        owned = self.queue.touch_tasks(self.replica_id, leased)
+        if owned < len(leased):
+            log.warning("%d of %d leased task(s) were taken over by other replicas", len(leased) - owned, len(leased))
+
+    def _heartbeat_loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.heartbeat_once()
+            except QueueUnavailable as exc:
+                log.warning("heartbeat failed: %s", exc)
+            except Exception:
+                log.exception("heartbeat failed")
+            stop.wait(self.options.heartbeat_s)
+
+    def _lease(self, ids: Sequence[str], hold: bool) -> None:
+        with self._lock:
+            (self._leases.update if hold else self._leases.difference_update)(ids)
+
+    # -- main loop --
+
+    def run(self, stop_event: threading.Event) -> None:
+        hb_stop = threading.Event()
+        hb = threading.Thread(target=self._heartbeat_loop, args=(hb_stop,), name="rollout-heartbeat", daemon=True)
+        hb.start()
+        backoff, first = 0.5, True
+        try:
+            while not stop_event.is_set():
+                try:
+                    if first:
+                        self.queue.ensure_groups()
+                    entries = self._next_entries(own_pending=first)
+                    first = False
+                    self._handle(entries, stop_event)
+                    backoff = 0.5
+                except QueueUnavailable as exc:
+                    self.stats.add("redis_errors")
+                    log.warning("redis unavailable, retrying in %.1fs: %s", backoff, exc)
+                    stop_event.wait(backoff)
+                    backoff = min(backoff * 2, 10.0)
+                except Exception:  # a bug or an unexpected Redis reply: keep serving, loudly
+                    log.exception("worker loop error, retrying in %.1fs", backoff)
+                    stop_event.wait(backoff)
+                    backoff = min(backoff * 2, 10.0)
+        finally:
+            hb_stop.set()
+            hb.join(timeout=5)
+            try:
+                self.registry.deregister(self.replica_id)
+            except QueueUnavailable as exc:
+                log.warning("could not deregister (the TTL will expire it): %s", exc)
+            log.info("worker %s stopped: %s", self.replica_id, self.stats.counts)
+
+    def _next_entries(self, own_pending: bool) -> list[Entry[queue_pb2.PromptTask]]:
+        """Our own unacked tasks after a restart, then dead replicas' tasks, then new ones."""
+        n = self.options.worker_batch_tasks
+        if own_pending:
+            mine = self.queue.read_tasks(self.replica_id, n, own_pending=True)
+            if mine:
+                return mine
+        idle_ms = int(self.options.reclaim_idle_s * 1000)
+        reclaimed = self.queue.reclaim_tasks(self.replica_id, idle_ms, n)
+        if reclaimed:
+            self.stats.add("reclaimed", len(reclaimed))
+            log.info("reclaimed %d idle task(s)", len(reclaimed))
+            return reclaimed
+        return self.queue.read_tasks(self.replica_id, n, self.options.worker_block_ms)
+
+    def _handle(self, entries: list[Entry[queue_pb2.PromptTask]], stop_event: threading.Event) -> None:
+        valid = []
+        for entry in entries:
+            if entry.message is None:  # deleted or unreadable: nothing to generate, nothing to report under
+                log.error("task entry %s has no readable task; acking it", entry.entry_id)
+                self.queue.ack_tasks([entry.entry_id])
+                self.stats.add("invalid")
+            elif entry.deliveries > self.options.task_max_attempts:
+                error = f"gave up after {entry.deliveries - 1} deliveries (replicas died or stalled on it)"
+                self._write(entry, failed_record(entry.message, self.replica_id, error))
+            else:
+                valid.append(entry)
+        ids = [e.entry_id for e in valid]
+        self._lease(ids, hold=True)
+        finished = False
+        try:
+            for batch in batches(valid, self.options.worker_batch_tasks):
+                if stop_event.is_set():
+                    return
+                self._process(batch)
+            finished = True
+        finally:
+            self._lease(ids, hold=False)
+            if not finished:  # stopping, or Redis failed mid-way: let any replica take the rest now
+                self._release(ids)
+
+    def _process(self, batch: list[Entry[queue_pb2.PromptTask]]) -> None:
+        """Generate, score and write a batch; when it fails, split it up so one bad task fails alone."""
+        tasks = [e.message for e in batch if e.message is not None]
+        error, retry = "", False
+        for attempt in range(1, self.options.task_max_attempts + 1):
+            try:
+                records = self._generate_and_score(tasks)
+            except QueueUnavailable:
+                raise
+            except ValueError as exc:  # a bad task (e.g. prompt too long): retrying cannot help
+                error, retry = f"invalid task: {exc}", False
+            except Exception as exc:
+                log.exception("batch of %d task(s) failed (attempt %d)", len(tasks), attempt)
+                error, retry = f"failed after {attempt} attempt(s): {type(exc).__name__}: {exc}", True
+            else:
+                for entry, record in zip(batch, records, strict=True):
+                    self._write(entry, record)
+                return
+            if len(batch) > 1:
+                for entry in batch:
+                    self._process([entry])
+                return
+            if not retry or attempt == self.options.task_max_attempts:
+                break
+            time.sleep(min(0.5 * 2 ** (attempt - 1), 5.0))
+        self._write(batch[0], failed_record(tasks[0], self.replica_id, error))
+
+    def _generate_and_score(self, tasks: list[queue_pb2.PromptTask]) -> list[queue_pb2.GroupRecord]:
+        t0 = time.monotonic()
+        generated = self.generate(tasks)
+        t1 = time.monotonic()
+        try:
+            results: list[reward_pb2.ScoreResult] | None = self.score(score_items(tasks, generated))
+            reward_error = ""
+        except Exception as exc:  # the client already retried: the group fails, it is never scored 0
+            log.error("reward service failed for %d task(s): %s", len(tasks), exc)
+            results, reward_error = None, f"reward service: {type(exc).__name__}: {exc}"
+        t2 = time.monotonic()
+        return group_records(
+            tasks, generated, results, replica_id=self.replica_id, generate_s=t1 - t0, score_s=t2 - t1,
+            reward_error=reward_error,
+        )  # fmt: skip
+
+    def _write(self, entry: Entry[queue_pb2.PromptTask], record: queue_pb2.GroupRecord) -> None:
+        """Append + ack atomically, retrying through short Redis outages; else leave the task pending."""
+        for attempt in range(5):
+            try:
+                code = self.queue.append_group(self.replica_id, entry.entry_id, record)
+                break
+            except QueueUnavailable as exc:
+                log.warning("append of group %s failed (attempt %d): %s", record.group_id, attempt + 1, exc)
+                time.sleep(min(0.5 * 2**attempt, 5.0))
+        else:
+            return  # still pending: reclaimed later, by us or another replica
+        if code == APPENDED:
+            self.stats.add("done" if record.status == "ok" else "failed")
+            if self.on_written is not None:
+                self.on_written(record.status == "ok")
+        else:
+            why = "taken over by another replica" if code == TAKEN_OVER else "already done"
+            log.warning("dropping result of task %s: %s", record.task_id, why)
+            self.stats.add("dropped")
+
+    def _release(self, ids: list[str]) -> None:
+        """Acked ids are skipped by Redis; the rest become reclaimable at once instead of after the idle threshold."""
+        try:
+            released = self.queue.release_tasks(self.replica_id, ids)
+        except QueueUnavailable as exc:
+            log.warning("could not release %d task(s); they are reclaimed once idle: %s", len(ids), exc)
+            return
+        if released:
+            log.info("released %d unprocessed task(s) to other replicas", released)
+
+
+# ---- wiring into the service ------------------------------------------------------------------
+
+
+def service_generator(service: RolloutService) -> Callable[[Sequence[queue_pb2.PromptTask]], Generated]:
+    """Generate a batch of tasks (identical sampling params) in-process; BadRequest (a ValueError) for bad tasks."""
+
+    def generate(tasks: Sequence[queue_pb2.PromptTask]) -> Generated:
+        params = sampling_params(tasks[0].sampling, service.limits)
+        prompts = encode_prompts(service, [t.prompt for t in tasks], params.max_new_tokens)
+        outputs, version, checksum = service.generate(prompts, params, source="worker")
+        return Generated([o.prompt_token_ids for o in outputs], [o.samples for o in outputs], version, checksum)
+
+    return generate
+
+
+def reward_scorer(client: Any) -> Scorer:
+    """Score protos through a `grpo.reward.client.RewardClient` (deadline per attempt, retries, raises)."""
+    from grpo.reward.convert import model_to_proto, proto_to_dict
+
+    def score(items: list[reward_pb2.ScoreItem]) -> list[reward_pb2.ScoreResult]:
+        # The client speaks the JSON contract; proto_to_dict adapts the oneofs and plug-in kwargs.
+        results = client.score(proto_to_dict(reward_pb2.ScoreRequest(items=items))["items"])
+        return [model_to_proto(r, reward_pb2.ScoreResult()) for r in results]
+
+    return score
+
+
+def redacted(url: str) -> str:
+    """A Redis URL without its credentials, for logs."""
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
+def run_worker(service: RolloutService, settings: Any, stop_event: threading.Event) -> None:
+    """The service's worker thread: consume tasks from `settings.redis_url` until `stop_event` is set."""
+    if not settings.reward_addr:
+        raise ValueError("the worker loop needs --reward-addr (host:port of the reward service's gRPC API)")
+    from grpo.reward.client import RewardClient
+
+    options = worker_options(settings)
+    # Blocking reads wait worker_block_ms; the socket deadline must outlast them.
+    client = connect(settings.redis_url, socket_timeout_s=options.worker_block_ms / 1000 + 5.0)
+    reward = RewardClient(settings.reward_addr, token=options.reward_token, timeout_s=options.reward_timeout_s)
+    worker = RolloutWorker(
+        service_generator(service),
+        lambda: (service.version, service.checksum),
+        reward_scorer(reward),
+        RunQueue(client, options.run),
+        ReplicaRegistry(client, options.run, ttl_s=options.registry_ttl_s),
+        replica_id=settings.replica_id,
+        address=f"{settings.advertise_host}:{service.grpc_port or settings.grpc_port}",
+        options=options,
+        stats=WorkerStats(service.metrics.registry),
+        on_written=service.record_task,
+    )
+    log.info(
+        "worker %s: run %s on %s, reward service %s",
+        settings.replica_id,
+        options.run,
+        redacted(settings.redis_url),
+        settings.reward_addr,
+    )
+    try:
+        worker.run(stop_event)
+    finally:
+        reward.close()
+        client.close()

@@ -1,0 +1,46 @@
+"""Per-token log-probabilities and entropies from logits — the one definition trainer and rollout share."""
+
+from __future__ import annotations
+
+import torch
+from grpo.algo.masked import masked_mean, zero_masked
+from torch import Tensor
+
+_FULL_PRECISION = (torch.float32, torch.float64)
+
+
+def token_logprobs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """log softmax(logits / temperature)[token] = z_tok − logsumexp(z): logits [B, T, V], token_ids [B, T] → [B, T].
+
+    Never materialises the [B, T, V] log-softmax (only the logsumexp [B, T]). Half-precision logits are
+    upcast to float32 one row at a time: logsumexp in bf16 is too coarse for importance ratios, and a
+    whole-batch upcast would double peak memory. Output is float32 (float64 for float64 input).
+    `logits[:, t]` must be the logits that predicted `token_ids[:, t]` (the caller shifts by one).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if logits.shape[:-1] != token_ids.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and token_ids {tuple(token_ids.shape)} disagree on [B, T]")
+    if logits.dtype not in _FULL_PRECISION:
+        return torch.stack(
+            [token_logprobs(row.float(), ids, temperature) for row, ids in zip(logits, token_ids, strict=True)]
+        )
+    z = logits / temperature if temperature != 1.0 else logits
+    picked = z.gather(-1, token_ids.unsqueeze(-1).long()).squeeze(-1)
+    return picked - torch.logsumexp(z, dim=-1)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """H = logsumexp(z) − Σ_v softmax(z)_v z_v per position: logits [..., V] → [...], in float32 or better."""
+    z = logits if logits.dtype in _FULL_PRECISION else logits.float()
+    return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+
+
+def sft_loss(logits: Tensor, labels: Tensor, mask: Tensor) -> Tensor:
+    """L = −Σ_t m_t log π(y_t) / Σ_t m_t — token-mean NLL over response tokens (R1's cold-start SFT, DeepSeek-AI, 2025).
+
+    logits [B, T, V] already aligned with labels [B, T]; mask [B, T] is 1 on response tokens. Masked
+    labels may hold anything (e.g. -100): they are replaced before the gather.
+    """
+    safe_labels = zero_masked(labels, mask)
+    return masked_mean(-token_logprobs(logits, safe_labels), mask)

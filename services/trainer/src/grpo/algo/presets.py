@@ -1,0 +1,135 @@
+"""Named algorithm presets: the published settings of GRPO and its variants, as plain frozen data."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """One algorithm's knobs. Pure data: the trainer's pydantic config starts from one of these."""
+
+    name: str
+    source: str  # the paper (and section) the values come from
+    # advantages (group_advantages)
+    advantage_mode: str = "grpo"
+    std_unbiased: bool = False
+    advantage_eps: float = 1e-6
+    reward_clip: tuple[float, float] | None = None
+    # policy loss (policy_loss)
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    beta: float = 0.001
+    kl_kind: str = "k3"
+    agg: str = "seq_mean_token_mean"
+    ratio_level: str = "token"
+    tis_cap: float | None = None
+    # sampling and the run around the loss (read by the trainer and the reward service)
+    group_size: int = 16
+    skip_zero_variance: bool = True  # drop groups whose rewards are all equal (their advantages are 0)
+    refill_zero_variance: bool = False  # DAPO dynamic sampling: keep sampling until the batch is full
+    ref_refresh_steps: int | None = 400  # π_ref ← π_θ every N steps; None = never (or no reference at beta 0)
+    overlong_soft_penalty: bool = False  # DAPO soft overlong punishment, applied by the reward service
+    overlong_buffer: int | None = None  # tokens before the hard limit where that penalty ramps up
+    notes: str = field(default="", compare=False)
+
+    def advantage_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for group_advantages (group_size aside)."""
+        return {
+            "mode": self.advantage_mode,
+            "eps": self.advantage_eps,
+            "std_unbiased": self.std_unbiased,
+            "clip": self.reward_clip,
+        }
+
+    def loss_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for policy_loss (add max_len for seq_mean_token_sum, sampler_logp for TIS)."""
+        return {
+            "clip_low": self.clip_low,
+            "clip_high": self.clip_high,
+            "beta": self.beta,
+            "kl_kind": self.kl_kind,
+            "agg": self.agg,
+            "ratio_level": self.ratio_level,
+            "tis_cap": self.tis_cap,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict, e.g. to seed a pydantic model or log the run's algorithm."""
+        return asdict(self)
+
+    def with_overrides(self, **changes: Any) -> LossConfig:
+        """A copy with some fields changed (the preset itself is frozen)."""
+        return replace(self, **changes)
+
+
+Preset = LossConfig
+
+_GRPO = LossConfig(
+    name="grpo",
+    source="Shao et al. 2024, DeepSeekMath (arXiv 2402.03300) §4; DeepSeek-AI 2025, DeepSeek-R1 (arXiv 2501.12948)",
+    notes="R1 defaults: beta 0.001 with k3, G 16, reference refresh every 400 steps, skip all-equal groups.",
+)
+
+PRESETS: dict[str, LossConfig] = {
+    "grpo": _GRPO,
+    "dapo": replace(
+        _GRPO,
+        name="dapo",
+        source="Yu et al. 2025, DAPO (arXiv 2503.14476) §3",
+        clip_high=0.28,
+        beta=0.0,
+        agg="token_mean",
+        refill_zero_variance=True,
+        ref_refresh_steps=None,
+        overlong_soft_penalty=True,
+        overlong_buffer=4096,
+        notes="Clip-higher 0.2/0.28, dynamic sampling, token-level loss, overlong shaping (L_cache 4096), no KL.",
+    ),
+    "dr_grpo": replace(
+        _GRPO,
+        name="dr_grpo",
+        source="Liu et al. 2025, Understanding R1-Zero-Like Training (arXiv 2503.20783)",
+        advantage_mode="dr_grpo",
+        beta=0.0,
+        agg="seq_mean_token_sum",
+        ref_refresh_steps=None,
+        notes="No std division, no per-answer length division (constant max_len instead), no KL.",
+    ),
+    "rloo": replace(
+        _GRPO,
+        name="rloo",
+        source="Ahmadian et al. 2024, Back to Basics (arXiv 2402.14740); Kool et al. 2019",
+        advantage_mode="rloo",
+        notes="GRPO with the leave-one-out baseline and no std division; everything else as grpo.",
+    ),
+    "reinforce_pp": replace(
+        _GRPO,
+        name="reinforce_pp",
+        source="Hu 2025, REINFORCE++ (arXiv 2501.03262), the REINFORCE++-baseline variant",
+        advantage_mode="reinforce_pp",
+        kl_kind="k2",
+        agg="token_mean",
+        notes="Group-mean baseline, batch-global std normalisation, k2 KL as a loss term, token-mean loss.",
+    ),
+    "gspo": replace(
+        _GRPO,
+        name="gspo",
+        source="Zheng et al. 2025, Group Sequence Policy Optimization (arXiv 2507.18071)",
+        ratio_level="sequence",
+        clip_low=3e-4,
+        clip_high=4e-4,
+        beta=0.0,
+        ref_refresh_steps=None,
+        notes="Length-normalised sequence ratio, clip range 3e-4/4e-4 as in the paper's experiments, no KL.",
+    ),
+}
+
+
+def get_preset(name: str) -> LossConfig:
+    """The preset called `name`; ValueError listing the valid names otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}") from None

@@ -1,0 +1,82 @@
+"""Settings → the parts' own configs: the resolved algorithm preset, the LearnerConfig, the task recipe."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from grpo.trainer.config import TrainerSettings
+from grpo.trainer.publisher import TaskSpec
+
+if TYPE_CHECKING:
+    from grpo.algo import LossConfig
+    from grpo.trainer.learner import LearnerConfig
+
+log = logging.getLogger(__name__)
+
+
+def resolve_algo(settings: TrainerSettings) -> LossConfig:
+    """The preset's values with every explicitly set algorithm field laid over them."""
+    from grpo.algo import get_preset
+
+    overrides = settings.algo_overrides()
+    if overrides.get("ref_refresh_steps") == 0:
+        overrides["ref_refresh_steps"] = None  # 0 in the settings means never, as None does in a preset
+    return get_preset(settings.preset).with_overrides(**overrides)
+
+
+def overlong_buffer(settings: TrainerSettings, algo: LossConfig) -> int:
+    """Tokens of DAPO's soft overlong ramp (0 = off), capped at half the generation budget."""
+    if not algo.overlong_soft_penalty:
+        return 0
+    wanted = algo.overlong_buffer or settings.max_new_tokens // 4
+    capped = min(wanted, settings.max_new_tokens // 2)
+    if capped != wanted:
+        log.info("overlong buffer %d capped to %d (max_new_tokens %d)", wanted, capped, settings.max_new_tokens)
+    return capped
+
+
+def task_spec(settings: TrainerSettings, algo: LossConfig) -> TaskSpec:
+    return TaskSpec(
+        group_size=algo.group_size,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        max_new_tokens=settings.max_new_tokens,
+        stop=tuple(settings.stop),
+        reward_weights=tuple(sorted(settings.reward_weights.items())),
+        apply_chat_template=settings.apply_chat_template,
+        overlong_buffer_tokens=overlong_buffer(settings, algo),
+    )
+
+
+def learner_config(settings: TrainerSettings, algo: LossConfig) -> LearnerConfig:
+    from grpo.trainer.learner import LearnerConfig
+
+    return LearnerConfig(
+        model=settings.model,
+        backend=settings.backend,
+        seed=settings.seed,
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+        warmup_steps=settings.warmup_steps,
+        lr_schedule=settings.lr_schedule,
+        total_steps=settings.steps,
+        max_grad_norm=settings.grad_clip,
+        micro_batch_size=settings.micro_batch_size,
+        ppo_epochs=settings.ppo_epochs,
+        # Greedy sampling still defines log-probs at T = 1 (the rollout's convention).
+        temperature=settings.temperature if settings.temperature > 0 else 1.0,
+        clip_low=algo.clip_low,
+        clip_high=algo.clip_high,
+        beta=algo.beta,
+        kl_kind=algo.kl_kind,
+        agg=algo.agg,
+        ratio_level=algo.ratio_level,
+        max_len=settings.max_new_tokens,
+        tis_cap=algo.tis_cap,
+        mask_truncated=settings.mask_truncated,
+        sampler_exact=settings.sampler_exact,
+        ref_refresh_steps=algo.ref_refresh_steps or 0,
+        gradient_checkpointing=settings.gradient_checkpointing,
+    )

@@ -1,0 +1,213 @@
+"""The trainer's settings: one typed, documented class; parsed before torch is imported.
+
+Precedence: field defaults < `--preset` values < config file < env (GRPO_TRAINER_*) < CLI flags.
+Algorithm fields (group size, beta, clipping, loss aggregation, advantage mode, ...) default to
+None, meaning "the preset's value"; `algo_overrides()` returns only what was set explicitly,
+and `run.resolve_algo` lays them over `grpo.algo.get_preset(preset)`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from grpo.common.settings import load_settings, service_config
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings
+
+PRESETS = ("grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo")
+# Fields that a preset may set; a None here means "take the preset's value".
+ALGO_FIELDS = (
+    "group_size",
+    "beta",
+    "clip_low",
+    "clip_high",
+    "kl_kind",
+    "agg",
+    "advantage_mode",
+    "ratio_level",
+    "tis_cap",
+    "skip_zero_variance",
+    "refill_zero_variance",
+    "ref_refresh_steps",
+    "overlong_soft_penalty",
+    "overlong_buffer",
+)
+
+
+class TrainerSettings(BaseSettings):
+    """grpo-trainer: owns a GRPO run (data, publishing, updates, weight push, checkpoints)."""
+
+    model_config = {**service_config("GRPO_TRAINER_", "grpo-trainer"), "use_attribute_docstrings": True}
+
+    mode: Literal["grpo", "sft"] = "grpo"
+    """`grpo`: the RL loop through Redis and the rollout service; `sft`: cold-start SFT on (prompt, response) pairs."""
+    preset: Literal["grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo"] = "grpo"
+    """Named algorithm preset (grpo.algo); its values are defaults that explicit settings override."""
+    model: str = "tiny"
+    """Model: a local Hugging Face folder, a hub id, or `tiny` for the built-in tiny Qwen2 model."""
+    train_data: Path | None = None
+    """Training prompts (JSONL or Parquet: prompt, task_type, checks, optional id). Required in grpo mode;
+    in sft mode rows need `response` too."""
+    eval_data: Path | None = None
+    """Held-out prompts for periodic evaluation (same format); no evaluation when unset."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis holding the task/group streams and the replica registry."""
+    run_id: str = "default"
+    """Run name: namespaces the Redis keys (shared with the rollout service) and the task ids."""
+    output_dir: Path = Path("runs/default")
+    """Checkpoints (checkpoints/), metrics (metrics.jsonl, tensorboard/) and the final model (final/)."""
+
+    steps: int = Field(100, ge=1)
+    """Optimizer updates (each consumes one batch of groups) before the run ends."""
+    prompts_per_step: int = Field(8, ge=1)
+    """Prompt tasks per batch; each yields one group of G samples."""
+    group_size: int | None = Field(None, ge=1)
+    """G, samples per prompt (R1: 16). None: the preset's."""
+    max_staleness: int = Field(0, ge=0)
+    """Policy versions a group may lag; at most max_staleness+1 batches in flight. 0: strictly on-policy."""
+    max_refill_per_step: int | None = Field(None, ge=0)
+    """Dynamic sampling: extra tasks a step may publish to replace zero-variance groups (None = 2 × prompts_per_step)."""
+    group_timeout_s: float = Field(600.0, gt=0)
+    """A task whose group has not arrived this long after publishing is dropped (reason `timeout`)."""
+
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature for training rollouts."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling (0 = off)."""
+    max_new_tokens: int = Field(256, ge=1)
+    """Completion length limit; hitting it marks the completion truncated."""
+    stop: list[str] = Field(default_factory=list)
+    """Stop strings (kept in the text)."""
+    apply_chat_template: bool = False
+    """Wrap text prompts as one user message in the chat template (chat-message prompts always use it)."""
+
+    beta: float | None = Field(None, ge=0)
+    """KL coefficient to the reference model (0: no reference model is loaded). None: the preset's."""
+    clip_low: float | None = Field(None, ge=0)
+    """PPO clip epsilon below 1. None: the preset's."""
+    clip_high: float | None = Field(None, ge=0)
+    """PPO clip epsilon above 1 (DAPO clip-higher). None: the preset's."""
+    kl_kind: Literal["k1", "k2", "k3"] | None = None
+    """KL estimator. None: the preset's."""
+    agg: Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"] | None = None
+    """Loss aggregation. None: the preset's."""
+    advantage_mode: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "rank"] | None = None
+    """Advantage estimator. None: the preset's."""
+    ratio_level: Literal["token", "sequence"] | None = None
+    """Importance ratio per token (PPO/GRPO) or per sequence (GSPO). None: the preset's."""
+    skip_zero_variance: bool | None = None
+    """Drop groups whose rewards are all equal (no signal). None: the preset's."""
+    tis_cap: float | None = Field(None, gt=0)
+    """Truncated importance sampling cap against the sampler's log-probs. None: the preset's (off)."""
+    refill_zero_variance: bool | None = None
+    """Refill the batch with new tasks for every zero-variance drop (DAPO). None: the preset's."""
+    ref_refresh_steps: int | None = Field(None, ge=0)
+    """Copy the policy into the reference model every N steps (R1: 400; 0 = never). None: the preset's."""
+    overlong_soft_penalty: bool | None = None
+    """Ask the reward service for DAPO's soft overlong penalty. None: the preset's."""
+    overlong_buffer: int | None = Field(None, ge=1)
+    """Tokens before max_new_tokens over which that penalty ramps (capped at max_new_tokens/2). None: the preset's."""
+    mask_truncated: bool = True
+    """Exclude completions that hit max_new_tokens from the loss (DAPO overlong masking)."""
+
+    lr: float = Field(1e-6, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up steps."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """LR after warm-up."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Max global grad norm."""
+    micro_batch_size: int = Field(8, ge=1)
+    """Sequences per forward/backward (gradient accumulation over the batch)."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each batch (>1: old log-probs from before the first pass)."""
+    sampler_exact: bool = False
+    """The rollout computes fp32 log-probs exactly as the trainer does (hf engine, float32): reuse them as π_old."""
+    seed: int = 0
+    """Seed for the data order and torch."""
+    backend: Literal["torch", "deepspeed"] = "torch"
+    """Training backend."""
+    gradient_checkpointing: bool = False
+    """Trade compute for memory."""
+
+    checkpoint_every: int = Field(50, ge=1)
+    """Write a checkpoint every K steps (and at the end / on SIGTERM)."""
+    keep_checkpoints: int = Field(3, ge=1)
+    """Keep the last N checkpoints."""
+    resume: str = "auto"
+    """`auto` (latest checkpoint in output_dir if any), `never`, or a checkpoint path."""
+
+    eval_every: int = Field(0, ge=0)
+    """Evaluate on eval_data every N steps (0 = only at the end when eval_data is set)."""
+    eval_size: int = Field(64, ge=1)
+    """Held-out prompts per evaluation."""
+    eval_temperature: float = Field(0.0, ge=0)
+    """Sampling temperature for evaluation (0 = greedy)."""
+    eval_timeout_s: float = Field(300.0, gt=0)
+    """Deadline for one evaluation's groups."""
+
+    reward_weights: dict[str, float] = Field(default_factory=dict)
+    """Reward component weights sent with every task (e.g. {"math": 1.0, "format": 0.2}); unset = 1."""
+
+    push_timeout_s: float = Field(120.0, gt=0)
+    """Deadline of one weight push to one replica."""
+    push_retries: int = Field(1, ge=0)
+    """Extra attempts for a replica whose push failed before it is dropped from this step's set."""
+    weights_token: str | None = None
+    """Bearer token for the rollout's UpdateWeights (when it requires one)."""
+    min_replicas: int = Field(1, ge=0)
+    """Wait (up to replica_wait_s) for this many live rollout replicas before publishing."""
+    replica_wait_s: float = Field(300.0, gt=0)
+    """How long to wait for replicas at start before failing the run."""
+
+    host: str = "0.0.0.0"
+    """Bind address of the gRPC and HTTP servers."""
+    grpc_port: int = Field(50053, ge=0, le=65535)
+    """TrainerService gRPC port (0 = pick a free one)."""
+    http_port: int = Field(8003, ge=0, le=65535)
+    """HTTP port: /healthz, /metrics, /v1/status (0 = pick a free one)."""
+    token: str | None = None
+    """Bearer token required by the trainer's gRPC API (off when unset)."""
+    log_level: str = "INFO"
+    """Logging level."""
+    json_logs: bool = False
+    """One JSON object per log line."""
+    torch_threads: int = Field(0, ge=0)
+    """torch intra-op threads (0 = torch's default)."""
+
+    @field_validator("resume")
+    @classmethod
+    def _resume_value(cls, value: str) -> str:
+        if value in ("auto", "never") or Path(value).exists():
+            return value
+        raise ValueError(f"must be 'auto', 'never' or an existing checkpoint path; {value!r} does not exist")
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id_value(cls, value: str) -> str:
+        if not value or any(c in value for c in "{}: \n"):
+            raise ValueError(f"run id {value!r} must be non-empty, without braces, colons or spaces")
+        return value
+
+    @model_validator(mode="after")
+    def _needs_data(self) -> TrainerSettings:
+        if self.train_data is None:
+            raise ValueError("train_data is required: a JSONL or Parquet file of prompts (--train-data PATH)")
+        if self.clip_low is not None and self.clip_low >= 1:
+            raise ValueError(f"clip_low={self.clip_low} must be < 1 (the ratio is clipped to [1 - clip_low, ...])")
+        return self
+
+    def algo_overrides(self) -> dict[str, object]:
+        """The algorithm settings given explicitly (not None): they win over the preset's values."""
+        return {name: getattr(self, name) for name in ALGO_FIELDS if getattr(self, name) is not None}
+
+
+def parse_settings(argv: list[str] | None = None) -> TrainerSettings:
+    """Settings from defaults, `--config`/GRPO_TRAINER_CONFIG file, GRPO_TRAINER_* env and CLI flags."""
+    return load_settings(TrainerSettings, argv, env_file_var="GRPO_TRAINER_CONFIG")

@@ -1,0 +1,130 @@
+"""Group records from Redis: deferred acks, and conversion to triage facts, samples and metrics (pure)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from grpo.common.queue import Entry, RunQueue
+from grpo.trainer.accounting import GroupFacts
+from grpo.v1 import queue_pb2
+
+if TYPE_CHECKING:
+    from grpo.trainer.learner import TrainableSample
+
+log = logging.getLogger(__name__)
+# Components whose score means "the answer is right" (1 = correct, code: fraction of tests passed).
+CORRECTNESS_COMPONENTS = ("math", "code")
+PEL_READ_COUNT = 1_000_000  # one read returns the whole pending list: it is bounded by checkpoint_every batches
+
+
+def rewards_of(record: queue_pb2.GroupRecord) -> tuple[float | None, ...]:
+    return tuple(s.reward if s.HasField("reward") else None for s in record.samples)
+
+
+def facts_of(record: queue_pb2.GroupRecord) -> GroupFacts:
+    return GroupFacts(record.group_id, record.status, int(record.weight_version), rewards_of(record))
+
+
+def correctness(sample: queue_pb2.SampleRecord) -> float | None:
+    """The sample's correctness component score (math or code), None when there is none."""
+    for name in CORRECTNESS_COMPONENTS:
+        comp = sample.components.get(name)
+        if comp is not None and comp.HasField("score"):
+            return float(comp.score)
+    return None
+
+
+def to_samples(record: queue_pb2.GroupRecord, advantages: Sequence[float]) -> list[TrainableSample]:
+    """One TrainableSample per completion of a kept group, with its advantage."""
+    from grpo.trainer.learner import TrainableSample
+
+    prompt = list(record.prompt_token_ids)
+    out = []
+    for s, adv in zip(record.samples, advantages, strict=True):
+        c = s.completion
+        out.append(
+            TrainableSample(
+                prompt_token_ids=prompt,
+                completion_token_ids=list(c.token_ids),
+                advantage=float(adv),
+                sampler_logprobs=list(c.logprobs) if len(c.logprobs) == len(c.token_ids) else None,
+                truncated=c.finish_reason == "length",
+                weight_version=int(record.weight_version),
+                group_id=record.group_id,
+            )
+        )
+    return out
+
+
+def _mean_std(xs: Sequence[float]) -> tuple[float, float]:
+    if not xs:
+        return math.nan, math.nan
+    mean = sum(xs) / len(xs)
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+
+
+def group_metrics(records: Sequence[queue_pb2.GroupRecord], prefix: str = "rollout") -> dict[str, float]:
+    """Reward mean/std (total and per component), accuracy, lengths and truncation over `records`."""
+    samples = [s for r in records for s in r.samples]
+    if not samples:
+        return {}
+    out: dict[str, float] = {}
+    rewards = [s.reward for s in samples if s.HasField("reward")]
+    out[f"{prefix}/reward_mean"], out[f"{prefix}/reward_std"] = _mean_std(rewards)
+    names = sorted({n for s in samples for n in s.components})
+    for name in names:
+        scores = [
+            s.components[name].score for s in samples if name in s.components and s.components[name].HasField("score")
+        ]
+        out[f"{prefix}/reward/{name}_mean"], out[f"{prefix}/reward/{name}_std"] = _mean_std(scores)
+    correct = [c for c in (correctness(s) for s in samples) if c is not None]
+    if correct:
+        out[f"{prefix}/accuracy"] = sum(1.0 for c in correct if c >= 1.0 - 1e-9) / len(correct)
+    lengths = [len(s.completion.token_ids) for s in samples]
+    out[f"{prefix}/response_len_mean"] = sum(lengths) / len(lengths)
+    out[f"{prefix}/response_len_max"] = float(max(lengths))
+    out[f"{prefix}/truncation_rate"] = sum(s.completion.finish_reason == "length" for s in samples) / len(samples)
+    out[f"{prefix}/generate_s_mean"] = sum(r.generate_s for r in records) / len(records)
+    return out
+
+
+class GroupReader:
+    """Reads the trainer's groups: its own pending list first (after a restart), then new entries.
+
+    Acks are deferred: `defer_ack` keeps an entry id until `ack_deferred`, which the run calls
+    right after a checkpoint that records the entry's outcome (see accounting.py).
+    """
+
+    def __init__(self, queue: RunQueue, consumer: str) -> None:
+        self.queue = queue
+        self.consumer = consumer
+        self.buffer: deque[Entry[queue_pb2.GroupRecord]] = deque()
+        self.deferred: list[str] = []
+
+    def recover_pending(self) -> int:
+        """Queue the groups delivered to this consumer before a restart and never acked."""
+        entries = self.queue.read_groups(self.consumer, PEL_READ_COUNT, own_pending=True)
+        self.buffer.extend(entries)
+        if entries:
+            log.info("re-collected %d unacked group(s) from before the restart", len(entries))
+        return len(entries)
+
+    def next(self, block_ms: int) -> Entry[queue_pb2.GroupRecord] | None:
+        """The next entry, waiting at most `block_ms`; None when nothing arrived."""
+        if not self.buffer:
+            self.buffer.extend(self.queue.read_groups(self.consumer, 64, block_ms=block_ms))
+        return self.buffer.popleft() if self.buffer else None
+
+    def ack_now(self, entry_id: str) -> None:
+        self.queue.ack_groups([entry_id])
+
+    def defer_ack(self, entry_id: str) -> None:
+        self.deferred.append(entry_id)
+
+    def ack_deferred(self) -> int:
+        ids, self.deferred = self.deferred, []
+        return self.queue.ack_groups(ids) if ids else 0

@@ -1,0 +1,100 @@
+"""The thread-safe meeting point of the training loop and the APIs: status snapshot, stop, checkpoint requests."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    replica_id: str
+    address: str
+    weight_version: int
+    last_seen_s: float
+
+
+@dataclass(frozen=True)
+class StatusSnapshot:
+    """What GetRunStatus and /v1/status report; replaced whole by the loop (readers never see half an update)."""
+
+    run_id: str = ""
+    phase: str = "starting"  # starting | sft | grpo | eval | done | failed
+    step: int = 0
+    total_steps: int = 0
+    policy_version: int = 0
+    tasks_published: int = 0
+    groups_trained: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    in_flight: int = 0
+    replicas: tuple[ReplicaView, ...] = ()
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "phase": self.phase,
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "policy_version": self.policy_version,
+            "tasks_published": self.tasks_published,
+            "groups_trained": self.groups_trained,
+            "dropped": dict(self.dropped),
+            "in_flight": self.in_flight,
+            "replicas": [vars(r) for r in self.replicas],
+            "metrics": dict(self.metrics),
+            "error": self.error,
+        }
+
+
+class RunControl:
+    """Stop flag, checkpoint requests (answered by the loop between steps) and the status snapshot."""
+
+    def __init__(self, run_id: str = "", total_steps: int = 0) -> None:
+        self.stop_event = threading.Event()
+        self._requests: queue.Queue[Future[tuple[str, int]]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._status = StatusSnapshot(run_id=run_id, total_steps=total_steps)
+
+    # ---- status -------------------------------------------------------------------------
+    def status(self) -> StatusSnapshot:
+        with self._lock:
+            return self._status
+
+    def update(self, **changes: Any) -> None:
+        with self._lock:
+            self._status = replace(self._status, **changes)
+
+    # ---- stop ---------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        self.stop_event.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_event.is_set()
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def request_checkpoint(self) -> Future[tuple[str, int]]:
+        """A future the loop resolves with (path, step) after its next step boundary."""
+        fut: Future[tuple[str, int]] = Future()
+        if self.status().phase in ("done", "failed"):
+            fut.set_exception(RuntimeError(f"the run is {self.status().phase}: no checkpoint can be taken"))
+            return fut
+        self._requests.put(fut)
+        return fut
+
+    def take_checkpoint_requests(self) -> list[Future[tuple[str, int]]]:
+        out = []
+        while True:
+            try:
+                out.append(self._requests.get_nowait())
+            except queue.Empty:
+                return out
+
+    def fail_pending_requests(self, reason: str) -> None:
+        for fut in self.take_checkpoint_requests():
+            fut.set_exception(RuntimeError(reason))

@@ -1,0 +1,59 @@
+"""The backend interface the Learner drives: forward module, backward, optimizer step, state I/O."""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+
+class Backend(ABC):
+    """Owns the trainable model, its optimizer and LR scheduler on one process (rank)."""
+
+    model: torch.nn.Module  # the module to call for forward passes
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+
+    @abstractmethod
+    def backward(self, loss: Tensor, *, last_micro_batch: bool) -> None:
+        """Accumulate gradients of `loss` (already weighted for accumulation)."""
+
+    @abstractmethod
+    def optimizer_step(self) -> float:
+        """Clip, step the optimizer and the LR schedule, zero the gradients; the pre-clip grad norm."""
+
+    @abstractmethod
+    def lr(self) -> float:
+        """The learning rate the next optimizer step will use."""
+
+    @abstractmethod
+    def save(self, directory: Path) -> None:
+        """Model (HF safetensors under directory/model), optimizer and scheduler into an existing folder."""
+
+    @abstractmethod
+    def load(self, directory: Path) -> None:
+        """Restore what `save` wrote."""
+
+    @abstractmethod
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """HF-named full tensors (gathered when sharded), on every rank."""
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """bf16 autocast on GPU when enabled; a no-op on CPU (fp32 there keeps ratios exact)."""
+        if self.device.type == "cuda" and getattr(self, "bf16", False):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                yield
+        else:
+            yield
+
+    def barrier(self) -> None:  # noqa: B027 - optional hook
+        """Wait for every rank (no-op on one process)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release process-group resources."""

@@ -1,0 +1,148 @@
+"""Trainable samples → length-sorted micro-batches with dynamic padding and completion masks (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class TrainableSample:
+    """One scored completion, ready to train on (the orchestrator builds these from group records)."""
+
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    advantage: float
+    sampler_logprobs: list[float] | None = None  # one per completion token, log_softmax(logits / T)
+    truncated: bool = False  # finish_reason == "length"
+    weight_version: int = 0  # the policy version that generated it
+    group_id: str = ""
+
+
+@dataclass(frozen=True)
+class SftPair:
+    """One cold-start example: the loss covers the response tokens only."""
+
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded rows; position t of `targets` is predicted by the logits at t of `input_ids`.
+
+    Shapes: input_ids/attention_mask [B, L]; targets/completion_mask/sampler_logp [B, L-1]
+    (the shifted view: the token at t+1 predicted from the prefix up to t); advantages [B].
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    targets: Tensor
+    completion_mask: Tensor
+    advantages: Tensor
+    sampler_logp: Tensor | None
+    weight_versions: list[int]
+    n_tokens: int  # completion tokens that count in the loss
+    n_sequences: int  # rows with at least one counted token
+
+    def to(self, device: torch.device) -> MicroBatch:
+        move = {k: v.to(device) for k, v in vars(self).items() if isinstance(v, Tensor)}
+        return MicroBatch(**{**vars(self), **move})
+
+
+def sample_length(sample: TrainableSample | SftPair) -> int:
+    tail = sample.completion_token_ids if isinstance(sample, TrainableSample) else sample.response_token_ids
+    return len(sample.prompt_token_ids) + len(tail)
+
+
+def split_by_tokens(lengths: list[int], max_samples: int, max_tokens: int | None) -> list[list[int]]:
+    """Indices sorted by length, cut into runs of ≤ max_samples rows and ≤ max_tokens padded tokens.
+
+    Sorting by length keeps rows of similar size together, so dynamic padding wastes little.
+    """
+    if max_samples < 1:
+        raise ValueError(f"micro_batch_size must be ≥ 1, got {max_samples}")
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        # sorted ascending: the newcomer is the longest, so the padded size is its length × rows
+        padded = lengths[i] * (len(current) + 1)
+        if current and (len(current) >= max_samples or (max_tokens is not None and padded > max_tokens)):
+            chunks.append(current)
+            current = []
+        current.append(i)
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def collate(samples: list[TrainableSample], pad_id: int, mask_truncated: bool) -> MicroBatch:
+    """Right-pad `samples` to their longest row; the mask marks completion tokens only.
+
+    mask_truncated: a completion cut by the length limit contributes no token (DAPO overlong masking).
+    """
+    width = max(sample_length(s) for s in samples)
+    n = len(samples)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width - 1), dtype=torch.float32)
+    sampler = torch.zeros((n, width - 1), dtype=torch.float32)
+    have_sampler = all(s.sampler_logprobs is not None for s in samples)
+    for row, s in enumerate(samples):
+        p, c = len(s.prompt_token_ids), len(s.completion_token_ids)
+        if p == 0:
+            raise ValueError(f"sample of group {s.group_id!r} has an empty prompt: nothing predicts its first token")
+        input_ids[row, : p + c] = torch.tensor(s.prompt_token_ids + s.completion_token_ids, dtype=torch.long)
+        attention[row, : p + c] = 1
+        if not (mask_truncated and s.truncated):
+            mask[row, p - 1 : p - 1 + c] = 1.0
+        if have_sampler:
+            lp = s.sampler_logprobs or []
+            if len(lp) != c:
+                raise ValueError(f"group {s.group_id!r}: {len(lp)} sampler log-probs for {c} completion tokens")
+            sampler[row, p - 1 : p - 1 + c] = torch.tensor(lp, dtype=torch.float32)
+    return MicroBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        targets=input_ids[:, 1:].clone(),
+        completion_mask=mask,
+        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        sampler_logp=sampler if have_sampler else None,
+        weight_versions=[s.weight_version for s in samples],
+        n_tokens=int(mask.sum().item()),
+        n_sequences=int((mask.sum(dim=1) > 0).sum().item()),
+    )
+
+
+def build_micro_batches(
+    samples: list[TrainableSample],
+    *,
+    micro_batch_size: int,
+    pad_id: int,
+    mask_truncated: bool = True,
+    max_tokens: int | None = None,
+) -> list[MicroBatch]:
+    """The whole batch as length-sorted, dynamically padded micro-batches."""
+    if not samples:
+        raise ValueError("cannot train on an empty batch")
+    chunks = split_by_tokens([sample_length(s) for s in samples], micro_batch_size, max_tokens)
+    return [collate([samples[i] for i in chunk], pad_id, mask_truncated) for chunk in chunks]
+
+
+def sft_to_samples(pairs: list[SftPair]) -> list[TrainableSample]:
+    """SFT pairs reuse the GRPO collation: the response is the 'completion', nothing is truncated."""
+    return [TrainableSample(p.prompt_token_ids, p.response_token_ids, advantage=0.0) for p in pairs]
+
+
+def micro_batch_weight(agg: str, mb: MicroBatch, total_tokens: int, total_sequences: int) -> float:
+    """Share of the full-batch loss a micro-batch's (micro-batch-normalised) loss stands for.
+
+    Summing weight·loss over micro-batches reproduces the loss of one big batch exactly: token_mean
+    normalises by tokens, the per-sequence aggregations by the number of non-empty sequences.
+    """
+    if agg == "token_mean":
+        return mb.n_tokens / max(total_tokens, 1)
+    return mb.n_sequences / max(total_sequences, 1)

@@ -1,0 +1,136 @@
+"""The policy model: loading (plain or LoRA), training set-up, per-token log-probs, push tensors."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpo.algo.logprobs import entropy_from_logits, token_logprobs
+from grpo.trainer.learner.batch import MicroBatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoraOptions:
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def load_causal_lm(name_or_path: str, *, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The HF model from a local folder or hub id ("tiny"/None → the built-in tiny model)."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo.common.tiny_model import resolve_model
+
+    path = resolve_model(name_or_path)
+    import_model_code(path)
+    # eager attention: deterministic on CPU and identical to the rollout's HF engine
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+
+
+def import_model_code(path: str) -> type:
+    """Import the model's class (and transformers' lazily loaded helpers) now.
+
+    ZeRO-3's `zero.Init` patches tensor construction; a lazy import inside it (torch._dynamo via
+    transformers.masking_utils) then fails, so the code is imported before the context is entered.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    return AutoModelForCausalLM._model_mapping[type(config)]
+
+
+def add_lora(model: torch.nn.Module, options: LoraOptions) -> torch.nn.Module:
+    """Wrap `model` with peft LoRA adapters; only the adapters stay trainable."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:  # optional dependency
+        raise RuntimeError("LoRA needs peft: pip install 'grpo-trainer[lora]'") from exc
+    config = LoraConfig(
+        r=options.r,
+        lora_alpha=options.alpha,
+        lora_dropout=options.dropout,
+        target_modules=list(options.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def prepare_model(model: torch.nn.Module, config: Any) -> None:
+    """Training mode, gradient checkpointing when asked (non-reentrant: works with frozen LoRA bases)."""
+    model.train()
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+
+
+def forward_logprobs(
+    model: torch.nn.Module, mb: MicroBatch, temperature: float, *, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token log π(target) [B, L-1] (and entropy, detached) — the sampler's definition at `temperature`."""
+    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+    logits = out.logits[:, :-1, :]
+    logp = token_logprobs(logits, mb.targets, temperature)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach() / temperature)
+    return logp, entropy
+
+
+def push_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
+    """HF-named tensors exactly as the model's safetensors checkpoint names them (detached, contiguous).
+
+    Tied embeddings: like save_pretrained, `lm_head.weight` is left out (the checkpoint stores only
+    `model.embed_tokens.weight`). LoRA: adapters are merged into the base weights, base names kept.
+    """
+    base = _lora_base(model)
+    if base is not None:
+        return _merged_lora_state(model, base)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if _tied(model):
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def _tied(model: torch.nn.Module) -> bool:
+    config: Any = getattr(model, "config", None)
+    return bool(getattr(config, "tie_word_embeddings", False))
+
+
+def _lora_base(model: torch.nn.Module) -> torch.nn.Module | None:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return None
+    return model.get_base_model() if isinstance(model, PeftModel) else None
+
+
+@torch.no_grad()
+def _merged_lora_state(model: torch.nn.Module, base: torch.nn.Module) -> dict[str, Tensor]:
+    from peft.tuners.lora import LoraLayer
+
+    deltas: dict[str, Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            weight_name = f"{name}.weight"
+            deltas[weight_name] = sum(module.get_delta_weight(a) for a in module.active_adapters)  # type: ignore[assignment]
+    state: dict[str, Tensor] = {}
+    for key, value in base.state_dict().items():
+        if "lora_" in key:
+            continue
+        name = key.replace(".base_layer.", ".")
+        tensor = value.detach()
+        if name in deltas:
+            tensor = tensor + deltas[name].to(tensor.dtype)
+        state[name] = tensor.contiguous()
+    if _tied(base):
+        state.pop("lm_head.weight", None)
+    return state

@@ -1,0 +1,108 @@
+"""MetricsSink: one `log(step, metrics)` fanned out to TensorBoard, a JSONL file, Prometheus and W&B."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_PROM_BAD = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def prometheus_name(key: str, prefix: str = "grpo_trainer_") -> str:
+    """'reward/mean' → 'grpo_trainer_reward_mean' (Prometheus allows [a-zA-Z0-9_:] only)."""
+    return prefix + _PROM_BAD.sub("_", key).strip("_")
+
+
+class MetricsSink:
+    """Fan-out of per-step scalar metrics. Each target is optional; non-finite values are kept in JSONL only.
+
+    tensorboard_dir: SummaryWriter event files. jsonl_path: one JSON object per step (appended, so a
+    resumed run continues the file). prometheus_registry: gauges named grpo_trainer_<key>, served by
+    the service's /metrics. wandb_project: used only when `wandb` is installed and the project is set.
+    """
+
+    def __init__(
+        self,
+        *,
+        tensorboard_dir: Path | str | None = None,
+        jsonl_path: Path | str | None = None,
+        prometheus_registry: Any = None,
+        wandb_project: str | None = None,
+        wandb_run_name: str | None = None,
+        run_config: dict[str, Any] | None = None,
+    ) -> None:
+        self._tb = None
+        if tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(tensorboard_dir))
+        self._jsonl = None
+        if jsonl_path is not None:
+            path = Path(jsonl_path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._jsonl = path.open("a", encoding="utf-8")
+        self._registry = prometheus_registry
+        self._gauges: dict[str, Any] = {}
+        self._wandb = _init_wandb(wandb_project, wandb_run_name, run_config) if wandb_project else None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Record `metrics` for `step` in every configured target."""
+        if self._jsonl is not None:
+            record = {"step": step, "time": round(time.time(), 3), **{k: _jsonable(v) for k, v in metrics.items()}}
+            self._jsonl.write(json.dumps(record, sort_keys=True) + "\n")
+            self._jsonl.flush()
+        finite = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
+        if self._tb is not None:
+            for key, value in finite.items():
+                self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._registry is not None:
+            for key, value in finite.items():
+                self._gauge(key).set(value)
+        if self._wandb is not None:
+            self._wandb.log(finite, step=step)
+
+    def _gauge(self, key: str) -> Any:
+        gauge = self._gauges.get(key)
+        if gauge is None:
+            from prometheus_client import Gauge
+
+            gauge = Gauge(prometheus_name(key), f"trainer metric {key}", registry=self._registry)
+            self._gauges[key] = gauge
+        return gauge
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+    def __enter__(self) -> MetricsSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf; keep them visible as strings
+    return value
+
+
+def _init_wandb(project: str, name: str | None, config: dict[str, Any] | None) -> Any:
+    try:
+        import wandb
+    except ImportError:
+        log.warning("wandb_project=%r is set but wandb is not installed: not logging to W&B", project)
+        return None
+    return wandb.init(project=project, name=name, config=config or {})

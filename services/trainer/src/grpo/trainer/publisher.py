@@ -1,0 +1,103 @@
+"""Prompt tasks: built from dataset rows (pure), published to the run's task stream with accounting."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from grpo.common.queue import RunQueue
+from grpo.trainer.accounting import Accounting
+from grpo.trainer.data import DataCursor, PromptRow, take
+from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a task carries besides its prompt: sampling and scoring recipe."""
+
+    group_size: int
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    stop: tuple[str, ...] = ()
+    reward_weights: tuple[tuple[str, float], ...] = ()
+    apply_chat_template: bool = True
+    overlong_buffer_tokens: int = 0
+
+    def sampling(self, n: int | None = None, temperature: float | None = None) -> rollout_pb2.SamplingParams:
+        return rollout_pb2.SamplingParams(
+            n=self.group_size if n is None else n,
+            temperature=self.temperature if temperature is None else temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=self.max_new_tokens,
+            stop=list(self.stop),
+        )
+
+
+def task_id(run_id: str, position_key: str) -> str:
+    """Unique per run and the same after a resume (the position comes from the data cursor)."""
+    return f"{run_id}-{position_key}"
+
+
+def build_task(
+    row: PromptRow,
+    tid: str,
+    policy_version: int,
+    spec: TaskSpec,
+    *,
+    evaluation: bool = False,
+    eval_temperature: float = 0.0,
+) -> queue_pb2.PromptTask:
+    """One PromptTask; evaluation tasks ask for a single sample at the evaluation temperature."""
+    checks = row.checks_proto()
+    if spec.overlong_buffer_tokens > 0 and not checks.HasField("overlong"):
+        checks.overlong.CopyFrom(
+            reward_pb2.OverlongCheck(max_tokens=spec.max_new_tokens, buffer_tokens=spec.overlong_buffer_tokens)
+        )
+    sampling = spec.sampling(n=1, temperature=eval_temperature) if evaluation else spec.sampling()
+    return queue_pb2.PromptTask(
+        task_id=tid,
+        policy_version=policy_version,
+        prompt=row.prompt_proto(spec.apply_chat_template),
+        checks=checks,
+        weights=dict(spec.reward_weights),
+        sampling=sampling,
+        task_type=row.task_type,
+        attempt=0,
+        eval=evaluation,
+    )
+
+
+class Publisher:
+    """Takes rows at the cursor, publishes them as tasks, records them in the accounting."""
+
+    def __init__(
+        self, queue: RunQueue, rows: Sequence[PromptRow], spec: TaskSpec, run_id: str, cursor: DataCursor
+    ) -> None:
+        self.queue = queue
+        self.rows = rows
+        self.spec = spec
+        self.run_id = run_id
+        self.cursor = cursor
+
+    def publish(self, k: int, policy_version: int, batch: int, acct: Accounting) -> list[str]:
+        """Publish the next `k` rows under `policy_version`; returns their task ids.
+
+        The accounting is updated only after Redis accepted the whole batch, and the cursor
+        advances with it: a failed XADD publishes nothing and loses nothing.
+        """
+        picks, next_cursor = take(self.cursor, len(self.rows), k)
+        tasks = [build_task(self.rows[i], task_id(self.run_id, key), policy_version, self.spec) for key, i in picks]
+        self.queue.publish_tasks(tasks)
+        now = time.monotonic()
+        for task in tasks:
+            acct.publish(task.task_id, policy_version, batch, now)
+        self.cursor = next_cursor
+        log.debug("published %d task(s) under version %d (batch %d)", len(tasks), policy_version, batch)
+        return [t.task_id for t in tasks]

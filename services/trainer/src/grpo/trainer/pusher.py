@@ -1,0 +1,128 @@
+"""Weight push to every live rollout replica, concurrently, each verified, none able to stall the run."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import grpc
+from grpo.common.auth import bearer_metadata
+from grpo.common.weights import push_weights, weights_checksum
+from grpo.v1 import rollout_pb2, rollout_pb2_grpc
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplicaTarget:
+    """A rollout replica to push to (from the Redis registry)."""
+
+    replica_id: str
+    address: str
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """How one replica's push went; `ok` only when it reports the version and checksum that were sent."""
+
+    replica_id: str
+    address: str
+    ok: bool
+    version: int = 0
+    checksum: str = ""
+    error: str = ""
+    seconds: float = 0.0
+    attempts: int = 1
+
+
+def verify_reply(reply: rollout_pb2.UpdateWeightsResponse, version: int, checksum: str) -> str:
+    """'' when the replica loaded exactly what was sent, else what differs."""
+    if reply.version != version:
+        return f"replica reports version {reply.version}, pushed {version}"
+    if reply.checksum != checksum:
+        return f"replica reports checksum {reply.checksum[:12]}…, pushed {checksum[:12]}…"
+    return ""
+
+
+def _push_one(
+    target: ReplicaTarget,
+    tensors: Mapping[str, torch.Tensor],
+    version: int,
+    checksum: str,
+    token: str | None,
+    deadline: float,
+    retries: int,
+) -> PushResult:
+    start = time.monotonic()
+    error = ""
+    attempts = 0
+    while attempts <= retries:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0.5:
+            error = error or "push deadline passed"
+            break
+        attempts += 1
+        try:
+            reply = push_weights(target.address, tensors, version, token=token, timeout_s=remaining, checksum=checksum)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            error = f"{code.name if code else 'error'}: {exc.details() if hasattr(exc, 'details') else exc}"
+            if code == grpc.StatusCode.FAILED_PRECONDITION:
+                break  # the replica holds a newer version: a retry cannot fix it
+            continue
+        error = verify_reply(reply, version, checksum)
+        if not error:
+            return PushResult(target.replica_id, target.address, True, reply.version, reply.checksum, "",
+                              time.monotonic() - start, attempts)  # fmt: skip
+    return PushResult(target.replica_id, target.address, False, error=error, seconds=time.monotonic() - start,
+                      attempts=attempts)  # fmt: skip
+
+
+def push_to_replicas(
+    targets: Sequence[ReplicaTarget],
+    tensors: Mapping[str, torch.Tensor],
+    version: int,
+    *,
+    token: str | None = None,
+    timeout_s: float = 120.0,
+    retries: int = 1,
+) -> list[PushResult]:
+    """Push `tensors` as `version` to all `targets` at once; returns within ~timeout_s whatever happens."""
+    if not targets:
+        return []
+    checksum = weights_checksum(tensors)
+    deadline = time.monotonic() + timeout_s
+    with ThreadPoolExecutor(max_workers=min(len(targets), 16), thread_name_prefix="push") as pool:
+        futures = [pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries) for t in targets]
+        results = [f.result() for f in futures]
+    for r in results:
+        if r.ok:
+            log.info("pushed version %d to %s in %.2fs", version, r.replica_id, r.seconds)
+        else:
+            log.error("weight push of version %d to %s (%s) failed: %s", version, r.replica_id, r.address, r.error)
+    return results
+
+
+def replica_status(address: str, timeout_s: float = 5.0, token: str | None = None) -> rollout_pb2.RolloutStatus:
+    """A replica's GetStatus (its loaded weight version and checksum)."""
+    with grpc.insecure_channel(address) as channel:
+        stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+        return stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=timeout_s, metadata=bearer_metadata(token))
+
+
+def replica_versions(targets: Sequence[ReplicaTarget], timeout_s: float = 5.0) -> dict[str, int]:
+    """Loaded version per reachable replica (unreachable ones are left out and logged)."""
+    out: dict[str, int] = {}
+    for t in targets:
+        try:
+            out[t.replica_id] = int(replica_status(t.address, timeout_s).weight_version)
+        except grpc.RpcError as exc:
+            log.warning("replica %s at %s did not answer GetStatus: %s", t.replica_id, t.address, exc)
+    return out

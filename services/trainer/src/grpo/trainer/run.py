@@ -1,0 +1,314 @@
+"""The GRPO loop: admit batches, collect and triage groups, update, push weights, checkpoint, evaluate.
+
+The invariants this loop keeps, and where: task accounting and resume (accounting.py), admission
+control (`batches_to_publish`), deferred acks after checkpoints (consumer.GroupReader), bounded
+waits everywhere (group timeout, push timeout, Redis socket timeouts).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+import torch
+from grpo.algo import group_advantages
+from grpo.common.queue import RunQueue, connect
+from grpo.common.registry import ReplicaRegistry
+from grpo.trainer.accounting import Accounting, StepQuota, batches_to_publish, lineage_staleness, triage
+from grpo.trainer.assemble import learner_config, resolve_algo, task_spec
+from grpo.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from grpo.trainer.config import TrainerSettings
+from grpo.trainer.consumer import GroupReader, facts_of, group_metrics, to_samples
+from grpo.trainer.control import ReplicaView, RunControl
+from grpo.trainer.data import DataCursor, load_rows
+from grpo.trainer.evaluation import eval_rows, evaluate
+from grpo.trainer.export import save_final_model
+from grpo.trainer.learner import Learner
+from grpo.trainer.ledger import drop_after, write_segment
+from grpo.trainer.metrics import MetricsSink
+from grpo.trainer.publisher import Publisher
+from grpo.trainer.pusher import ReplicaTarget, push_to_replicas
+from grpo.v1 import queue_pb2
+
+log = logging.getLogger(__name__)
+CONSUMER = "trainer"  # one stable consumer name per run: a restarted trainer finds its pending list under it
+Kept = list[tuple[str, queue_pb2.GroupRecord]]
+
+
+class GrpoRun:
+    """One GRPO run; `run()` blocks until the last step, a stop request or a fatal error."""
+
+    def __init__(self, settings: TrainerSettings, control: RunControl, prometheus_registry: Any = None) -> None:
+        s = self.s = settings
+        self.control = control
+        self.algo = resolve_algo(s)
+        self.spec = task_spec(s, self.algo)
+        assert s.train_data is not None
+        self.rows = load_rows(s.train_data)
+        self.eval_rows = eval_rows(load_rows(s.eval_data), s.eval_size) if s.eval_data else []
+        client = connect(s.redis_url)
+        self.queue = RunQueue(client, s.run_id)
+        self.queue.ensure_groups()
+        self.registry = ReplicaRegistry(client, s.run_id)
+        self.reader = GroupReader(self.queue, CONSUMER)
+        self.learner = Learner(learner_config(s, self.algo))
+        self.acct = Accounting()
+        self.step = 0
+        self.ckpt_root = s.output_dir / "checkpoints"
+        self.ledger_root = s.output_dir / "ledger"
+        cursor = DataCursor(seed=s.seed)
+        self.resumed_version: int | None = None
+        path = None if s.resume == "never" else latest_checkpoint(self.ckpt_root) if s.resume == "auto" else s.resume
+        if path is None:
+            drop_after(self.ledger_root, -1)  # a fresh run starts a fresh ledger
+        else:
+            info = load_checkpoint(path, self.learner)
+            self.step = info.step
+            cursor = DataCursor.from_state(info.data_cursor)
+            self.acct = Accounting.from_state(info.inflight, time.monotonic())
+            self.resumed_version = self.learner.version
+            drop_after(self.ledger_root, self.step)
+            log.info("resumed at step %d, version %d, %d task(s) in flight", self.step, self.learner.version,
+                     self.acct.n_in_flight)  # fmt: skip
+        self.publisher = Publisher(self.queue, self.rows, self.spec, s.run_id, cursor)
+        s.output_dir.mkdir(parents=True, exist_ok=True)
+        self.sink = MetricsSink(
+            tensorboard_dir=s.output_dir / "tensorboard",
+            jsonl_path=s.output_dir / "metrics.jsonl",
+            prometheus_registry=prometheus_registry,
+        )
+        self.confirmed: dict[str, int] = {}  # replica id -> version it confirmed (push reply)
+        self.push_stats: dict[str, float] = {}
+
+    @property
+    def version(self) -> int:
+        """The policy version: the learner's, which is also the version pushed to the replicas."""
+        return self.learner.version
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def run(self) -> None:
+        s = self.s
+        self.control.update(phase="grpo", total_steps=s.steps, step=self.step)
+        self._start_replicas()
+        self.reader.recover_pending()
+        while self.step < s.steps and not self.control.stopping:
+            self._serve_checkpoint_requests()
+            push_s = self._sync_replicas()
+            self._admit()
+            started = time.monotonic()
+            kept, collect_metrics = self._collect()
+            if kept is None:
+                break  # stop requested mid-collection: the kept groups stay in flight and unacked
+            wait_s = time.monotonic() - started
+            train_metrics = self._train(kept)
+            push_s += self._sync_replicas() if kept else 0.0
+            self.step += 1
+            self.acct.check()
+            metrics = {**collect_metrics, **train_metrics, **self.acct.summary(), **self.push_stats}
+            self.push_stats = {}
+            metrics.update({"time/wait_rollouts_s": wait_s, "time/push_s": push_s, "policy_version": self.version})
+            metrics["time/step_s"] = time.monotonic() - started
+            if self.step % s.checkpoint_every == 0:
+                self._checkpoint()
+            if self.eval_rows and s.eval_every and self.step % s.eval_every == 0:
+                metrics.update(self._evaluate())
+            self.sink.log(self.step, metrics)
+            self._publish_status(metrics)
+        self._checkpoint()
+        if self.step >= s.steps:
+            if self.eval_rows and not (s.eval_every and self.step % s.eval_every == 0):
+                final = self._evaluate()
+                self.sink.log(self.step, final)
+            self._save_final()
+        self._serve_checkpoint_requests()
+        self.control.update(phase="done" if self.step >= s.steps else "stopped")
+        self.sink.close()
+
+    # ---- replicas ------------------------------------------------------------------------------
+    def _live(self) -> list[Any]:
+        return self.registry.live_replicas()
+
+    def _start_replicas(self) -> None:
+        """Wait for replicas, then push our weights under a version newer than any they hold."""
+        deadline = time.monotonic() + self.s.replica_wait_s
+        live = self._live()
+        while len(live) < self.s.min_replicas:
+            if time.monotonic() > deadline or self.control.stopping:
+                raise RuntimeError(
+                    f"only {len(live)} live rollout replica(s) for run {self.s.run_id!r} after "
+                    f"{self.s.replica_wait_s:.0f}s (need {self.s.min_replicas}); are they started with the same "
+                    "--redis-url and run name?"
+                )
+            time.sleep(0.5)
+            live = self._live()
+        newest = max([r.weight_version for r in live], default=0)
+        new_version = max(self.version, newest) + 1
+        if self.resumed_version is not None:
+            # The restored weights get a fresh version; versions in between belong to the lost lineage.
+            self.acct.version_aliases.append((self.resumed_version, new_version))
+        self.learner.version = new_version
+        self._sync_replicas(live)
+
+    def _sync_replicas(self, live: list[Any] | None = None) -> float:
+        """Push the current weights to every live replica that does not hold them yet; seconds spent."""
+        live = self._live() if live is None else live
+        targets = [
+            ReplicaTarget(r.replica_id, r.address)
+            for r in live
+            if r.weight_version < self.version and self.confirmed.get(r.replica_id) != self.version
+        ]
+        if not targets:
+            return 0.0
+        started = time.monotonic()
+        tensors = self.learner.state_dict_for_push()
+        results = push_to_replicas(
+            targets, tensors, self.version, token=self.s.weights_token, timeout_s=self.s.push_timeout_s,
+            retries=self.s.push_retries,
+        )  # fmt: skip
+        for r in results:
+            if r.ok:
+                self.confirmed[r.replica_id] = r.version
+        if not any(r.ok for r in results):
+            log.error("no replica accepted version %d; its groups will be dropped as stale until one does",
+                      self.version)  # fmt: skip
+        self.push_stats = {
+            "push/ok": float(sum(r.ok for r in results)),
+            "push/failed": float(sum(not r.ok for r in results)),
+        }
+        return time.monotonic() - started
+
+    # ---- publishing and collecting ---------------------------------------------------------------
+    def _admit(self) -> None:
+        s = self.s
+        for _ in range(batches_to_publish(self.acct.batches_published, self.step, s.max_staleness, s.steps)):
+            self.publisher.publish(s.prompts_per_step, self.version, self.acct.batches_published, self.acct)
+            self.acct.batches_published += 1
+
+    def _collect(self) -> tuple[Kept | None, dict[str, float]]:
+        """Groups until the step's quota is met; None when a stop was requested first."""
+        s = self.s
+        refill = self.algo.refill_zero_variance
+        budget = (
+            (s.max_refill_per_step if s.max_refill_per_step is not None else 2 * s.prompts_per_step) if refill else 0
+        )
+        quota = StepQuota(need=s.prompts_per_step, refill_budget=budget)
+        kept: Kept = []
+        kept_ids: set[str] = set()
+        outcomes: dict[str, int] = {}
+        staleness: list[int] = []
+        while not quota.done:
+            if self.control.stopping:
+                return None, {}
+            if self.acct.n_in_flight - len(kept) <= 0 and not self.reader.buffer:
+                break  # nothing more can arrive for this step
+            for tid in self.acct.expired(time.monotonic(), s.group_timeout_s):
+                if tid not in kept_ids:
+                    log.warning("task %s: no group after %.0fs; dropped (timeout)", tid, s.group_timeout_s)
+                    self.acct.resolve(tid, "timeout")
+                    outcomes["timeout"] = outcomes.get("timeout", 0) + 1
+                    self._on_resolved(quota, "timeout")
+            entry = self.reader.next(block_ms=500)
+            if entry is None:
+                continue
+            record = entry.message
+            if record is None or record.eval:
+                self.reader.ack_now(entry.entry_id)  # unreadable, or an eval group nobody awaits any more
+                continue
+            facts = facts_of(record)
+            verdict = "duplicate" if record.group_id in kept_ids else triage(
+                facts, self.acct, self.version, s.max_staleness, self.algo.skip_zero_variance, self.algo.group_size
+            )  # fmt: skip
+            outcomes[verdict] = outcomes.get(verdict, 0) + 1
+            if verdict == "duplicate":
+                self.acct.duplicates += 1
+                self.reader.ack_now(entry.entry_id)
+                continue
+            if verdict == "train":
+                kept.append((entry.entry_id, record))
+                kept_ids.add(record.group_id)
+                staleness.append(lineage_staleness(self.version, facts.weight_version, self.acct.version_aliases) or 0)
+            else:
+                self.acct.resolve(record.group_id, verdict)
+                self.reader.defer_ack(entry.entry_id)
+            self._on_resolved(quota, verdict)
+        resolved = sum(v for k, v in outcomes.items() if k != "duplicate")
+        metrics = group_metrics([r for _, r in kept])
+        metrics.update({f"groups/{k}": float(v) for k, v in outcomes.items()})
+        metrics["groups/zero_variance_fraction"] = outcomes.get("zero_variance", 0) / max(resolved, 1)
+        metrics["groups/refills"] = float(quota.refills)
+        if staleness:
+            metrics["staleness/mean"] = sum(staleness) / len(staleness)
+            metrics["staleness/max"] = float(max(staleness))
+        return kept, metrics
+
+    def _on_resolved(self, quota: StepQuota, outcome: str) -> None:
+        if quota.on_resolved(outcome):  # DAPO dynamic sampling: replace the zero-variance group
+            self.publisher.publish(1, self.version, self.step, self.acct)
+
+    # ---- update ---------------------------------------------------------------------------------
+    def _train(self, kept: Kept) -> dict[str, float]:
+        """One update on the kept groups; then they count as trained and their acks wait for a checkpoint."""
+        if not kept:
+            log.warning("step %d: every group was dropped; no update", self.step)
+            return {}
+        g = self.algo.group_size
+        rewards = torch.tensor([s.reward for _, r in kept for s in r.samples], dtype=torch.float32)
+        advantages = group_advantages(rewards, g, **self.algo.advantage_kwargs()).tolist()
+        samples = [
+            sample
+            for i, (_, record) in enumerate(kept)
+            for sample in to_samples(record, advantages[i * g : (i + 1) * g])
+        ]
+        metrics = self.learner.step(samples)
+        for entry_id, record in kept:
+            self.acct.resolve(record.group_id, "trained")
+            self.reader.defer_ack(entry_id)
+        return {f"train/{k}": v for k, v in metrics.items()}
+
+    # ---- checkpoints, evaluation, status -------------------------------------------------------
+    def _checkpoint(self) -> str:
+        write_segment(self.ledger_root, self.step, self.acct.recent)
+        self.acct.recent = []
+        path = save_checkpoint(
+            self.ckpt_root, self.learner, step=self.step, data_cursor=self.publisher.cursor.to_state(),
+            inflight=self.acct.to_state(time.monotonic()), keep_last=self.s.keep_checkpoints,
+        )  # fmt: skip
+        # Only now is every consumed group's outcome durable: release them in Redis.
+        self.reader.ack_deferred()
+        return str(path)
+
+    def _serve_checkpoint_requests(self) -> None:
+        for fut in self.control.take_checkpoint_requests():
+            try:
+                fut.set_result((self._checkpoint(), self.step))
+            except Exception as exc:
+                fut.set_exception(exc)
+
+    def _evaluate(self) -> dict[str, float]:
+        self.control.update(phase="eval")
+        try:
+            return evaluate(
+                self.reader, self.eval_rows, self.spec, run_id=self.s.run_id,
+                round_id=f"{self.step}x{uuid.uuid4().hex[:6]}", policy_version=self.version,
+                temperature=self.s.eval_temperature, timeout_s=self.s.eval_timeout_s,
+            )  # fmt: skip
+        finally:
+            self.control.update(phase="grpo")
+
+    def _save_final(self) -> None:
+        save_final_model(self.learner, self.s.model, self.s.output_dir / "final")
+
+    def _publish_status(self, metrics: dict[str, float]) -> None:
+        now = time.time()
+        replicas = tuple(
+            ReplicaView(r.replica_id, r.address, r.weight_version, max(0.0, now - r.heartbeat)) for r in self._live()
+        )
+        self.control.update(
+            step=self.step, policy_version=self.version, tasks_published=self.acct.published,
+            groups_trained=self.acct.trained,
+            dropped={**dict(self.acct.dropped), "duplicate": self.acct.duplicates},
+            in_flight=self.acct.n_in_flight, replicas=replicas,
+            metrics={k: float(v) for k, v in metrics.items() if isinstance(v, int | float)},
+        )  # fmt: skip

@@ -1,0 +1,68 @@
+"""Wire the trainer process together: servers up, the run (grpo or sft) in the main thread, clean exit."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from types import FrameType
+
+from grpo.common.grpc_server import GrpcServer
+from grpo.trainer.config import TrainerSettings
+from grpo.trainer.control import RunControl
+from grpo.trainer.grpc_api import register
+from grpo.trainer.http_api import HttpServer
+
+log = logging.getLogger(__name__)
+
+
+def install_signal_handlers(control: RunControl) -> None:
+    """SIGTERM/SIGINT: finish the current step, checkpoint, exit; a second signal exits at once."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if control.stopping:
+            log.warning("second signal %d: exiting without a final checkpoint", signum)
+            os._exit(130)
+        log.info("signal %d: finishing the current step, then checkpointing", signum)
+        control.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
+def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
+    """Run the configured mode with the gRPC and HTTP APIs up; returns the process exit code."""
+    import torch
+    from prometheus_client import CollectorRegistry
+
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    control = control or RunControl(settings.run_id, settings.steps)
+    registry = CollectorRegistry()
+    grpc_server = GrpcServer(
+        register(control), ["grpo.v1.TrainerService"], settings.host, settings.grpc_port, token=settings.token
+    )
+    http = HttpServer(control, registry, settings.host, settings.http_port)
+    grpc_server.start()
+    http.start()
+    log.info("trainer %s: mode %s, preset %s, gRPC %d, HTTP %d", settings.run_id, settings.mode, settings.preset,
+             grpc_server.port, http.port)  # fmt: skip
+    code = 0
+    try:
+        if settings.mode == "sft":
+            from grpo.trainer.sft import run_sft
+
+            run_sft(settings, control, registry)
+        else:
+            from grpo.trainer.run import GrpoRun
+
+            GrpoRun(settings, control, registry).run()
+    except Exception as exc:
+        log.exception("the run failed")
+        control.update(phase="failed", error=f"{type(exc).__name__}: {exc}")
+        code = 1
+    finally:
+        control.fail_pending_requests("the run has ended")
+        http.stop()
+        grpc_server.stop()
+    return code

@@ -1,0 +1,78 @@
+"""Start the rollout service as a real subprocess on free ports (importable by any test tier)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpo.common.net import free_port
+
+
+@dataclass
+class RolloutProc:
+    proc: subprocess.Popen[bytes]
+    grpc_port: int
+    http_port: int
+    log_path: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def healthz(self) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/healthz", timeout=5) as r:
+            return json.loads(r.read())
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def _serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+        except grpc.RpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def start_rollout_service(
+    *args: str, log_dir: Path, env: dict[str, str] | None = None, timeout: float = 120.0
+) -> RolloutProc:
+    """`python -m grpo.rollout --grpc-port P --http-port Q *args` (hf engine, 1 torch thread), once it serves."""
+    grpc_port, http_port = free_port(), free_port()
+    log_path = log_dir / f"rollout-{grpc_port}.log"
+    cmd = [sys.executable, "-m", "grpo.rollout", "--host", "127.0.0.1", "--grpc-port", str(grpc_port)]
+    cmd += ["--http-port", str(http_port), "--torch-threads", "1", *args]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
+    started = RolloutProc(proc, grpc_port, http_port, log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"rollout exited with {proc.returncode}:\n{started.log_text()[-3000:]}")
+        if _serving(started.address):
+            return started
+        time.sleep(0.2)
+    started.stop()
+    raise TimeoutError(f"rollout did not serve within {timeout}s:\n{started.log_text()[-3000:]}")

@@ -1,0 +1,77 @@
+"""Backpressure (429 / RESOURCE_EXHAUSTED when the queue is full) and bearer-token auth, on their own instances."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpo.common.auth import bearer_metadata
+from grpo.v1 import reward_pb2 as pb
+from grpo.v1 import reward_pb2_grpc
+
+BLOWUP = "\\boxed{\\dfrac{5^{(5^{(5^{(5^5)})}-4)}-5}{16}}"
+
+
+def _blowups(n: int) -> dict[str, Any]:
+    return {"items": [{"id": str(i), "completion": BLOWUP, "checks": {"math": {"gold": "5"}}} for i in range(n)]}
+
+
+def test_full_queue_gets_429_and_resource_exhausted(start_reward: Callable[..., Any]) -> None:
+    service = start_reward("--max-queue", "2", "--math-timeout-s", "3", workers=1)
+    busy = threading.Thread(
+        target=lambda: httpx.post(f"{service.http_url}/v1/score", json=_blowups(2), timeout=30), daemon=True
+    )
+    busy.start()
+    try:
+        # Poll until the blow-ups are admitted, then every further item must be refused.
+        for _ in range(100):
+            if httpx.get(f"{service.http_url}/healthz", timeout=5).json()["inflight"] == 2:
+                break
+            threading.Event().wait(0.05)
+        refused = httpx.post(f"{service.http_url}/v1/verify/math", json={"answer": "1", "gold": "1"}, timeout=30)
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["retry-after"] == "1" and "busy" in refused.json()["detail"]
+        with grpc.insecure_channel(service.grpc_addr) as ch:
+            stub = reward_pb2_grpc.RewardServiceStub(ch)
+            try:
+                stub.VerifyMath(pb.VerifyMathRequest(answer="1", gold="1"), timeout=10)
+                raise AssertionError("expected RESOURCE_EXHAUSTED")
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # Larger than the whole queue can ever hold: a 400 that says to split, not a retry loop.
+        too_big = httpx.post(f"{service.http_url}/v1/score", json=_blowups(3), timeout=30)
+        assert too_big.status_code == 400 and "split" in too_big.text
+    finally:
+        busy.join(30)
+    after = httpx.post(f"{service.http_url}/v1/verify/math", json={"answer": "\\boxed{1}", "gold": "1"}, timeout=30)
+    assert after.status_code == 200 and after.json()["status"] == "correct"
+    assert 'grpo_reward_rejected_total{reason="overloaded"}' in httpx.get(f"{service.http_url}/metrics").text
+
+
+def test_bearer_token_on_http_and_grpc(start_reward: Callable[..., Any]) -> None:
+    service = start_reward(workers=1, env={"GRPO_REWARD_TOKEN": "s3cret"})
+    body = {"answer": "\\boxed{2}", "gold": "2"}
+    url = f"{service.http_url}/v1/verify/math"
+    assert httpx.post(url, json=body, timeout=30).status_code == 401
+    assert httpx.post(url, json=body, headers={"Authorization": "Bearer wrong"}, timeout=30).status_code == 401
+    ok = httpx.post(url, json=body, headers={"Authorization": "Bearer s3cret"}, timeout=30)
+    assert ok.status_code == 200 and ok.json()["correct"] is True
+    assert httpx.get(f"{service.http_url}/healthz", timeout=5).status_code == 200
+    assert httpx.get(f"{service.http_url}/metrics", timeout=5).status_code == 200
+    with grpc.insecure_channel(service.grpc_addr) as ch:
+        stub = reward_pb2_grpc.RewardServiceStub(ch)
+        try:
+            stub.VerifyMath(pb.VerifyMathRequest(answer="2", gold="2"), timeout=10)
+            raise AssertionError("expected UNAUTHENTICATED")
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+        reply = stub.VerifyMath(
+            pb.VerifyMathRequest(answer="2", gold="2"), timeout=30, metadata=bearer_metadata("s3cret")
+        )
+        assert reply.status == "correct"
+        health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING

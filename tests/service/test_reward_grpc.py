@@ -1,0 +1,129 @@
+"""The reward service over gRPC: every RPC, INVALID_ARGUMENT on bad input, deadlines, health, reflection, the client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from grpo.common.net import free_port
+from grpo.reward.client import RewardClient, RewardServiceError
+from grpo.v1 import reward_pb2 as pb
+from grpo.v1 import reward_pb2_grpc
+
+BLOWUP = "\\boxed{\\dfrac{5^{(5^{(5^{(5^5)})}-4)}-5}{16}}"
+
+
+@pytest.fixture
+def channel(live_reward: Any) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(live_reward.grpc_addr) as ch:
+        yield ch
+
+
+@pytest.fixture
+def stub(channel: grpc.Channel) -> reward_pb2_grpc.RewardServiceStub:
+    return reward_pb2_grpc.RewardServiceStub(channel)
+
+
+def test_health_and_reflection(channel: grpc.Channel) -> None:
+    health = health_pb2_grpc.HealthStub(channel)
+    for name in ("", "grpo.v1.RewardService"):
+        reply = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    services = ProtoReflectionDescriptorDatabase(channel).get_services()
+    assert "grpo.v1.RewardService" in services
+
+
+def test_verify_math_execute_verify_code(stub: reward_pb2_grpc.RewardServiceStub) -> None:
+    math = stub.VerifyMath(
+        pb.VerifyMathRequest(answer="\\boxed{\\frac{1}{2^{98}}}", gold="\\frac{1}{2^{99}}"), timeout=30
+    )
+    assert math.status == "incorrect" and math.HasField("correct") and not math.correct
+    unparseable = stub.VerifyMath(pb.VerifyMathRequest(answer="\\boxed{3}", gold=""), timeout=30)
+    assert unparseable.status == "unparseable_gold" and not unparseable.HasField("correct")
+    run = stub.Execute(pb.ExecuteRequest(language="python", code="print(6*7)"), timeout=30)
+    assert run.status == "ok" and run.stdout.strip() == "42" and run.exit_code == 0
+    code = stub.VerifyCode(
+        pb.VerifyCodeRequest(
+            language="python",
+            code="```python\ndef f():\n    return 1\n```",
+            tests=[pb.CodeTest(**{"assert": "assert f() == 1"}), pb.CodeTest(stdio=pb.StdioTest(expected_stdout="x"))],
+        ),
+        timeout=30,
+    )
+    assert [t.verdict for t in code.tests] == ["pass", "fail"] and (code.passed, code.total) == (1, 2)
+
+
+def _items(n: int) -> list[pb.ScoreItem]:
+    return [
+        pb.ScoreItem(
+            id=f"i{k}",
+            completion=f"<think>adding</think><answer>{k}</answer>",
+            checks=pb.Checks(math=pb.MathCheck(gold=str(k % 3)), format=pb.FormatCheck()),
+        )
+        for k in range(n)
+    ]
+
+
+def test_score_and_stream_return_every_item(stub: reward_pb2_grpc.RewardServiceStub) -> None:
+    batch = stub.Score(pb.ScoreRequest(items=_items(12)), timeout=60)
+    assert [r.id for r in batch.results] == [f"i{k}" for k in range(12)]
+    for k, r in enumerate(batch.results):
+        assert r.status == "ok" and r.reward == (2.0 if k < 3 else 1.0)
+    streamed = list(stub.ScoreStream(pb.ScoreRequest(items=_items(12)), timeout=60))
+    assert sorted(r.id for r in streamed) == sorted(f"i{k}" for k in range(12))
+    assert {r.id: r.reward for r in streamed} == {r.id: r.reward for r in batch.results}
+
+
+@pytest.mark.parametrize(
+    ("method", "request_", "needle"),
+    [
+        ("Execute", pb.ExecuteRequest(language="cobol", code="x"), "language"),
+        ("VerifyMath", pb.VerifyMathRequest(answer="1", gold="1", timeout_s=-2), "timeout_s"),
+        ("VerifyCode", pb.VerifyCodeRequest(language="python", code="x"), "tests"),
+        ("Score", pb.ScoreRequest(items=[pb.ScoreItem(id="a", completion="c")]), "checks"),
+        (
+            "Score",
+            pb.ScoreRequest(items=[pb.ScoreItem(id="a", checks=pb.Checks(language=pb.LanguageCheck(target="xx")))]),
+            "target",
+        ),
+        ("Score", pb.ScoreRequest(), "items"),
+        ("ScoreStream", pb.ScoreRequest(items=_items(1025)), "limit per request is 1024"),
+    ],
+)
+def test_bad_input_is_invalid_argument(
+    stub: reward_pb2_grpc.RewardServiceStub, method: str, request_: Any, needle: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        reply = getattr(stub, method)(request_, timeout=30)
+        if method == "ScoreStream":
+            list(reply)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert needle in err.value.details()
+
+
+def test_grpc_deadline_bounds_a_blowup(stub: reward_pb2_grpc.RewardServiceStub) -> None:
+    item = pb.ScoreItem(id="b", completion=BLOWUP, checks=pb.Checks(math=pb.MathCheck(gold="5")))
+    started = time.monotonic()
+    reply = stub.Score(pb.ScoreRequest(items=[item]), timeout=2.0)
+    assert time.monotonic() - started < 2.0
+    result = reply.results[0]
+    assert not result.HasField("reward") and result.components["math"].status == "timeout"
+
+
+def test_client_scores_and_raises_when_unreachable(live_reward: Any) -> None:
+    with RewardClient(live_reward.grpc_addr, timeout_s=30) as client:
+        results = client.score([{"id": "a", "completion": "\\boxed{4}", "checks": {"math": {"gold": "4"}}}])
+        assert results[0].reward == 1.0 and results[0].components["math"].status == "correct"
+        with pytest.raises(ValueError, match="checks"):
+            client.score([{"id": "a", "completion": "x"}])
+    with RewardClient(f"127.0.0.1:{free_port()}", timeout_s=0.5, retries=2, backoff_s=0.01) as dead:
+        started = time.monotonic()
+        with pytest.raises(RewardServiceError, match="after 3 attempts") as err:
+            dead.score([{"id": "a", "completion": "\\boxed{4}", "checks": {"math": {"gold": "4"}}}])
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - started < 10

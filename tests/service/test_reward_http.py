@@ -1,0 +1,180 @@
+"""The reward service over HTTP: every endpoint's happy path, bad input as 4xx, health, metrics, docs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+BLOWUP = "\\boxed{\\dfrac{5^{(5^{(5^{(5^5)})}-4)}-5}{16}}"
+
+
+def post(service: Any, path: str, body: Any, **kwargs: Any) -> httpx.Response:
+    return httpx.post(f"{service.http_url}{path}", json=body, timeout=60, **kwargs)
+
+
+def test_health_docs_openapi(live_reward: Any) -> None:
+    health = httpx.get(f"{live_reward.http_url}/healthz", timeout=5)
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert health.json()["workers"] == 2
+    assert httpx.get(f"{live_reward.http_url}/docs", timeout=5).status_code == 200
+    paths = httpx.get(f"{live_reward.http_url}/openapi.json", timeout=5).json()["paths"]
+    assert {"/v1/verify/math", "/v1/execute", "/v1/verify/code", "/v1/score"} <= set(paths)
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold", "status", "correct"),
+    [
+        ("so the answer is \\boxed{\\frac12}", "0.5", "correct", True),
+        ("<think>hmm</think><answer>7</answer>", "6", "incorrect", False),
+        ("\\boxed{\\frac{1}{2^{98}}}", "\\frac{1}{2^{99}}", "incorrect", False),
+        ("no answer here", "\\frac{1}{2}", "unparseable_answer", None),
+        ("\\boxed{1}", "", "unparseable_gold", None),
+    ],
+)
+def test_verify_math(live_reward: Any, answer: str, gold: str, status: str, correct: bool | None) -> None:
+    r = post(live_reward, "/v1/verify/math", {"answer": answer, "gold": gold})
+    assert r.status_code == 200, r.text
+    assert (r.json()["status"], r.json()["correct"]) == (status, correct)
+
+
+def test_math_blowup_times_out_and_service_recovers(live_reward: Any) -> None:
+    r = post(live_reward, "/v1/verify/math", {"answer": BLOWUP, "gold": "5", "timeout_s": 1.0})
+    assert r.status_code == 200 and r.json()["status"] == "timeout" and r.json()["correct"] is None
+    assert r.json()["wall_s"] < 3.0
+    ok = post(live_reward, "/v1/verify/math", {"answer": "\\boxed{5}", "gold": "5"})
+    assert ok.json()["status"] == "correct"
+
+
+def test_execute(live_reward: Any) -> None:
+    r = post(live_reward, "/v1/execute", {"language": "python", "code": "print(input()[::-1])", "stdin": "abc"})
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "ok" and r.json()["stdout"].strip() == "cba" and r.json()["exit_code"] == 0
+    err = post(live_reward, "/v1/execute", {"code": "raise SystemExit(3)"})
+    assert err.json()["status"] == "runtime_error" and err.json()["exit_code"] == 3
+    slow = post(live_reward, "/v1/execute", {"code": "while True: pass", "timeout_s": 0.5})
+    assert slow.json()["status"] == "timeout"
+
+
+def test_verify_code(live_reward: Any) -> None:
+    completion = (
+        "Here you go:\n```python\nimport sys\n\ndef add(a, b):\n    return a + b\n\n"
+        "args = sys.stdin.read().split()\nif args:\n    print(add(*map(int, args)))\n```"
+    )
+    body = {
+        "code": completion,
+        "tests": [
+            {"stdin": "1 2", "expected_stdout": "3"},
+            {"stdin": "2 2", "expected_stdout": "5\n"},
+            {"assert": "assert add(2, 3) == 5"},
+            {"assert": "import sys; sys.exit(0)\nassert add(1, 1) == 3"},
+        ],
+    }
+    r = post(live_reward, "/v1/verify/code", body)
+    assert r.status_code == 200, r.text
+    verdicts = [t["verdict"] for t in r.json()["tests"]]
+    assert verdicts[:3] == ["pass", "fail", "pass"]
+    assert verdicts[3] != "pass", "exit(0) before the asserts must not pass"
+    assert (r.json()["passed"], r.json()["total"]) == (2, 4)
+
+
+def test_score_combines_components(live_reward: Any) -> None:
+    items = [
+        {
+            "id": "math-right",
+            "prompt": "What is 2+2?",
+            "completion": "<think>two and two make four</think><answer>4</answer>",
+            "checks": {"math": {"gold": "4"}, "format": {}, "language": {"target": "auto"}},
+            "weights": {"format": 0.5},
+        },
+        {"id": "math-wrong", "completion": "\\boxed{5}", "checks": {"math": {"gold": "4"}}},
+        {"id": "bad-gold", "completion": "\\boxed{5}", "checks": {"math": {"gold": ""}, "format": {}}},
+        {
+            "id": "code-half",
+            "completion": "```python\nprint(int(input()) * 2)\n```",
+            "checks": {
+                "code": {"tests": [{"stdin": "2", "expected_stdout": "4"}, {"stdin": "3", "expected_stdout": "7"}]}
+            },
+        },
+        {
+            "id": "long",
+            "completion": "x" * 400,
+            "checks": {"overlong": {"max_tokens": 100, "buffer_tokens": 20, "completion_tokens": 90}},
+        },
+    ]
+    r = post(live_reward, "/v1/score", {"items": items})
+    assert r.status_code == 200, r.text
+    results = {res["id"]: res for res in r.json()["results"]}
+    assert [res["id"] for res in r.json()["results"]] == [i["id"] for i in items]
+    assert results["math-right"]["reward"] == pytest.approx(1.0 + 0.5 + 1.0)
+    assert results["math-wrong"]["reward"] == 0.0
+    assert results["bad-gold"]["reward"] is None and results["bad-gold"]["status"] == "ok"
+    assert "unparseable_gold" in results["bad-gold"]["error"]
+    assert results["code-half"]["reward"] == pytest.approx(0.5)
+    assert results["long"]["reward"] == pytest.approx(-0.5)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "needle"),
+    [
+        ("/v1/verify/math", {"gold": "1"}, 422, "answer"),
+        ("/v1/verify/math", {"answer": 1, "gold": "1"}, 422, "answer"),
+        ("/v1/verify/math", {"answer": "1", "gold": "1", "timeout_s": -1}, 422, "timeout_s"),
+        ("/v1/execute", {"language": "cobol", "code": "x"}, 422, "language"),
+        ("/v1/execute", {"code": "x", "memory_mb": "lots"}, 422, "memory_mb"),
+        ("/v1/verify/code", {"code": "x", "tests": []}, 422, "tests"),
+        ("/v1/verify/code", {"code": "x", "tests": [{"stdin": "1"}]}, 422, "expected_stdout"),
+        ("/v1/score", {"items": []}, 422, "items"),
+        ("/v1/score", {"items": [{"id": "a", "completion": "c", "checks": {}}]}, 422, "at least one component"),
+        (
+            "/v1/score",
+            {"items": [{"id": "a", "completion": "c", "checks": {"language": {"target": "xx"}}}]},
+            422,
+            "target",
+        ),
+        ("/v1/score", {"items": [{"id": "a", "completion": "c", "checks": {"reward_model": {}}}]}, 400, "not enabled"),
+        (
+            "/v1/score",
+            {"items": [{"id": "a", "completion": "c", "checks": {"plugins": {"nope": {}}}}]},
+            400,
+            "unknown plug-in",
+        ),
+        ("/v1/score", "not json at all", 422, "JSON"),
+    ],
+)
+def test_bad_input_is_4xx_with_a_message(live_reward: Any, path: str, body: Any, status: int, needle: str) -> None:
+    if isinstance(body, str):
+        r = httpx.post(f"{live_reward.http_url}{path}", content=body, headers={"content-type": "application/json"})
+    else:
+        r = post(live_reward, path, body)
+    assert r.status_code == status, r.text
+    assert needle.lower() in r.text.lower()
+
+
+def test_too_many_items_and_too_large_body(live_reward: Any) -> None:
+    items = [{"id": str(i), "completion": "c", "checks": {"format": {}}} for i in range(1025)]
+    r = post(live_reward, "/v1/score", {"items": items})
+    assert r.status_code == 400 and "limit per request is 1024" in r.text
+    huge = httpx.post(
+        f"{live_reward.http_url}/v1/execute",
+        content=b'{"code": "' + b"x" * (33 << 20) + b'"}',
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert huge.status_code == 413
+
+
+def test_metrics_count_requests_and_verdicts(live_reward: Any) -> None:
+    post(live_reward, "/v1/verify/math", {"answer": "\\boxed{2}", "gold": "2"})
+    text = httpx.get(f"{live_reward.http_url}/metrics", timeout=5).text
+    for name in (
+        "grpo_reward_requests_total",
+        "grpo_reward_request_seconds_bucket",
+        "grpo_reward_verifier_seconds_bucket",
+        'grpo_reward_verdicts_total{status="correct",verifier="math"}',
+        "grpo_reward_queue_depth",
+        "grpo_reward_sandbox_kills_total",
+    ):
+        assert name in text, name
+    assert 'grpo_reward_requests_total{code="200",endpoint="/v1/verify/math"}' in text

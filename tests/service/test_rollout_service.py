@@ -1,0 +1,205 @@
+"""The rollout service as a real process: Generate, UpdateWeights, GetStatus, health, reflection, auth."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from grpo.common.tiny_model import ensure_tiny_model
+from grpo.common.weights import iter_weight_chunks, model_weights, push_weights, weights_checksum
+from grpo.v1 import rollout_pb2 as pb
+from grpo.v1 import rollout_pb2_grpc as pb_grpc
+from rollout_proc import RolloutProc, start_rollout_service
+
+GREEDY = pb.SamplingParams(n=1, temperature=0, max_new_tokens=12)
+PROMPTS = [pb.Prompt(text="What is 3 + 4?", apply_chat_template=True), pb.Prompt(text="Ana has 5 pens.")]
+
+
+@pytest.fixture(scope="module")
+def rollout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolloutProc]:
+    proc = start_rollout_service(log_dir=tmp_path_factory.mktemp("rollout"))
+    yield proc
+    assert proc.stop() == 0, proc.log_text()[-2000:]
+
+
+@pytest.fixture(scope="module")
+def stub(rollout: RolloutProc) -> Iterator[pb_grpc.RolloutServiceStub]:
+    with grpc.insecure_channel(rollout.address) as channel:
+        yield pb_grpc.RolloutServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def weights() -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model())
+    return {k: v.detach().clone() for k, v in model_weights(model).items()}
+
+
+def _perturbed(weights: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in weights.items()}
+
+
+def _greedy(stub: pb_grpc.RolloutServiceStub) -> list[list[int]]:
+    reply = stub.Generate(pb.GenerateRequest(prompts=PROMPTS, sampling=GREEDY), timeout=60)
+    return [list(c.token_ids) for r in reply.results for c in r.completions]
+
+
+def _version(stub: pb_grpc.RolloutServiceStub) -> int:
+    return stub.GetStatus(pb.GetStatusRequest(), timeout=10).weight_version
+
+
+def test_generate_returns_n_completions_at_version_0(
+    stub: pb_grpc.RolloutServiceStub, weights: dict[str, torch.Tensor]
+) -> None:
+    sampling = pb.SamplingParams(n=3, temperature=1.0, top_p=0.95, max_new_tokens=16, seed=1)
+    reply = stub.Generate(pb.GenerateRequest(prompts=PROMPTS, sampling=sampling), timeout=60)
+    assert reply.weight_version == 0
+    # Version 0 reports the checksum the trainer computes from the same weights.
+    assert reply.weight_checksum == weights_checksum(weights)
+    assert len(reply.results) == 2
+    for result in reply.results:
+        assert len(result.completions) == 3
+        for c in result.completions:
+            assert 1 <= len(c.token_ids) <= 16 and len(c.logprobs) == len(c.token_ids)
+            assert c.finish_reason in ("stop", "length") and all(lp <= 0 for lp in c.logprobs)
+    again = stub.Generate(pb.GenerateRequest(prompts=PROMPTS, sampling=sampling), timeout=60)
+    assert [list(c.token_ids) for c in again.results[0].completions] == [
+        list(c.token_ids) for c in reply.results[0].completions
+    ]
+
+
+def test_chat_messages_use_the_chat_template(stub: pb_grpc.RolloutServiceStub) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model())
+    messages = [pb.ChatMessage(role="system", content="Be brief."), pb.ChatMessage(role="user", content="2 + 2?")]
+    prompt = pb.Prompt(messages=pb.Messages(messages=messages))
+    reply = stub.Generate(pb.GenerateRequest(prompts=[prompt], sampling=GREEDY), timeout=60)
+    text = tok.apply_chat_template(
+        [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True, tokenize=False
+    )
+    assert list(reply.results[0].prompt_token_ids) == tok.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize(
+    ("prompts", "sampling", "message"),
+    [
+        (PROMPTS, pb.SamplingParams(n=0, max_new_tokens=4), "sampling.n must be >= 1"),
+        ([], GREEDY, "prompts is empty"),
+        ([pb.Prompt(text="")], GREEDY, "prompts[0] is empty"),
+        ([pb.Prompt(text="1 2 3 " * 200)], GREEDY, "exceeds the model context of 512 tokens"),
+        (PROMPTS, pb.SamplingParams(n=1, top_p=2, max_new_tokens=4), "top_p must be in (0, 1]"),
+        (PROMPTS, pb.SamplingParams(n=1, temperature=-1, max_new_tokens=4), "temperature must be >= 0"),
+        (PROMPTS, pb.SamplingParams(n=1, max_new_tokens=0), "max_new_tokens must be >= 1"),
+        (PROMPTS, pb.SamplingParams(n=1000, max_new_tokens=4), "over this replica's limit"),
+    ],
+)
+def test_bad_requests_are_invalid_argument(
+    stub: pb_grpc.RolloutServiceStub, prompts: list, sampling: pb.SamplingParams, message: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Generate(pb.GenerateRequest(prompts=prompts, sampling=sampling), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in info.value.details()
+
+
+def test_update_weights_changes_outputs_version_and_checksum(
+    rollout: RolloutProc, stub: pb_grpc.RolloutServiceStub, weights: dict[str, torch.Tensor]
+) -> None:
+    before = _greedy(stub)
+    version = _version(stub) + 1
+    new = _perturbed(weights, seed=version)
+    reply = push_weights(rollout.address, new, version, timeout_s=60, chunk_bytes=64 * 1024)
+    assert (reply.version, reply.checksum) == (version, weights_checksum(new))
+    assert reply.receive_s >= 0 and reply.apply_s >= 0
+    assert _greedy(stub) != before
+    status = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+    assert (status.weight_version, status.weight_checksum) == (version, reply.checksum)
+    assert status.engine == "hf" and status.tokens_generated > 0
+    generated = stub.Generate(pb.GenerateRequest(prompts=PROMPTS[:1], sampling=GREEDY), timeout=60)
+    assert (generated.weight_version, generated.weight_checksum) == (version, reply.checksum)
+    assert rollout.healthz()["version"] == version
+
+
+def _chunks_with(weights: dict[str, torch.Tensor], version: int, how: str) -> list[pb.WeightChunk]:
+    chunks = list(iter_weight_chunks(weights, version, chunk_bytes=64 * 1024))
+    if how == "corrupt":
+        data = bytearray(chunks[3].data)
+        data[100] ^= 0x01
+        chunks[3] = pb.WeightChunk(data=bytes(data))
+    elif how == "truncate":
+        chunks = chunks[:-1]
+    elif how == "oversize":
+        chunks.append(pb.WeightChunk(data=b"\0" * 8))
+    elif how == "no_header":
+        chunks = chunks[1:]
+    return chunks
+
+
+@pytest.mark.parametrize(
+    ("how", "code", "message"),
+    [
+        ("corrupt", grpc.StatusCode.INVALID_ARGUMENT, "sha256 mismatch"),
+        ("truncate", grpc.StatusCode.INVALID_ARGUMENT, "truncated"),
+        ("oversize", grpc.StatusCode.INVALID_ARGUMENT, "longer than"),
+        ("no_header", grpc.StatusCode.INVALID_ARGUMENT, "before the header"),
+        ("wrong_shape", grpc.StatusCode.INVALID_ARGUMENT, "model.norm.weight: got dtype/shape"),
+        ("old_version", grpc.StatusCode.FAILED_PRECONDITION, "not newer than the loaded version"),
+    ],
+)
+def test_bad_weight_streams_are_rejected_and_old_weights_serve(
+    stub: pb_grpc.RolloutServiceStub, weights: dict[str, torch.Tensor], how: str, code: grpc.StatusCode, message: str
+) -> None:
+    before, loaded = _greedy(stub), stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+    new = _perturbed(weights, seed=1000)
+    version = loaded.weight_version + 1
+    if how == "wrong_shape":
+        new["model.norm.weight"] = torch.ones(64)
+    if how == "old_version":
+        version = loaded.weight_version
+    with pytest.raises(grpc.RpcError) as info:
+        stub.UpdateWeights(iter(_chunks_with(new, version, how)), timeout=60)
+    assert info.value.code() == code, info.value.details()
+    assert message in info.value.details() and "keeps serving" in info.value.details()
+    after = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+    assert (after.weight_version, after.weight_checksum) == (loaded.weight_version, loaded.weight_checksum)
+    assert _greedy(stub) == before
+
+
+def test_health_reflection_and_metrics(rollout: RolloutProc) -> None:
+    with grpc.insecure_channel(rollout.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        reply = health.Check(health_pb2.HealthCheckRequest(service="grpo.v1.RolloutService"), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        services = ProtoReflectionDescriptorDatabase(channel).get_services()
+        assert "grpo.v1.RolloutService" in services
+    assert rollout.healthz()["status"] == "ok"
+    with urllib.request.urlopen(f"http://127.0.0.1:{rollout.http_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert "grpo_rollout_generated_tokens_total" in text and "grpo_rollout_weight_version" in text
+
+
+def test_weights_token_guards_only_update_weights(tmp_path: Path, weights: dict[str, torch.Tensor]) -> None:
+    proc = start_rollout_service("--weights-token", "s3cret", log_dir=tmp_path)
+    try:
+        with grpc.insecure_channel(proc.address) as channel:
+            stub = pb_grpc.RolloutServiceStub(channel)
+            assert len(_greedy(stub)) == 2  # Generate stays open
+            with pytest.raises(grpc.RpcError) as info:
+                push_weights(proc.address, weights, 1, timeout_s=30)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.RpcError) as info:
+                push_weights(proc.address, weights, 1, token="wrong", timeout_s=30)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert push_weights(proc.address, weights, 1, token="s3cret", timeout_s=30).version == 1
+            assert _version(stub) == 1
+    finally:
+        assert proc.stop() == 0, proc.log_text()[-2000:]

@@ -1,0 +1,209 @@
+"""The rollout worker loop in-process over a real Redis, the tiny model and a real reward service."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from grpo.common.net import free_port
+from grpo.common.queue import Entry, RunQueue, connect
+from grpo.common.redis_server import RedisServer
+from grpo.common.registry import ReplicaRegistry
+from grpo.common.tiny_model import ensure_tiny_model
+from grpo.rollout.engines.base import Sample
+from grpo.rollout.engines.hf import HFEngine
+from grpo.rollout.service import RolloutService
+from grpo.rollout.settings import RolloutSettings
+from grpo.rollout.worker import Generated, batches, run_worker, score_items
+from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
+
+RUN = "wtest"
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[RolloutService]:
+    model = str(ensure_tiny_model())
+    svc = RolloutService(HFEngine(model, torch_threads=1), model, "inproc")
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def queue(redis_url: str) -> RunQueue:
+    q = RunQueue(connect(redis_url), RUN)
+    q.ensure_groups()
+    return q
+
+
+@pytest.fixture(autouse=True)
+def fast_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker options through the environment, as a deployment would set them."""
+    for name, value in {
+        "RUN": RUN,
+        "HEARTBEAT_S": "0.2",
+        "RECLAIM_IDLE_S": "0.6",
+        "WORKER_BLOCK_MS": "100",
+        "REWARD_TIMEOUT_S": "3",
+        "TASK_MAX_ATTEMPTS": "2",
+    }.items():
+        monkeypatch.setenv(f"GRPO_ROLLOUT_{name}", value)
+
+
+@contextmanager
+def worker(service: RolloutService, redis_url: str, reward_addr: str, replica_id: str = "w1") -> Iterator[None]:
+    settings = RolloutSettings(
+        redis_url=redis_url, reward_addr=reward_addr, replica_id=replica_id, advertise_host="127.0.0.1", grpc_port=0
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=run_worker, args=(service, settings, stop), name=f"test-{replica_id}")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the worker did not stop within 60 s"
+
+
+def math_task(task_id: str, a: int, b: int, *, n: int = 4, text: str | None = None) -> queue_pb2.PromptTask:
+    return queue_pb2.PromptTask(
+        task_id=task_id,
+        policy_version=7,
+        prompt=rollout_pb2.Prompt(text=text or f"What is {a} + {b}? Answer inside <answer></answer>."),
+        checks=reward_pb2.Checks(math=reward_pb2.MathCheck(gold=str(a + b)), format=reward_pb2.FormatCheck()),
+        sampling=rollout_pb2.SamplingParams(n=n, temperature=1.0, max_new_tokens=24, seed=1),
+        task_type="math",
+    )
+
+
+def wait_groups(queue: RunQueue, ids: set[str], timeout: float = 60.0) -> dict[str, list[queue_pb2.GroupRecord]]:
+    """Every group read (acked) until each id in `ids` has one; duplicates kept, by group id."""
+    found: dict[str, list[queue_pb2.GroupRecord]] = {}
+    deadline = time.monotonic() + timeout
+    while not ids <= found.keys():
+        assert time.monotonic() < deadline, f"groups missing after {timeout}s: {sorted(ids - found.keys())}"
+        entries = queue.read_groups("test-trainer", count=50, block_ms=200)
+        for e in entries:
+            assert e.message is not None
+            found.setdefault(e.message.group_id, []).append(e.message)
+        queue.ack_groups([e.entry_id for e in entries])
+    return found
+
+
+def test_tasks_come_back_as_scored_groups(
+    service: RolloutService, queue: RunQueue, redis_url: str, live_reward: Any
+) -> None:
+    tasks = [math_task("m1", 2, 3), math_task("m2", 4, 4)]
+    queue.publish_tasks(tasks)
+    registry = ReplicaRegistry(connect(redis_url), RUN)
+    with worker(service, redis_url, live_reward.grpc_addr):
+        groups = wait_groups(queue, {"m1", "m2"})
+        (replica,) = registry.live_replicas()
+    assert (replica.replica_id, replica.weight_version, replica.weight_checksum) == ("w1", 0, service.checksum)
+    assert registry.live_replicas() == []  # a graceful stop deregisters at once
+    for task in tasks:
+        (group,) = groups[task.task_id]
+        assert (group.status, group.error, group.task_id) == ("ok", "", task.task_id)
+        assert (group.policy_version, group.weight_version, group.weight_checksum) == (7, 0, service.checksum)
+        assert group.replica_id == "w1" and group.prompt_token_ids and group.generate_s > 0
+        assert len(group.samples) == 4
+        for sample in group.samples:
+            c = sample.completion
+            assert c.token_ids and len(c.token_ids) == len(c.logprobs) and c.finish_reason in ("stop", "length")
+            assert all(lp <= 0 for lp in c.logprobs)
+            assert {"math", "format"} <= set(sample.components) and all(x.status for x in sample.components.values())
+            if sample.HasField("reward"):  # the weighted sum (weights 1) of components that could judge
+                assert math.isfinite(sample.reward)
+                assert sample.reward == pytest.approx(sum(x.score for x in sample.components.values()))
+            else:
+                assert any(not x.HasField("score") for x in sample.components.values())
+    assert queue.stats()["tasks"].unacked == 0
+    assert service.status().tasks_done >= 2
+
+
+def test_unreachable_reward_service_fails_the_group_never_scores_zero(
+    service: RolloutService, queue: RunQueue, redis_url: str
+) -> None:
+    queue.publish_tasks([math_task("r1", 1, 1, n=2)])
+    with worker(service, redis_url, f"127.0.0.1:{free_port()}"):
+        (group,) = wait_groups(queue, {"r1"})["r1"]
+    assert group.status == "failed" and "reward service" in group.error
+    assert len(group.samples) == 2 and all(s.completion.token_ids for s in group.samples)  # kept for debugging
+    assert not any(s.HasField("reward") or s.components for s in group.samples)
+    assert queue.stats()["tasks"].unacked == 0
+
+
+def test_a_bad_task_fails_alone_with_its_reason(
+    service: RolloutService, queue: RunQueue, redis_url: str, live_reward: Any
+) -> None:
+    too_long = math_task("long", 1, 2, text="1 + " * 2000)  # same sampling as "ok": one batch, then split
+    queue.publish_tasks([too_long, math_task("ok", 2, 2)])
+    with worker(service, redis_url, live_reward.grpc_addr):
+        groups = wait_groups(queue, {"long", "ok"})
+    (bad,), (good,) = groups["long"], groups["ok"]
+    assert bad.status == "failed" and "invalid task" in bad.error and "context" in bad.error
+    assert not bad.samples
+    assert good.status == "ok" and len(good.samples) == 4
+
+
+def test_a_task_that_keeps_killing_replicas_is_written_as_failed(
+    service: RolloutService, queue: RunQueue, redis_url: str, live_reward: Any
+) -> None:
+    queue.publish_tasks([math_task("poison", 1, 2)])
+    assert queue.read_tasks("ghost", count=1, block_ms=100)
+    for _ in range(2):  # it came back to replicas that died on it again (each delivery counts)
+        assert queue.read_tasks("ghost", count=1, own_pending=True)
+    with worker(service, redis_url, live_reward.grpc_addr):
+        (group,) = wait_groups(queue, {"poison"})["poison"]
+    assert group.status == "failed" and "gave up after" in group.error and not group.samples
+
+
+def test_stop_finishes_the_batch_in_hand_and_releases_the_rest(
+    service: RolloutService, queue: RunQueue, redis_url: str, live_reward: Any
+) -> None:
+    tasks = [math_task(f"s{i}", 1, i, n=16) for i in range(3)]
+    for i, t in enumerate(tasks):  # different sampling params: three engine calls
+        t.sampling.max_new_tokens = 200 + i
+    queue.publish_tasks(tasks)
+    with worker(service, redis_url, live_reward.grpc_addr):
+        first = wait_groups(queue, {"s0"})
+    later = queue.read_groups("test-trainer", count=10, block_ms=100)  # written before the stop took effect
+    written = set(first) | {e.message.group_id for e in later if e.message}
+    pending = queue.client.xpending_range(queue.tasks_key, "rollout", "-", "+", 10)
+    assert len(written) + len(pending) == 3 and pending  # nothing acked without its group
+    released = queue.reclaim_tasks("other", min_idle_ms=60_000, count=10)  # no waiting for the idle threshold
+    assert sorted(e.message.task_id for e in released if e.message) == sorted({"s0", "s1", "s2"} - written)
+
+
+def test_worker_survives_a_redis_restart(service: RolloutService, live_reward: Any) -> None:
+    with RedisServer(appendonly=True) as server:
+        queue = RunQueue(connect(server.url), RUN)
+        queue.ensure_groups()
+        with worker(service, server.url, live_reward.grpc_addr):
+            queue.publish_tasks([math_task("before", 1, 1, n=2)])
+            wait_groups(queue, {"before"})
+            server.kill()
+            time.sleep(1.0)  # the worker's reads fail meanwhile; it backs off and retries
+            server.start()
+            queue.publish_tasks([math_task("after", 2, 2, n=2)])
+            (group,) = wait_groups(queue, {"after"})["after"]
+        assert group.status == "ok"
+    errors = service.metrics.registry.get_sample_value("grpo_rollout_worker_events_total", {"kind": "redis_errors"})
+    assert errors and errors >= 1
+
+
+def test_batches_group_equal_sampling_params_and_score_items_carry_token_counts() -> None:
+    a, b, c = math_task("a", 1, 1), math_task("b", 1, 2), math_task("c", 1, 3, n=2)
+    entries = [Entry(str(i), t) for i, t in enumerate((a, c, b))]
+    assert [[e.message.task_id for e in batch if e.message] for batch in batches(entries, 4)] == [["a", "b"], ["c"]]
+    assert [len(batch) for batch in batches(entries, 1)] == [1, 1, 1]
+    a.checks.overlong.max_tokens = 100
+    sample = Sample(token_ids=[5, 6, 7], logprobs=[-0.1] * 3, text="x", finish_reason="length")
+    (item,) = score_items([a], Generated([[1]], [[sample]], 3, "sha"))
+    assert item.id == "a/0" and item.checks.overlong.completion_tokens == 3 and item.checks.math.gold == "2"

@@ -1,0 +1,244 @@
+"""The trainer as a real process over a real Redis, reward service and rollout replica, with the tiny model.
+
+Rewards come from DAPO's soft overlong penalty on completions cut by common stop strings: an untrained
+tiny model never solves a problem, but its completion lengths (hence rewards) vary inside a group, so
+every step has a learning signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import redis
+from grpo.common.net import free_port
+from grpo.common.queue import GROUPS_GROUP, stream_keys
+from grpo.common.tiny_model import ensure_tiny_model
+from grpo.common.weights import weights_checksum
+from grpo.trainer.accounting import DROP_REASONS
+from grpo.trainer.ledger import read_ledger
+from grpo.v1 import queue_pb2, trainer_pb2, trainer_pb2_grpc
+from rollout_proc import RolloutProc, start_rollout_service
+
+ROLLOUT_ENV = {
+    "GRPO_ROLLOUT_HEARTBEAT_S": "0.3",
+    "GRPO_ROLLOUT_RECLAIM_IDLE_S": "5",
+    "GRPO_ROLLOUT_REGISTRY_TTL_S": "3",
+    "GRPO_ROLLOUT_WORKER_BLOCK_MS": "200",
+}
+
+
+def write_data(path: Path, n: int, offset: int = 0) -> Path:
+    rows = [
+        {"id": f"q{i}", "prompt": f"What is {i} + {i + 1}?", "gold": str(2 * i + 1)} for i in range(offset, offset + n)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def trainer_config(tmp: Path, run: str, redis_url: str, **extra: Any) -> Path:
+    config = {
+        "run_id": run,
+        "redis_url": redis_url,
+        "train_data": str(write_data(tmp / "train.jsonl", 16)),
+        "output_dir": str(tmp / "out"),
+        "group_size": 4,
+        "prompts_per_step": 3,
+        "max_new_tokens": 16,
+        "temperature": 1.0,
+        "stop": ["e"],
+        "overlong_soft_penalty": True,
+        "overlong_buffer": 8,
+        "reward_weights": {"overlong": 1.0, "math": 1.0},
+        "beta": 0.0,
+        "mask_truncated": False,
+        "lr": 1e-5,
+        "micro_batch_size": 8,
+        "grpc_port": free_port(),
+        "http_port": free_port(),
+        "host": "127.0.0.1",
+        "torch_threads": 1,
+        "replica_wait_s": 60,
+        "push_timeout_s": 30,
+        **extra,
+    }
+    path = tmp / "trainer.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def start_trainer(config: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRPO_TRAINER_CONFIG": str(config)}
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "grpo.trainer", *extra], stdout=out, stderr=subprocess.STDOUT, env=env
+        )
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc.poll() is not None and proc.returncode != 0:
+            break
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what} (exit {proc.poll()}):\n{log.read_text()[-4000:]}")
+
+
+def read_metrics(out: Path) -> list[dict[str, Any]]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture
+def rollout_for(redis_url: str, live_reward: Any, tmp_path: Path) -> Iterator[Callable[[str], RolloutProc]]:
+    started: list[RolloutProc] = []
+
+    def start(run: str) -> RolloutProc:
+        args = ("--redis-url", redis_url, "--reward-addr", live_reward.grpc_addr, "--replica-id", f"{run}-r1",
+                "--advertise-host", "127.0.0.1")  # fmt: skip
+        proc = start_rollout_service(*args, log_dir=tmp_path, env={**ROLLOUT_ENV, "GRPO_ROLLOUT_RUN": run})
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+def load_weights(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_grpo_steps_update_push_and_log(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
+    rollout = rollout_for("svc")
+    config = trainer_config(tmp_path, "svc", redis_url, steps=3, checkpoint_every=2)
+    log = tmp_path / "trainer.log"
+    proc = start_trainer(config, log)
+    try:
+        assert proc.wait(timeout=150) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = tmp_path / "out"
+    # parameters changed
+    before, after = load_weights(ensure_tiny_model()), load_weights(out / "final")
+    changed = [name for name in before if not before[name].equal(after[name])]
+    assert len(changed) == len(before), f"unchanged tensors: {sorted(set(before) - set(changed))[:5]}"
+    # the replica reports the trained weights
+    from grpo.trainer.pusher import replica_status
+
+    status = replica_status(rollout.address)
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    updates = sum("train/loss" in r for r in rows)
+    assert updates >= 2, rows
+    assert status.weight_version == rows[-1]["policy_version"] == 1 + updates  # the initial push, then one per update
+    assert status.weight_checksum == weights_checksum(after)
+    # metrics
+    trained_row = next(r for r in reversed(rows) if "train/loss" in r)
+    for key in ("rollout/reward_mean", "rollout/reward_std", "rollout/reward/overlong_mean", "rollout/response_len_mean",
+                "rollout/response_len_max", "rollout/truncation_rate", "groups/zero_variance_fraction",
+                "staleness/mean", "train/tokens_per_s", "time/wait_rollouts_s", "train/train_s", "time/push_s",
+                "tasks/balanced", "train/clip_frac"):  # fmt: skip
+        assert key in trained_row, f"{key} missing from {sorted(trained_row)}"
+    assert all(r["tasks/balanced"] == 1.0 for r in rows)
+    assert rows[-1]["tasks/published"] == rows[-1]["tasks/trained"] + sum(
+        rows[-1][f"tasks/dropped/{k}"] for k in ("zero_variance", "stale", "failed", "unscored", "timeout")
+    )
+    assert rows[-1]["staleness/max"] == 0  # max_staleness 0: strictly on-policy
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert (out / "checkpoints" / "step-00000003" / "trainer_state.json").is_file()
+
+
+def test_status_api_and_stop(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
+    rollout_for("api")
+    config = trainer_config(tmp_path, "api", redis_url, steps=1000, checkpoint_every=1000)
+    settings = json.loads(config.read_text())
+    log = tmp_path / "trainer.log"
+    proc = start_trainer(config, log)
+    try:
+        import httpx
+
+        base = f"http://127.0.0.1:{settings['http_port']}"
+
+        def step_done() -> bool:
+            try:
+                return httpx.get(f"{base}/v1/status", timeout=2).json()["step"] >= 1
+            except httpx.HTTPError:
+                return False
+
+        wait_for(step_done, 120, "the first step", proc, log)
+        assert httpx.get(f"{base}/healthz", timeout=2).json()["status"] == "ok"
+        assert "grpo_trainer_tasks_published" in httpx.get(f"{base}/metrics", timeout=2).text
+        with grpc.insecure_channel(f"127.0.0.1:{settings['grpc_port']}") as channel:
+            stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+            status = stub.GetRunStatus(trainer_pb2.GetRunStatusRequest(), timeout=5)
+            assert status.run_id == "api" and status.phase in ("grpo", "eval") and status.total_steps == 1000
+            assert status.replicas and status.replicas[0].replica_id == "api-r1"
+            saved = stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(), timeout=60)
+            assert Path(saved.path, "trainer_state.json").is_file() and saved.step >= 1
+            stub.Stop(trainer_pb2.StopRequest(), timeout=5)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "the run failed" not in log.read_text()
+
+
+def stream_group_ids(redis_url: str, run: str) -> list[str]:
+    client = redis.Redis.from_url(redis_url)
+    _, groups_key = stream_keys(run)
+    ids = [queue_pb2.GroupRecord.FromString(f[b"data"]).group_id for _, f in client.xrange(groups_key)]
+    pending = client.xpending(groups_key, GROUPS_GROUP)["pending"]
+    client.close()
+    assert pending == 0, f"{pending} group(s) still unacked after the run"
+    return ids
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_loses_nothing(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
+    rollout_for("resume")
+    config = trainer_config(tmp_path, "resume", redis_url, steps=8, checkpoint_every=2)
+    out = tmp_path / "out"
+    log = tmp_path / "trainer.log"
+    proc = start_trainer(config, log)
+    try:
+        # kill once a checkpoint exists and the run has moved past it
+        wait_for(lambda: len(read_metrics(out)) >= 3, 150, "three steps", proc, log)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        proc = start_trainer(config, log, "--resume", "auto")
+        assert proc.wait(timeout=150) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    state = json.loads((out / "checkpoints" / "step-00000008" / "trainer_state.json").read_text())["inflight"]
+    assert state["in_flight"] == []
+    trained, dropped = state["trained"], sum(state["dropped"].values())
+    assert state["published"] == trained + dropped
+    assert trained + dropped == 8 * 2 + 0  # every step's tasks, once (no refills in this preset)
+    rows = read_metrics(out)
+    assert rows[-1]["step"] == 8 and rows[-1]["tasks/balanced"] == 1.0
+    # the ledger: each of the 16 task ids of the cursor exactly once, trained or dropped with a reason
+    ledger = read_ledger(out / "ledger")
+    ids = [e["task_id"] for e in ledger]
+    assert sorted(ids) == sorted(f"resume-e0-{i}" for i in range(16)), ids
+    assert {e["outcome"] for e in ledger} <= {"trained", *DROP_REASONS}
+    assert sum(e["outcome"] == "trained" for e in ledger) == trained
+    # every group the rollout wrote is for one of those tasks, and the trainer acked them all
+    assert set(stream_group_ids(redis_url, "resume")) <= set(ids)
+    assert "resumed at step" in log.read_text()

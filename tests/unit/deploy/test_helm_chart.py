@@ -1,0 +1,183 @@
+"""The Helm chart lints and renders with Helm itself, validates against the Kubernetes
+schemas, and has the properties the deployment promises (probes, security, policies)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+
+CHART = Path(__file__).resolve().parents[3] / "k8s" / "grpo"
+K8S_VERSION = "1.33.0"
+# Custom resources have no schema in kubernetes-validate; their shape is asserted below.
+CRD_KINDS = {"ServiceMonitor", "ScaledObject"}
+VALUE_FILES = {"default": None, "cpu": "values-cpu.yaml", "gpu": "values-gpu.yaml"}
+
+
+def load_values(name: str) -> dict[str, Any]:
+    file = VALUE_FILES[name]
+    return yaml.safe_load((CHART / file).read_text()) if file else {}
+
+
+def render(values: dict[str, Any]) -> list[dict[str, Any]]:
+    files = helm_python.Chart.load(str(CHART)).render(values, name="demo", namespace="grpo")
+    docs = []
+    for path, text in files.items():
+        if path.endswith(".yaml"):
+            docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+@pytest.fixture(scope="module", params=list(VALUE_FILES))
+def manifests(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, render(load_values(request.param))
+
+
+@pytest.mark.parametrize("name", list(VALUE_FILES))
+def test_chart_lints_clean(name: str) -> None:
+    result = helm_python.lint(str(CHART), load_values(name), strict=True)
+    assert result["errors"] == []
+    assert all(m["severity"] <= 1 for m in result["messages"]), result["messages"]
+
+
+def test_every_manifest_validates_against_kubernetes_schemas(manifests: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = manifests
+    assert len(docs) >= 12
+    for doc in docs:
+        if doc["kind"] in CRD_KINDS:
+            continue
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_workloads_have_grpc_probes_and_hardened_security(manifests: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = manifests
+    workloads = {**by_kind(docs, "Deployment"), **by_kind(docs, "StatefulSet")}
+    assert {n.rsplit("-", 1)[-1] for n in workloads} == {"reward", "rollout", "trainer", "redis"}
+    for name, workload in workloads.items():
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, name
+            assert sc["allowPrivilegeEscalation"] is False, name
+            assert sc["capabilities"]["drop"] == ["ALL"], name
+            assert c["resources"]["requests"], name
+            if not name.endswith("redis"):
+                for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                    assert "grpc" in c[probe], (name, probe)
+                mounts = {m["mountPath"] for m in c["volumeMounts"]}
+                assert {"/tmp", "/cache", "/etc/grpo"} <= mounts
+
+
+def test_only_the_sandbox_pod_gets_extra_capabilities(manifests: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = manifests
+    workloads = {**by_kind(docs, "Deployment"), **by_kind(docs, "StatefulSet")}
+    for name, workload in workloads.items():
+        pod = workload["spec"]["template"]["spec"]
+        added = pod["containers"][0]["securityContext"]["capabilities"].get("add", [])
+        if name.endswith("reward"):
+            assert sorted(added) == ["KILL", "SETGID", "SETUID", "SYS_ADMIN"]
+        else:
+            assert added == [], name
+            assert pod["securityContext"]["runAsNonRoot"] is True, name
+
+
+def test_unprivileged_sandbox_option_runs_reward_as_non_root() -> None:
+    docs = render({"reward": {"sandboxPrivileged": False}})
+    reward = by_kind(docs, "Deployment")["demo-grpo-reward"]["spec"]["template"]["spec"]
+    assert reward["securityContext"]["runAsNonRoot"] is True
+    assert "add" not in reward["containers"][0]["securityContext"]["capabilities"]
+
+
+def test_network_policies_isolate_sandbox_and_weight_endpoint(manifests: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = manifests
+    policies = by_kind(docs, "NetworkPolicy")
+    reward = policies["demo-grpo-reward"]["spec"]
+    assert reward["policyTypes"] == ["Ingress", "Egress"]
+    assert reward["egress"] == [], "sandbox pods get no egress"
+    grpc_rule = next(r for r in reward["ingress"] if r["ports"][0]["port"] == 50052)
+    assert grpc_rule["from"] == [{"podSelector": {"matchLabels": selector("rollout")}}]
+    rollout = policies["demo-grpo-rollout"]["spec"]
+    weights_rule = next(r for r in rollout["ingress"] if r["ports"][0]["port"] == 50051)
+    assert weights_rule["from"] == [{"podSelector": {"matchLabels": selector("trainer")}}]
+
+
+def selector(component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "grpo",
+        "app.kubernetes.io/instance": "demo",
+        "app.kubernetes.io/component": component,
+    }
+
+
+def test_trainer_is_a_statefulset_with_checkpoint_pvc_and_auto_resume(
+    manifests: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, docs = manifests
+    trainer = by_kind(docs, "StatefulSet")["demo-grpo-trainer"]
+    claim = trainer["spec"]["volumeClaimTemplates"][0]
+    assert claim["metadata"]["name"] == "checkpoints"
+    assert claim["spec"]["resources"]["requests"]["storage"]
+    args = trainer["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--resume") + 1] == "auto"
+    assert "/checkpoints" in args
+
+
+def test_reward_autoscales_on_cpu_and_has_disruption_budgets(manifests: tuple[str, list[dict[str, Any]]]) -> None:
+    name, docs = manifests
+    hpas = by_kind(docs, "HorizontalPodAutoscaler")
+    if name == "cpu":
+        assert hpas == {}
+        assert by_kind(docs, "Deployment")["demo-grpo-reward"]["spec"]["replicas"] == 1
+    else:
+        metric = hpas["demo-grpo-reward"]["spec"]["metrics"][0]
+        assert metric["resource"]["name"] == "cpu"
+    assert set(by_kind(docs, "PodDisruptionBudget")) == {"demo-grpo-reward", "demo-grpo-rollout"}
+
+
+def test_gpu_values_request_gpus_and_scale_rollout_on_queue_depth() -> None:
+    docs = render(load_values("gpu"))
+    rollout = by_kind(docs, "Deployment")["demo-grpo-rollout"]
+    container = rollout["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["image"].endswith("grpo-rollout-gpu:0.1.0")
+    scaled = by_kind(docs, "ScaledObject")["demo-grpo-rollout"]
+    trigger = scaled["spec"]["triggers"][0]
+    assert trigger["type"] == "redis-streams"
+    assert trigger["metadata"]["consumerGroup"]
+    trainer = by_kind(docs, "StatefulSet")["demo-grpo-trainer"]["spec"]["template"]["spec"]["containers"][0]
+    assert trainer["command"][0] == "torchrun"
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 4
+
+
+def test_external_redis_replaces_the_builtin_one() -> None:
+    docs = render({"redis": {"enabled": False, "externalUrl": "redis://redis.example:6379/2"}})
+    assert "demo-grpo-redis" not in by_kind(docs, "StatefulSet")
+    config = by_kind(docs, "ConfigMap")["demo-grpo-config"]["data"]
+    rollout_env = by_kind(docs, "Deployment")["demo-grpo-rollout"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "GRPO_ROLLOUT_REDIS_URL", "value": "redis://redis.example:6379/2"} in rollout_env
+    assert "trainer.yaml" in config
+
+
+def test_external_redis_without_url_is_a_clear_error() -> None:
+    with pytest.raises(Exception, match="redis.externalUrl is required"):
+        render({"redis": {"enabled": False}})
+
+
+def test_service_monitor_and_dashboard() -> None:
+    docs = render({"metrics": {"serviceMonitor": {"enabled": True}}})
+    monitor = by_kind(docs, "ServiceMonitor")["demo-grpo"]
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    dashboard = by_kind(docs, "ConfigMap")["demo-grpo-dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    panels = json.loads(dashboard["data"]["grpo.json"])["panels"]
+    assert len(panels) >= 6

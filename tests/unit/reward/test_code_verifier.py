@@ -1,0 +1,161 @@
+"""The code verifier: extraction, stdout comparison and verdicts (table-driven), then real sandboxed test runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from grpo.reward.sandbox import ExecResult, Sandbox, make_sandbox
+from grpo.reward.verifiers.code import (
+    extract_code,
+    program_for,
+    run_code_tests,
+    stdout_matches,
+    validate_tests,
+    verdict_for,
+)
+
+
+@pytest.mark.parametrize(
+    ("completion", "language", "expected"),
+    [
+        ("print(1)", "python", "print(1)"),
+        ("Answer:\n```python\nprint(1)\n```\n", "python", "print(1)\n"),
+        ("```py\na = 1\n```\nthen\n```python\nb = 2\n```", "python", "b = 2\n"),
+        (
+            "```python\na = 1\n```\n```\nplain\n```",
+            "python",
+            "a = 1\n",
+        ),  # the tagged block wins over a later untagged one
+        ("```\nx = 3\n```", "python", "x = 3\n"),
+        ("```cpp\nint main(){}\n```", "python", "int main(){}\n"),  # no python block: the last block
+        ("text\n```python\nunterminated = True\n", "python", "unterminated = True\n"),
+        ("```Python3\nz = 1\n```", "python", "z = 1\n"),
+        ("```python title=sol.py\nw = 1\n```", "python", "w = 1\n"),
+        ("", "python", ""),
+    ],
+)
+def test_extract_code(completion: str, language: str, expected: str) -> None:
+    assert extract_code(completion, language) == expected
+
+
+@pytest.mark.parametrize(
+    ("actual", "expected", "match"),
+    [
+        ("1\n2\n", "1\n2\n", True),
+        ("1  \n2\t\n", "1\n2", True),
+        ("1\n2\n\n\n", "1\n2", True),
+        ("1\r\n2\r\n", "1\n2\n", True),
+        ("", "", True),
+        ("\n", "", True),
+        ("1\n2\n", "1\n2\n3\n", False),
+        ("1 2\n", "1\n2\n", False),
+        ("1\n\n2\n", "1\n2\n", False),  # an inner blank line counts
+        (" 1\n", "1\n", False),  # leading whitespace counts
+        ("1.0\n", "1\n", False),
+    ],
+)
+def test_stdout_matches(actual: str, expected: str, match: bool) -> None:
+    assert stdout_matches(actual, expected) is match
+
+
+STDIO = {"stdin": "", "expected_stdout": "42\n"}
+ASSERT = {"assert": "assert f() == 1"}
+
+
+@pytest.mark.parametrize(
+    ("result", "test", "verdict"),
+    [
+        (ExecResult("ok", 0, "42\n", "", 0.1, proof=True), STDIO, "pass"),
+        (ExecResult("ok", 0, "42\n", "", 0.1, proof=False), STDIO, "pass"),  # stdio programs may sys.exit(0)
+        (ExecResult("ok", 0, "41\n", "", 0.1, proof=True), STDIO, "fail"),
+        (ExecResult("ok", 0, "", "", 0.1, proof=True), ASSERT, "pass"),
+        (ExecResult("ok", 0, "", "", 0.1, proof=False), ASSERT, "fail"),  # exit(0) before the asserts
+        (ExecResult("runtime_error", 1, "42\n", "AssertionError", 0.1), STDIO, "runtime_error"),
+        (ExecResult("runtime_error", 1, "", "AssertionError", 0.1), ASSERT, "runtime_error"),
+        (ExecResult("timeout", None, "42\n", "", 10.0), STDIO, "timeout"),
+        (ExecResult("memory_limit", 1, "", "MemoryError", 0.1), ASSERT, "memory_limit"),
+        (ExecResult("output_limit", None, "x", "", 0.1), STDIO, "output_limit"),
+        (ExecResult("sandbox_error", None, "", "zygote died", 0.0, proof=True), ASSERT, "sandbox_error"),
+    ],
+)
+def test_verdict_for(result: ExecResult, test: dict[str, str], verdict: str) -> None:
+    assert verdict_for(result, test)[0] == verdict
+
+
+@pytest.mark.parametrize(
+    ("tests", "message"),
+    [
+        ([{"stdin": "1"}], r"tests\[0\] needs"),
+        ([{"assert": "ok"}, {"expected_stdout": 3}], r"tests\[1\] needs"),
+        ([{"assert": 5}], r"tests\[0\].assert must be a string"),
+        (["print(1)"], r"tests\[0\] must be an object"),
+    ],
+)
+def test_validate_tests_names_the_bad_test(tests: list[object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate_tests(tests)  # type: ignore[arg-type]
+
+
+def test_program_for_appends_the_assert_program() -> None:
+    assert program_for("def f(): return 1", {"assert": "assert f() == 1"}) == (
+        "def f(): return 1\nassert f() == 1\n",
+        "",
+    )
+    assert program_for("print(input())", {"stdin": "7\n", "expected_stdout": "7"}) == ("print(input())", "7\n")
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    box = make_sandbox(workers=2)
+    yield box
+    box.close()
+
+
+def _verdicts(sandbox: Sandbox, code: str, tests: list[dict[str, str]], **kw: float) -> list[str]:
+    return [r.verdict for r in run_code_tests(sandbox, code, tests, timeout_s=kw.get("timeout_s", 5.0))]
+
+
+def test_stdio_tests_in_order(sandbox: Sandbox) -> None:
+    code = "a, b = map(int, input().split())\nprint(a + b)"
+    tests = [
+        {"stdin": "1 2\n", "expected_stdout": "3\n"},
+        {"stdin": "5 5\n", "expected_stdout": "11"},
+        {"stdin": "x\n", "expected_stdout": "0"},
+        {"stdin": "2 2\n", "expected_stdout": "4  \n\n"},
+    ]
+    assert _verdicts(sandbox, code, tests) == ["pass", "fail", "runtime_error", "pass"]
+
+
+def test_assert_tests(sandbox: Sandbox) -> None:
+    code = "def add(a, b):\n    return a + b\n"
+    check = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n"
+    tests = [{"assert": check + "check(add)"}, {"assert": "assert add(2, 2) == 5"}]
+    assert _verdicts(sandbox, code, tests) == ["pass", "runtime_error"]
+
+
+@pytest.mark.parametrize(
+    "escape",
+    [
+        "import sys\nsys.exit(0)",
+        "import os\nos._exit(0)",
+        "raise SystemExit(0)",
+        "import os, threading, time\nthreading.Thread(target=os._exit, args=(0,)).start()\ntime.sleep(1)",
+        "import atexit, os\natexit.register(os._exit, 0)\nraise SystemExit",
+    ],
+)
+def test_exit_before_the_asserts_never_passes(sandbox: Sandbox, escape: str) -> None:
+    code = f"def add(a, b):\n    return a - b\n{escape}\n"
+    [result] = run_code_tests(sandbox, code, [{"assert": "assert add(1, 2) == 3"}], timeout_s=5.0)
+    assert result.verdict == "fail" and "proof" in result.detail
+
+
+def test_timeout_and_memory_verdicts(sandbox: Sandbox) -> None:
+    tests = [{"assert": "while True: pass"}, {"assert": "x = bytearray(1 << 31)"}]
+    results = run_code_tests(sandbox, "", tests, timeout_s=1.0, memory_mb=128)
+    assert [r.verdict for r in results] == ["timeout", "memory_limit"]
+
+
+def test_unsupported_language_is_a_value_error(sandbox: Sandbox) -> None:
+    with pytest.raises(ValueError, match="unsupported language 'rust'"):
+        run_code_tests(sandbox, "fn main(){}", [STDIO], language="rust")

@@ -1,0 +1,79 @@
+"""WorkerPool: results, errors, deadlines enforced by SIGKILL (the sympy blow-up), replacement, backpressure."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+from grpo.reward.pool import PoolFull, TaskFailed, TaskTimeout, WorkerCrashed, WorkerPool
+from grpo.reward.verifiers.math import verify_math
+
+BLOWUP = "\\boxed{\\dfrac{5^{(5^{(5^{(5^5)})}-4)}-5}{16}}"
+
+
+def boom() -> None:
+    raise ValueError("bad input")
+
+
+def die() -> None:
+    os._exit(3)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[WorkerPool]:
+    with WorkerPool(2, max_queue=64, preload=["grpo.reward.verifiers.math"]) as p:
+        yield p
+
+
+def test_results_and_errors(pool: WorkerPool) -> None:
+    assert pool.submit(pow, 2, 10, timeout_s=10).result(10) == 1024
+    with pytest.raises(TaskFailed, match="ValueError: bad input"):
+        pool.submit(boom, timeout_s=10).result(10)
+    assert pool.submit(verify_math, "\\boxed{4}", "4", timeout_s=30).result(30).status == "correct"
+
+
+def test_sympy_blowup_is_killed_within_deadline_and_worker_replaced(pool: WorkerPool) -> None:
+    kills_before, pids_before = pool.kills, pool.pids()
+    started = time.monotonic()
+    future = pool.submit(verify_math, BLOWUP, "5", timeout_s=1.5)
+    with pytest.raises(TaskTimeout):
+        future.result(30)
+    elapsed = time.monotonic() - started
+    assert elapsed < 4.0, f"deadline 1.5s, answered after {elapsed:.1f}s"
+    assert pool.kills == kills_before + 1
+    pids_after = pool.pids()
+    replaced = [old for old, new in zip(pids_before, pids_after, strict=True) if old != new]
+    assert len(replaced) == 1, (pids_before, pids_after)
+    with pytest.raises(ProcessLookupError):
+        os.kill(replaced[0], 0)  # the blown-up worker is gone, not left running
+    assert pool.submit(verify_math, "\\boxed{5}", "5", timeout_s=30).result(30).correct is True
+
+
+def test_crash_is_reported_and_worker_replaced(pool: WorkerPool) -> None:
+    with pytest.raises(WorkerCrashed):
+        pool.submit(die, timeout_s=10).result(10)
+    assert pool.submit(pow, 3, 2, timeout_s=10).result(10) == 9
+
+
+def test_queue_is_bounded() -> None:
+    with WorkerPool(1, max_queue=2) as small:
+        first = small.submit(time.sleep, 1.0, timeout_s=10)
+        time.sleep(0.3)  # the slot has taken the first task
+        small.submit(time.sleep, 0.0, timeout_s=10)
+        small.submit(time.sleep, 0.0, timeout_s=10)
+        with pytest.raises(PoolFull):
+            small.submit(time.sleep, 0.0, timeout_s=10)
+        first.result(10)
+
+
+def test_batches_run_per_item_deadlines() -> None:
+    with WorkerPool(1, max_queue=16, max_batch=4) as batched:
+        futures = [batched.submit(pow, i, 2, timeout_s=10) for i in range(3)]
+        slow = batched.submit(time.sleep, 5, timeout_s=0.5)
+        after = batched.submit(pow, 7, 2, timeout_s=10)
+        assert [f.result(10) for f in futures] == [0, 1, 4]
+        with pytest.raises(TaskTimeout):
+            slow.result(10)
+        assert after.result(10) == 49

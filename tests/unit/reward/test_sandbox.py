@@ -1,0 +1,218 @@
+"""The namespace sandbox with real processes: statuses, limits, deadlines, and recovery of its own machinery."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from grpo.reward.sandbox import Limits, Sandbox, SandboxUnavailable, make_sandbox
+from grpo.reward.sandbox.namespace import NamespaceSandbox, classify
+
+FAST = Limits(timeout_s=2.0)
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    box = make_sandbox(workers=2)
+    yield box
+    box.close()
+
+
+def test_ok_run_prints_and_proves_completion(sandbox: Sandbox) -> None:
+    result = sandbox.run("print('hello', 6 * 7)")
+    assert (result.status, result.exit_code, result.stdout, result.proof) == ("ok", 0, "hello 42\n", True)
+
+
+def test_stdin_is_delivered(sandbox: Sandbox) -> None:
+    result = sandbox.run("import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))", stdin="1 2\n3\n")
+    assert result.stdout == "6\n"
+
+
+def test_large_stdin_is_delivered(sandbox: Sandbox) -> None:
+    data = "x" * 300_000
+    result = sandbox.run("import sys\nprint(len(sys.stdin.read()))", stdin=data)
+    assert result.stdout == "300000\n"
+
+
+def test_runtime_error_keeps_the_traceback(sandbox: Sandbox) -> None:
+    result = sandbox.run("raise KeyError('boom')")
+    assert (result.status, result.exit_code, result.proof) == ("runtime_error", 1, False)
+    assert "KeyError: 'boom'" in result.stderr
+
+
+def test_syntax_error_is_a_runtime_error(sandbox: Sandbox) -> None:
+    assert sandbox.run("def f(:\n  pass").status == "runtime_error"
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        "import sys; sys.exit(0)",
+        "import os; os._exit(0)",
+        "raise SystemExit",
+        "exit()",
+        "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+    ],
+)
+def test_early_exit_gives_no_proof(sandbox: Sandbox, program: str) -> None:
+    result = sandbox.run(program + "\nassert False, 'never reached'\n")
+    assert not result.proof
+
+
+def test_nonce_in_stdout_is_not_proof(sandbox: Sandbox) -> None:
+    """A program cannot prove completion by printing anything it sees: the nonce is not in its text."""
+    program = "import sys\nsrc = open(sys.argv[0]).read()\nprint(src)\nsys.exit(0)\n"
+    result = sandbox.run(program)
+    assert result.status == "ok" and not result.proof
+
+
+def test_infinite_loop_times_out_near_the_deadline(sandbox: Sandbox) -> None:
+    started = time.monotonic()
+    result = sandbox.run("while True:\n    pass", limits=Limits(timeout_s=1.0))
+    elapsed = time.monotonic() - started
+    assert result.status == "timeout"
+    assert 1.0 <= elapsed < 2.0
+
+
+def test_long_sleep_times_out(sandbox: Sandbox) -> None:
+    started = time.monotonic()
+    result = sandbox.run("import time\nprint('before', flush=True)\ntime.sleep(60)", limits=Limits(timeout_s=1.0))
+    assert result.status == "timeout" and result.stdout == "before\n"
+    assert time.monotonic() - started < 2.0
+
+
+def test_cpu_limit_below_the_deadline_is_a_timeout(sandbox: Sandbox) -> None:
+    started = time.monotonic()
+    result = sandbox.run("while True:\n    pass", limits=Limits(timeout_s=5.0, cpu_s=1))
+    assert result.status == "timeout" and result.exit_code == -signal.SIGKILL
+    assert time.monotonic() - started < 3.0
+
+
+def test_memory_bomb_is_memory_limit(sandbox: Sandbox) -> None:
+    result = sandbox.run("x = bytearray(2 << 30)", limits=Limits(timeout_s=5.0, memory_mb=256))
+    assert result.status == "memory_limit"
+
+
+def test_growing_memory_bomb_is_memory_limit(sandbox: Sandbox) -> None:
+    result = sandbox.run(
+        "x = []\nwhile True:\n    x.append(' ' * 10_000_000)", limits=Limits(timeout_s=5.0, memory_mb=256)
+    )
+    assert result.status == "memory_limit"
+
+
+def test_fork_bomb_is_contained(sandbox: Sandbox) -> None:
+    program = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    result = sandbox.run(program, limits=Limits(timeout_s=1.5, max_processes=16))
+    assert result.status == "timeout"
+    after = sandbox.run("print('alive')")  # the same workers are usable at once
+    assert after.status == "ok" and after.stdout == "alive\n"
+
+
+def test_thread_limit_counts_processes(sandbox: Sandbox) -> None:
+    program = "import os\nn = 0\ntry:\n    while True:\n        os.fork() or os._exit(0)\n        n += 1\nexcept OSError:\n    pass\nprint('ok')"
+    assert sandbox.run(program, limits=FAST).status == "ok"  # children exit at once: the limit counts live ones
+
+
+def test_huge_output_is_output_limit(sandbox: Sandbox) -> None:
+    result = sandbox.run("while True:\n    print('x' * 1000)", limits=Limits(timeout_s=5.0, max_output_bytes=100_000))
+    assert result.status == "output_limit"
+    assert len(result.stdout) <= 100_000
+
+
+def test_huge_stderr_is_output_limit(sandbox: Sandbox) -> None:
+    result = sandbox.run(
+        "import sys\nwhile True:\n    sys.stderr.write('y' * 1000)",
+        limits=Limits(timeout_s=5.0, max_output_bytes=50_000),
+    )
+    assert result.status == "output_limit"
+
+
+def test_file_size_limit(sandbox: Sandbox) -> None:
+    program = "with open('big', 'wb') as f:\n    f.write(b'0' * (2 << 20))\nprint('wrote')"
+    result = sandbox.run(program, limits=Limits(timeout_s=2.0, max_file_bytes=1 << 20))
+    assert result.status == "runtime_error" and "wrote" not in result.stdout
+
+
+def test_scratch_is_writable_and_size_capped(sandbox: Sandbox) -> None:
+    program = (
+        "import os\nopen('a.txt', 'w').write('hi')\nprint(open('/tmp/a.txt').read())\n"
+        "try:\n    open('fill', 'wb').write(b'0' * (8 << 20))\nexcept OSError as e:\n    print('full', e.errno)\n"
+    )
+    result = sandbox.run(program, limits=Limits(timeout_s=2.0, scratch_mb=4))
+    assert result.stdout == "hi\nfull 28\n"  # ENOSPC
+
+
+def test_scratch_is_fresh_each_run(sandbox: Sandbox) -> None:
+    sandbox.run("open('left.txt', 'w').write('x')")
+    result = sandbox.run("import os\nprint(sorted(os.listdir('.')))")
+    assert result.stdout == "['main.py']\n"
+
+
+def test_bad_limits_and_language_are_value_errors(sandbox: Sandbox) -> None:
+    with pytest.raises(ValueError, match="timeout_s"):
+        sandbox.run("pass", limits=Limits(timeout_s=-1))
+    with pytest.raises(ValueError, match="unsupported language"):
+        sandbox.run("pass", language="cobol")
+
+
+def test_dead_zygote_gives_sandbox_error_then_recovers() -> None:
+    box = NamespaceSandbox(workers=1)
+    try:
+        [zygote] = box._all
+        os.kill(zygote.proc.pid, signal.SIGKILL)
+        broken = box.run("print(1)", limits=FAST)
+        assert broken.status == "sandbox_error" and "sandbox failure" in broken.stderr
+        healed = box.run("print(1)", limits=FAST)
+        assert healed.status == "ok" and healed.stdout == "1\n"
+    finally:
+        box.close()
+
+
+def test_runs_after_close_are_sandbox_errors() -> None:
+    box = NamespaceSandbox(workers=1)
+    box.close()
+    assert box.run("print(1)").status == "sandbox_error"
+
+
+def test_unknown_kind_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown sandbox kind"):
+        make_sandbox("docker")
+
+
+def test_interpreter_outside_the_sandbox_root_fails_loudly_at_start() -> None:
+    with pytest.raises(SandboxUnavailable, match="not visible inside the sandbox root"):
+        NamespaceSandbox(workers=1, interpreter=sys.executable)  # the venv lives under /work: hidden from runs
+
+
+def test_missing_interpreter_fails_loudly_at_start() -> None:
+    with pytest.raises(SandboxUnavailable, match="cannot start"):
+        NamespaceSandbox(workers=1, interpreter="/nonexistent/python3")
+
+
+def _reply(verdict: str | None = None, exit_code: int | None = 0, **extra: object) -> dict[str, object]:
+    return {"verdict": verdict, "exit_code": exit_code, "setup_error": "", "stderr": "", **extra}
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        (_reply(), ("ok", 0)),
+        (_reply(exit_code=3), ("runtime_error", 3)),
+        (_reply(exit_code=-9), ("runtime_error", -9)),
+        (_reply(exit_code=-9, cpu_s=2.0, cpu_limit_s=2), ("timeout", -9)),  # the CPU rlimit's SIGKILL
+        (_reply(exit_code=-9, cpu_s=0.1, cpu_limit_s=2), ("runtime_error", -9)),
+        (_reply(exit_code=1, stderr="Traceback\nMemoryError\n"), ("memory_limit", 1)),
+        (_reply(exit_code=1, stderr="MemoryError: oops\nValueError: later\n"), ("memory_limit", 1)),
+        (_reply(exit_code=1, stderr="Traceback\nValueError: MemoryError\n"), ("runtime_error", 1)),
+        (_reply("timeout", -9), ("timeout", None)),
+        (_reply("output_limit", -9), ("output_limit", None)),
+        (_reply(exit_code=127, setup_error="OSError: mount failed"), ("sandbox_error", None)),
+        ({"error": "boom"}, ("sandbox_error", None)),
+    ],
+)
+def test_classify(reply: dict[str, object], expected: tuple[str, int | None]) -> None:
+    assert classify(reply) == expected

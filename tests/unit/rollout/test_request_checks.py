@@ -1,0 +1,40 @@
+"""Generate request checks: each bad sampling parameter gets a message naming the field."""
+
+from __future__ import annotations
+
+import pytest
+from grpo.rollout.grpc_api import BadRequest, sampling_params
+from grpo.rollout.service import Limits
+from grpo.v1 import rollout_pb2
+
+LIMITS = Limits(max_prompts=4, max_n=8, max_new_tokens_cap=100)
+
+
+def _params(**kw: object) -> rollout_pb2.SamplingParams:
+    base = {"n": 2, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 10}
+    return rollout_pb2.SamplingParams(**{**base, **kw})
+
+
+def test_valid_request_converts() -> None:
+    p = sampling_params(_params(top_p=0, top_k=5, stop=["</answer>"], seed=3), LIMITS)
+    assert (p.n, p.top_p, p.top_k, p.stop, p.seed) == (2, 1.0, 5, ("</answer>",), 3)
+    assert sampling_params(_params(), LIMITS).seed is None
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"n": 0}, r"sampling\.n must be >= 1"),
+        ({"n": 9}, r"sampling\.n = 9 is over this replica's limit of 8"),
+        ({"temperature": -0.1}, r"temperature must be >= 0"),
+        ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+        ({"top_p": -0.5}, r"top_p must be in \(0, 1\]"),
+        ({"top_k": -1}, r"top_k must be >= 0"),
+        ({"max_new_tokens": 0}, r"max_new_tokens must be >= 1"),
+        ({"max_new_tokens": 101}, r"over the cap of 100"),
+        ({"stop": [""]}, r"empty strings"),
+    ],
+)
+def test_bad_sampling_params(override: dict, message: str) -> None:
+    with pytest.raises(BadRequest, match=message):
+        sampling_params(_params(**override), LIMITS)

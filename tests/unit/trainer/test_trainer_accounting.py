@@ -1,0 +1,137 @@
+"""Accounting invariants, admission control, lineage staleness and group triage (pure)."""
+
+from __future__ import annotations
+
+import pytest
+from grpo.trainer.accounting import (
+    Accounting,
+    AccountingError,
+    GroupFacts,
+    StepQuota,
+    batches_to_publish,
+    lineage_staleness,
+    triage,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+def facts(gid: str, rewards: tuple = (0.0, 1.0), version: int = 3, status: str = "ok") -> GroupFacts:
+    return GroupFacts(gid, status, version, rewards)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from(["publish", "train", "zero_variance", "stale", "failed", "timeout", "dup"]), max_size=60)
+)
+def test_invariant_holds_under_any_sequence(ops: list[str]) -> None:
+    acct = Accounting()
+    n = 0
+    for op in ops:
+        if op == "publish":
+            acct.publish(f"t{n}", 0, 0, 0.0)
+            n += 1
+        elif op == "dup":
+            acct.duplicates += 1
+        elif acct.in_flight:
+            acct.resolve(next(iter(acct.in_flight)), "trained" if op == "train" else op)
+        acct.check()
+    assert acct.published == n
+    assert acct.trained + sum(acct.dropped.values()) + acct.n_in_flight == n
+
+
+def test_resolve_twice_or_unknown_reason_is_an_error() -> None:
+    acct = Accounting()
+    acct.publish("t", 0, 0, 0.0)
+    with pytest.raises(AccountingError, match="unknown drop reason"):
+        acct.resolve("t", "bored")
+    acct.resolve("t", "trained")
+    with pytest.raises(AccountingError, match="not in flight"):
+        acct.resolve("t", "trained")
+    with pytest.raises(AccountingError):
+        acct.publish("t", 0, 0, 0.0) or acct.publish("t", 0, 0, 0.0)
+
+
+def test_state_round_trip_keeps_in_flight_ages() -> None:
+    acct = Accounting()
+    for i in range(3):
+        acct.publish(f"t{i}", 2, 1, 100.0 + i)
+    acct.resolve("t0", "stale")
+    acct.duplicates = 2
+    acct.batches_published = 2
+    acct.version_aliases.append((4, 9))
+    back = Accounting.from_state(acct.to_state(now=110.0), now=5.0)
+    assert back.summary() == acct.summary()
+    assert back.version_aliases == [(4, 9)]
+    assert back.in_flight["t2"].published_s == pytest.approx(5.0 - 8.0)  # same age, new clock
+    assert back.expired(now=5.0, timeout_s=8.5) == ["t1"]
+
+
+def test_from_state_rejects_unbalanced_books() -> None:
+    state = Accounting().to_state(0.0)
+    state["published"] = 3
+    with pytest.raises(AccountingError, match="accounting broken"):
+        Accounting.from_state(state, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("published", "done", "staleness", "total", "expected"),
+    [
+        (0, 0, 0, 10, 1),  # on-policy: one batch at a time
+        (1, 0, 0, 10, 0),  # ... and nothing more until update 0 is pushed
+        (1, 1, 0, 10, 1),
+        (0, 0, 2, 10, 3),  # max_staleness 2: three batches ahead
+        (3, 1, 2, 10, 1),
+        (9, 8, 2, 10, 1),  # never beyond the last step's batch
+        (10, 9, 2, 10, 0),
+    ],
+)
+def test_admission(published: int, done: int, staleness: int, total: int, expected: int) -> None:
+    assert batches_to_publish(published, done, staleness, total) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 4), st.integers(1, 12))
+def test_admission_bounds_batches_in_flight(max_staleness: int, steps: int) -> None:
+    published = 0
+    for done in range(steps):
+        published += batches_to_publish(published, done, max_staleness, steps)
+        assert published - done <= max_staleness + 1
+        assert published > done  # the batch update `done` consumes is out
+    assert published == steps
+
+
+def test_lineage_staleness_with_resume_alias() -> None:
+    assert lineage_staleness(5, 5, []) == 0
+    assert lineage_staleness(5, 3, []) == 2
+    assert lineage_staleness(5, 6, []) is None  # from the future
+    aliases = [(4, 9)]  # checkpoint at 4, crashed trainer pushed 5..8, resumed weights pushed as 9
+    assert lineage_staleness(9, 4, aliases) == 0
+    assert lineage_staleness(10, 4, aliases) == 1
+    assert lineage_staleness(10, 3, aliases) == 2
+    assert lineage_staleness(10, 7, aliases) is None  # discarded lineage
+    assert lineage_staleness(10, 9, aliases) == 1
+
+
+def test_triage_order_of_reasons() -> None:
+    acct = Accounting()
+    for gid in "abcdefg":
+        acct.publish(gid, 3, 0, 0.0)
+    assert triage(facts("zzz"), acct, 3, 0, True) == "duplicate"
+    assert triage(facts("a", status="failed"), acct, 3, 0, True) == "failed"
+    assert triage(facts("b", rewards=(1.0, None)), acct, 3, 0, True) == "unscored"
+    assert triage(facts("c", version=2), acct, 3, 0, True) == "stale"
+    assert triage(facts("c", version=2), acct, 3, 1, True) == "train"
+    assert triage(facts("d", rewards=(1.0, 1.0)), acct, 3, 0, True) == "zero_variance"
+    assert triage(facts("d", rewards=(1.0, 1.0)), acct, 3, 0, False) == "train"
+    assert triage(facts("e", rewards=(1.0, 0.0, 1.0)), acct, 3, 0, True, group_size=2) == "failed"
+    assert triage(facts("f"), acct, 3, 0, True) == "train"
+
+
+def test_step_quota_refills_zero_variance_within_budget() -> None:
+    quota = StepQuota(need=2, refill_budget=1)
+    assert quota.on_resolved("zero_variance") is True  # refill published
+    assert not quota.done and quota.need == 2
+    assert quota.on_resolved("zero_variance") is False  # budget spent
+    assert quota.on_resolved("train") is False
+    assert quota.done and quota.refills == 1

@@ -1,0 +1,96 @@
+"""Trainer settings: precedence (defaults < preset < file < env < CLI), preset application, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from grpo.trainer.assemble import learner_config, overlong_buffer, resolve_algo, task_spec
+from grpo.trainer.config import PRESETS, parse_settings
+from pydantic import ValidationError
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"prompt": "1+1?", "gold": "2"}\n')
+    return path
+
+
+def test_defaults_and_ports(data: Path) -> None:
+    s = parse_settings(["--train-data", str(data)])
+    assert (s.grpc_port, s.http_port) == (50053, 8003)
+    assert s.preset == "grpo" and s.max_staleness == 0 and s.resume == "auto" and s.backend == "torch"
+    assert s.algo_overrides() == {}
+
+
+def test_preset_values_become_defaults(data: Path) -> None:
+    algo = resolve_algo(parse_settings(["--train-data", str(data), "--preset", "dapo"]))
+    assert (algo.clip_low, algo.clip_high, algo.beta, algo.agg) == (0.2, 0.28, 0.0, "token_mean")
+    assert algo.refill_zero_variance is True
+
+
+def test_explicit_settings_override_the_preset(data: Path) -> None:
+    s = parse_settings(["--train-data", str(data), "--preset", "dapo", "--clip-high", "0.3", "--group-size", "4"])
+    algo = resolve_algo(s)
+    assert algo.clip_high == 0.3 and algo.group_size == 4
+    assert algo.agg == "token_mean"  # untouched preset value
+    assert s.algo_overrides() == {"clip_high": 0.3, "group_size": 4}
+
+
+def test_ref_refresh_zero_means_never(data: Path) -> None:
+    s = parse_settings(["--train-data", str(data), "--ref-refresh-steps", "0"])
+    assert resolve_algo(s).ref_refresh_steps is None
+    assert learner_config(s, resolve_algo(s)).ref_refresh_steps == 0
+
+
+def test_precedence_file_env_cli(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(f"train_data: {data}\nsteps: 5\nlr: 0.001\nbeta: 0.5\n")
+    monkeypatch.setenv("GRPO_TRAINER_CONFIG", str(cfg))
+    monkeypatch.setenv("GRPO_TRAINER_LR", "0.002")
+    s = parse_settings(["--beta", "0.25"])
+    assert s.steps == 5  # file
+    assert s.lr == 0.002  # env beats file
+    assert s.beta == 0.25  # CLI beats file
+    assert resolve_algo(s).beta == 0.25  # and beats the preset
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["--beta", "-1"], "beta"),
+        (["--preset", "ppo"], "preset"),
+        (["--resume", "/no/such/checkpoint"], "resume"),
+        (["--run-id", "a:b"], "run_id"),
+        (["--clip-low", "1.5"], "clip_low"),
+        (["--max-staleness", "-1"], "max_staleness"),
+    ],
+)
+def test_bad_values_name_the_field(data: Path, argv: list[str], field: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        parse_settings(["--train-data", str(data), *argv])
+    assert field in str(exc.value)
+
+
+def test_train_data_required() -> None:
+    with pytest.raises(ValidationError, match="train_data is required"):
+        parse_settings([])
+
+
+def test_every_preset_has_an_example_config() -> None:
+    configs = Path(__file__).parents[3] / "services" / "trainer" / "configs"
+    for name in PRESETS:
+        path = configs / f"{name}.yaml"
+        assert path.is_file(), f"missing example config {path}"
+        s = parse_settings(["--config", str(path), "--train-data", str(path)])
+        assert s.preset == name
+        resolve_algo(s)  # the example resolves against the real preset
+
+
+def test_task_spec_and_overlong_cap(data: Path) -> None:
+    s = parse_settings(["--train-data", str(data), "--preset", "dapo", "--max-new-tokens", "16", "--group-size", "4"])
+    algo = resolve_algo(s)
+    assert overlong_buffer(s, algo) == 8  # DAPO's 4096 capped to half the budget
+    spec = task_spec(s, algo)
+    assert spec.group_size == 4 and spec.sampling().n == 4 and spec.sampling().max_new_tokens == 16
