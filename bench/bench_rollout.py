@@ -23,13 +23,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "service"))
 
+from rollout_proc import start_rollout_service  # noqa: E402
+
 from grpo.common.tiny_model import ensure_tiny_model  # noqa: E402
 from grpo.common.weights import model_weights, push_weights  # noqa: E402
 from grpo.rollout.engines.base import SamplingParams  # noqa: E402
 from grpo.rollout.engines.hf import HFEngine  # noqa: E402
 from grpo.v1 import rollout_pb2 as pb  # noqa: E402
 from grpo.v1 import rollout_pb2_grpc as pb_grpc  # noqa: E402
-from rollout_proc import start_rollout_service  # noqa: E402
 
 log = logging.getLogger("bench_rollout")
 # ~50M parameters (~200 MB in fp32) with the tiny model's tokenizer.

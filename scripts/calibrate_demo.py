@@ -29,14 +29,16 @@ def cpu() -> float:
     return time.process_time()
 
 
-def generate(model, tok, problems: list[Problem], *, greedy: bool, n: int = 1) -> list[list[int]]:
+def generate(
+    model, tok, problems: list[Problem], *, greedy: bool, n: int = 1, temperature: float = 1.0
+) -> list[list[int]]:
     ids = torch.tensor([tok.encode(p.prompt, add_special_tokens=False) for p in problems])
     with torch.no_grad():
         out = model.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
             do_sample=not greedy,
-            temperature=1.0 if not greedy else None,
+            temperature=temperature if not greedy else None,
             top_k=0 if not greedy else None,
             top_p=1.0 if not greedy else None,
             num_return_sequences=n,
@@ -79,6 +81,8 @@ def main() -> None:
     ap.add_argument("--sft-max-steps", type=int, default=600)
     ap.add_argument("--eval-n", type=int, default=500)
     ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--warmup", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--g", type=int, default=8)
     ap.add_argument("--grpo-steps", type=int, default=60)
@@ -97,7 +101,9 @@ def main() -> None:
     learner = Learner(LearnerConfig(model=str(folder), lr=a.sft_lr, micro_batch_size=a.sft_batch, seed=a.seed))
     gen = torch.Generator().manual_seed(a.seed)
     pairs = [
-        SftPair(tok.encode(p.prompt, add_special_tokens=False), tok.encode(worked_answer(p) + EOS, add_special_tokens=False))
+        SftPair(
+            tok.encode(p.prompt, add_special_tokens=False), tok.encode(worked_answer(p) + EOS, add_special_tokens=False)
+        )
         for p in splits.sft
     ]
     step, acc = 0, 0.0
@@ -116,7 +122,17 @@ def main() -> None:
     learner.model.save_pretrained(sft_dir)
     tok.save_pretrained(sft_dir)
     c1 = cpu()
-    learner = Learner(LearnerConfig(model=str(sft_dir), lr=a.lr, micro_batch_size=64, seed=a.seed, beta=0.0))
+    learner = Learner(
+        LearnerConfig(
+            model=str(sft_dir),
+            lr=a.lr,
+            micro_batch_size=64,
+            seed=a.seed,
+            beta=0.0,
+            warmup_steps=a.warmup,
+            temperature=a.temperature,
+        )
+    )
     before = acc
     rec["before"] = before
     rng = torch.Generator().manual_seed(a.seed + 1)
@@ -124,7 +140,7 @@ def main() -> None:
         idx = torch.randint(len(splits.grpo), (a.prompts,), generator=rng).tolist()
         probs = [splits.grpo[i] for i in idx]
         learner.model.eval()
-        comps = generate(learner.model, tok, probs, greedy=False, n=a.g)
+        comps = generate(learner.model, tok, probs, greedy=False, n=a.g, temperature=a.temperature)
         texts = [tok.decode(c, skip_special_tokens=True) for c in comps]
         golds = [p.gold for p in probs for _ in range(a.g)]
         r = torch.tensor([reward(t, g) for t, g in zip(texts, golds, strict=True)])
@@ -133,8 +149,13 @@ def main() -> None:
         keep = (grouped.max(1).values != grouped.min(1).values).repeat_interleave(a.g)
         prompt_ids = [tok.encode(p.prompt, add_special_tokens=False) for p in probs for _ in range(a.g)]
         samples = [
-            TrainableSample(prompt_ids[i], comps[i], float(adv[i]), truncated=comps[i][-1] != tok.eos_token_id,
-                            weight_version=learner.version)  # fmt: skip
+            TrainableSample(
+                prompt_ids[i],
+                comps[i],
+                float(adv[i]),
+                truncated=comps[i][-1] != tok.eos_token_id,
+                weight_version=learner.version,
+            )  # fmt: skip
             for i in range(len(comps))
             if keep[i]
         ]

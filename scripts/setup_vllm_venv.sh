@@ -32,15 +32,24 @@ echo "setting up $VENV with $VLLM_SPEC (about a minute on first run)"
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip -q --disable-pip-version-check)
 
-"${PIP[@]}" install "$VLLM_SPEC"
-# The CUDA builds of these, pulled in by vLLM's metadata, break `import vllm` on a CPU-only torch;
-# triton is unused by the CPU backend (~0.9 GB).
-"${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+VLLM_DIST="${VLLM_SPEC%%==*}"
+VLLM_VERSION="${VLLM_SPEC##*==}"
+installed_version() { "$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('$VLLM_DIST'))" 2>/dev/null; }
+if [[ "$(installed_version)" != "$VLLM_VERSION" ]]; then
+  "${PIP[@]}" install "$VLLM_SPEC"
+  # The CUDA builds of these, pulled in by vLLM's metadata, break `import vllm` on a CPU-only torch;
+  # triton is unused by the CPU backend (~0.9 GB).
+  "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+fi
 # Our packages, editable, without letting pip move the torch/transformers vLLM pinned.
 # The installed torch is pinned explicitly so the resolver can only keep it.
 TORCH_PIN="torch==$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
 "${PIP[@]}" install -e common -e services/rollout "$TORCH_PIN"
 # Fail here, not in a test, when the venv cannot import what the engine needs.
-"$VENV/bin/python" -c 'import vllm, grpo.rollout.engines.base' >/dev/null
+if ! out="$("$VENV/bin/python" -c 'import vllm, grpo.rollout.engines.vllm_ext' 2>&1)"; then
+  echo "$out" >&2
+  echo "$VENV cannot import vllm; rerun with --force" >&2
+  exit 1
+fi
 touch "$STAMP"
 echo "$VENV ready in $((SECONDS - start)) s"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from grpo.common.net import free_port
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from grpo.common.net import free_port
 
 

@@ -10,6 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
 from grpo.common.net import free_port
 from grpo.reward.client import RewardClient, RewardServiceError
 from grpo.v1 import reward_pb2 as pb

@@ -11,11 +11,12 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from rollout_proc import RolloutProc, start_rollout_service
+
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.common.weights import iter_weight_chunks, model_weights, push_weights, weights_checksum
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
-from rollout_proc import RolloutProc, start_rollout_service
 
 GREEDY = pb.SamplingParams(n=1, temperature=0, max_new_tokens=12)
 PROMPTS = [pb.Prompt(text="What is 3 + 4?", apply_chat_template=True), pb.Prompt(text="Ana has 5 pens.")]

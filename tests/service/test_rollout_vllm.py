@@ -12,12 +12,13 @@ import grpc
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rollout_proc import RolloutProc
+
 from grpo.common.net import free_port
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.common.weights import iter_weight_chunks, model_weights, push_weights, weights_checksum
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
-from rollout_proc import RolloutProc
 
 pytestmark = pytest.mark.vllm
 

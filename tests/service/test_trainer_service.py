@@ -20,14 +20,16 @@ from typing import Any
 import grpc
 import pytest
 import redis
+from rollout_proc import RolloutProc, start_rollout_service
+
 from grpo.common.net import free_port
 from grpo.common.queue import GROUPS_GROUP, stream_keys
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.common.weights import weights_checksum
 from grpo.trainer.accounting import DROP_REASONS
+from grpo.trainer.data import DataCursor, take
 from grpo.trainer.ledger import read_ledger
 from grpo.v1 import queue_pb2, trainer_pb2, trainer_pb2_grpc
-from rollout_proc import RolloutProc, start_rollout_service
 
 ROLLOUT_ENV = {
     "GRPO_ROLLOUT_HEARTBEAT_S": "0.3",
@@ -125,7 +127,10 @@ def load_weights(folder: Path) -> dict[str, Any]:
 
 def test_grpo_steps_update_push_and_log(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
     rollout = rollout_for("svc")
-    config = trainer_config(tmp_path, "svc", redis_url, steps=3, checkpoint_every=2)
+    eval_data = write_data(tmp_path / "eval.jsonl", 2, offset=100)
+    config = trainer_config(
+        tmp_path, "svc", redis_url, steps=3, checkpoint_every=2, eval_data=str(eval_data), eval_every=2
+    )
     log = tmp_path / "trainer.log"
     proc = start_trainer(config, log)
     try:
@@ -161,10 +166,14 @@ def test_grpo_steps_update_push_and_log(tmp_path: Path, redis_url: str, rollout_
     )
     assert rows[-1]["staleness/max"] == 0  # max_staleness 0: strictly on-policy
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    # evaluation through the queue: at step 2 (eval_every) and at the end
+    evals = [r for r in rows if "eval/completed" in r]
+    assert [r["step"] for r in evals] == [2, 3] and all(r["eval/completed"] == 2 for r in evals)
+    assert all(0.0 <= r["eval/accuracy"] <= 1.0 for r in evals)
     assert (out / "checkpoints" / "step-00000003" / "trainer_state.json").is_file()
 
 
-def test_status_api_and_stop(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
+def test_status_api_checkpoint_and_sigterm(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
     rollout_for("api")
     config = trainer_config(tmp_path, "api", redis_url, steps=1000, checkpoint_every=1000)
     settings = json.loads(config.read_text())
@@ -191,12 +200,16 @@ def test_status_api_and_stop(tmp_path: Path, redis_url: str, rollout_for: Any) -
             assert status.replicas and status.replicas[0].replica_id == "api-r1"
             saved = stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(), timeout=60)
             assert Path(saved.path, "trainer_state.json").is_file() and saved.step >= 1
-            stub.Stop(trainer_pb2.StopRequest(), timeout=5)
+        proc.send_signal(signal.SIGTERM)  # finish the step, checkpoint, exit 0
         assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert "the run failed" not in log.read_text()
+    text = log.read_text()
+    assert "the run failed" not in text and "finishing the current step" in text
+    last = max((tmp_path / "out" / "checkpoints").glob("step-*"))
+    last_step = json.loads((last / "trainer_state.json").read_text())["step"]
+    assert last_step == read_metrics(tmp_path / "out")[-1]["step"]  # the final checkpoint is the last step
 
 
 def stream_group_ids(redis_url: str, run: str) -> list[str]:
@@ -209,7 +222,6 @@ def stream_group_ids(redis_url: str, run: str) -> list[str]:
     return ids
 
 
-@pytest.mark.slow
 def test_resume_after_sigkill_loses_nothing(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
     rollout_for("resume")
     config = trainer_config(tmp_path, "resume", redis_url, steps=8, checkpoint_every=2)
@@ -230,15 +242,36 @@ def test_resume_after_sigkill_loses_nothing(tmp_path: Path, redis_url: str, roll
     assert state["in_flight"] == []
     trained, dropped = state["trained"], sum(state["dropped"].values())
     assert state["published"] == trained + dropped
-    assert trained + dropped == 8 * 2 + 0  # every step's tasks, once (no refills in this preset)
+    assert trained + dropped == 8 * 3  # every step's tasks, once (no refills in this preset)
     rows = read_metrics(out)
     assert rows[-1]["step"] == 8 and rows[-1]["tasks/balanced"] == 1.0
     # the ledger: each of the 16 task ids of the cursor exactly once, trained or dropped with a reason
     ledger = read_ledger(out / "ledger")
     ids = [e["task_id"] for e in ledger]
-    assert sorted(ids) == sorted(f"resume-e0-{i}" for i in range(16)), ids
+    expected, _ = take(DataCursor(seed=0), 16, 8 * 3)  # the cursor's first 24 positions (wraps into epoch 1)
+    assert sorted(ids) == sorted(f"resume-{key}" for key, _ in expected), ids
     assert {e["outcome"] for e in ledger} <= {"trained", *DROP_REASONS}
     assert sum(e["outcome"] == "trained" for e in ledger) == trained
     # every group the rollout wrote is for one of those tasks, and the trainer acked them all
     assert set(stream_group_ids(redis_url, "resume")) <= set(ids)
     assert "resumed at step" in log.read_text()
+
+
+@pytest.mark.slow
+def test_dapo_dynamic_sampling_one_step_off_policy(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
+    rollout_for("dapo")
+    config = trainer_config(tmp_path, "dapo", redis_url, steps=4, preset="dapo", max_staleness=1, max_refill_per_step=3)
+    log = tmp_path / "trainer.log"
+    proc = start_trainer(config, log)
+    try:
+        assert proc.wait(timeout=150) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    rows = read_metrics(tmp_path / "out")
+    last = rows[-1]
+    refills = sum(r["groups/refills"] for r in rows)
+    assert last["tasks/published"] == 4 * 3 + refills  # every refill is a published, accounted task
+    assert last["tasks/in_flight"] == 0 and last["tasks/balanced"] == 1.0
+    assert all(r.get("staleness/max", 0) <= 1 for r in rows)  # max_staleness 1 enforced
+    assert "train/kl_loss" not in last or last["train/kl_loss"] == 0.0  # DAPO: no KL term

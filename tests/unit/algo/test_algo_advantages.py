@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
-from grpo.algo import ADVANTAGE_MODES, group_advantages, zero_variance_groups
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from grpo.algo import ADVANTAGE_MODES, group_advantages, zero_variance_groups
 
 FAST = settings(max_examples=60, deadline=None)
 

@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
-from grpo.algo import kl_estimate
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from grpo.algo import kl_estimate
 
 FAST = settings(max_examples=60, deadline=None)
 logprob = st.floats(min_value=-30, max_value=0, allow_nan=False, allow_subnormal=False)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from grpo.algo import entropy_from_logits, sft_loss, token_logprobs
 
 

@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
-from grpo.algo import policy_loss
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from grpo.algo import policy_loss
 
 FAST = settings(max_examples=40, deadline=None)
 OLD = -1.0  # old log-prob of every token in the hand-made batch

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+
 from grpo.algo import PRESETS, LossConfig, get_preset, group_advantages, policy_loss
 
 

@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from grpo.common import tiny_model
 
 SMALL = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2}

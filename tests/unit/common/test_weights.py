@@ -6,6 +6,7 @@ import hashlib
 
 import pytest
 import torch
+
 from grpo.common.weights import (
     WeightAssembler,
     WeightUpdateError,

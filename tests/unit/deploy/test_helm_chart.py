@@ -169,7 +169,7 @@ def test_external_redis_replaces_the_builtin_one() -> None:
 
 
 def test_external_redis_without_url_is_a_clear_error() -> None:
-    with pytest.raises(Exception, match="redis.externalUrl is required"):
+    with pytest.raises(Exception, match=r"redis\.externalUrl is required"):
         render({"redis": {"enabled": False}})
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from grpo.reward.verifiers.math import extract_final_answer, last_boxed, numerically_different, verify_math
 
 # (answer or completion, gold, expected status) — the cases math-verify alone gets wrong are marked.

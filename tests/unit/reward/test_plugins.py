@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from grpo.reward.verifiers.plugins import columns, load_function, run_plugin
 
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from grpo.reward.pool import PoolFull, TaskFailed, TaskTimeout, WorkerCrashed, WorkerPool
 from grpo.reward.verifiers.math import verify_math
 

@@ -12,8 +12,9 @@ import pytest
 @pytest.fixture(scope="module")
 def tiny_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
-    from grpo.common.tiny_model import build_tokenizer
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    from grpo.common.tiny_model import build_tokenizer
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+
 from grpo.reward.sandbox import Limits, Sandbox, SandboxUnavailable, make_sandbox
 from grpo.reward.sandbox.namespace import NamespaceSandbox, classify
 
@@ -75,21 +78,28 @@ def test_infinite_loop_times_out_near_the_deadline(sandbox: Sandbox) -> None:
     result = sandbox.run("while True:\n    pass", limits=Limits(timeout_s=1.0))
     elapsed = time.monotonic() - started
     assert result.status == "timeout"
-    assert 1.0 <= elapsed < 2.0
+    assert 1.0 <= elapsed < 3.0  # slack for a loaded machine
 
 
 def test_long_sleep_times_out(sandbox: Sandbox) -> None:
     started = time.monotonic()
     result = sandbox.run("import time\nprint('before', flush=True)\ntime.sleep(60)", limits=Limits(timeout_s=1.0))
     assert result.status == "timeout" and result.stdout == "before\n"
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 3.0
+
+
+def test_closing_every_pipe_does_not_escape_the_deadline(sandbox: Sandbox) -> None:
+    program = "import os, time\nfor fd in range(5):\n    os.close(fd)\ntime.sleep(60)"
+    started = time.monotonic()
+    assert sandbox.run(program, limits=Limits(timeout_s=1.0)).status == "timeout"
+    assert time.monotonic() - started < 3.0
 
 
 def test_cpu_limit_below_the_deadline_is_a_timeout(sandbox: Sandbox) -> None:
     started = time.monotonic()
-    result = sandbox.run("while True:\n    pass", limits=Limits(timeout_s=5.0, cpu_s=1))
-    assert result.status == "timeout" and result.exit_code == -signal.SIGKILL
-    assert time.monotonic() - started < 3.0
+    result = sandbox.run("while True:\n    pass", limits=Limits(timeout_s=30.0, cpu_s=1))
+    assert result.status == "timeout" and result.exit_code == -signal.SIGKILL  # the deadline would give None
+    assert time.monotonic() - started < 30.0
 
 
 def test_memory_bomb_is_memory_limit(sandbox: Sandbox) -> None:
@@ -172,10 +182,46 @@ def test_dead_zygote_gives_sandbox_error_then_recovers() -> None:
         box.close()
 
 
+def test_replacement_zygote_outlives_the_thread_that_needed_it() -> None:
+    """The service runs code on short-lived executor threads; a zygote started there must not die with them."""
+    box = NamespaceSandbox(workers=1)
+    try:
+        os.kill(box._all[0].proc.pid, signal.SIGKILL)
+        worker = threading.Thread(target=box.run, args=("print(1)",), kwargs={"limits": FAST})
+        worker.start()
+        worker.join()  # that run saw the dead zygote and asked for a replacement; the thread is gone now
+        time.sleep(0.3)
+        result = box.run("print(2)", limits=FAST)
+        assert (result.status, result.stdout) == ("ok", "2\n")
+    finally:
+        box.close()
+
+
 def test_runs_after_close_are_sandbox_errors() -> None:
     box = NamespaceSandbox(workers=1)
     box.close()
     assert box.run("print(1)").status == "sandbox_error"
+
+
+PROBE = (
+    "from grpo.reward.sandbox import SandboxUnavailable, make_sandbox\n"
+    "try:\n    make_sandbox(workers=1)\nexcept SandboxUnavailable as exc:\n    print('unavailable:', exc)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("setpriv", "reason"),
+    [
+        (["--reuid=65534", "--regid=65534", "--clear-groups"], "not root"),
+        (["--inh-caps=-sys_admin", "--bounding-set=-sys_admin"], "Operation not permitted"),
+    ],
+)
+def test_missing_privileges_fail_loudly_at_start(setpriv: list[str], reason: str) -> None:
+    """Without the privileges it needs the sandbox refuses to start and says what to grant."""
+    cmd = ["setpriv", *setpriv, sys.executable, "-c", PROBE]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert out.stdout.startswith("unavailable:"), out.stderr[-2000:]
+    assert reason in out.stdout and "CAP_SYS_ADMIN" in out.stdout
 
 
 def test_unknown_kind_is_rejected() -> None:

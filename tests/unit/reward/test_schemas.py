@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
+
 from grpo.reward.convert import model_to_proto, parse_request, proto_to_model
 from grpo.reward.errors import InputError
 from grpo.reward.schemas import AssertTest, ScoreRequest, ScoreResult, StdioTest, VerifyCodeRequest
 from grpo.v1 import reward_pb2 as pb
-from pydantic import ValidationError
 
 ITEM: dict[str, Any] = {
     "id": "a",
@@ -52,6 +53,7 @@ def test_code_tests_are_either_shape() -> None:
         ({"checks": {"code": {"tests": [{"stdin": "x"}]}}}, "expected_stdout"),
         ({"checks": {"code": {"tests": []}}}, "at least 1"),
         ({"completion": 5}, "completion"),
+        ({"weights": {"math": float("nan")}}, "finite"),
     ],
 )
 def test_bad_items_name_the_problem(change: dict[str, Any], message: str) -> None:
@@ -87,3 +89,15 @@ def test_score_result_from_protobuf_keeps_null_reward() -> None:
     )
     result = proto_to_model(ScoreResult, msg)
     assert result.reward is None and result.components["math"].score is None
+
+
+def test_unset_proto_strings_take_the_defaults() -> None:
+    from grpo.reward.schemas import ExecuteRequest
+
+    assert parse_request(ExecuteRequest, pb.ExecuteRequest(code="print(1)")).language == "python"
+    item = pb.ScoreItem(
+        id="a", checks=pb.Checks(language=pb.LanguageCheck(), code=pb.CodeCheck(tests=[pb.CodeTest(**{"assert": "x"})]))
+    )
+    req = parse_request(ScoreRequest, pb.ScoreRequest(items=[item]))
+    assert req.items[0].checks.language is not None and req.items[0].checks.language.target == "auto"
+    assert req.items[0].checks.code is not None and req.items[0].checks.code.language == "python"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from grpo.reward.schemas import CodeTestResult, VerifyMathResponse
 from grpo.reward.scoring import code_judgement, combine, math_judgement
 from grpo.reward.verifiers.result import Judgement

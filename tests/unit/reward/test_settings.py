@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from grpo.reward.settings import load
 from pydantic import ValidationError
+
+from grpo.reward.settings import load
 
 
 def test_defaults() -> None:

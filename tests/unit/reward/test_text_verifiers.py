@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from grpo.reward.verifiers.format import format_reward, split_think_answer
 from grpo.reward.verifiers.language import detect_language, language_reward, word_counts
 from grpo.reward.verifiers.overlong import overlong_penalty, overlong_reward

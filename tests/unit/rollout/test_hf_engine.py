@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.rollout.engines.base import PromptOutput, SamplingParams
 from grpo.rollout.engines.hf import HFEngine

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from grpo.rollout.engines.base import SamplingParams
 from grpo.rollout.engines.sampling import find_stop, sample_tokens, truncate
 

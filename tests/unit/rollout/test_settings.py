@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from grpo.rollout.settings import parse_settings
 
 

@@ -7,10 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors.torch import save_file
+
 from grpo.rollout.engines.base import SamplingParams
 from grpo.rollout.engines.vllm import read_safetensors_specs, resolve_in_process, to_sample, to_vllm_params
 from grpo.rollout.engines.vllm_ext import PreTruncationLogprobs, refresh_tied_modules
-from safetensors.torch import save_file
 
 
 def test_sampling_params_map_to_vllm() -> None:

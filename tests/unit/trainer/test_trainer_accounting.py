@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from grpo.trainer.accounting import (
     Accounting,
     AccountingError,
@@ -12,8 +15,6 @@ from grpo.trainer.accounting import (
     lineage_staleness,
     triage,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 def facts(gid: str, rewards: tuple = (0.0, 1.0), version: int = 3, status: str = "ok") -> GroupFacts:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
+
 from grpo.trainer.assemble import learner_config, overlong_buffer, resolve_algo, task_spec
 from grpo.trainer.config import PRESETS, parse_settings
-from pydantic import ValidationError
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from grpo.trainer.data import DataCursor, DataError, epoch_order, load_rows, parse_row, take
 
 ROWS = [

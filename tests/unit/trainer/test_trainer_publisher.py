@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import redis
+
 from grpo.common.queue import RunQueue
 from grpo.trainer.accounting import Accounting
 from grpo.trainer.data import DataCursor, parse_row

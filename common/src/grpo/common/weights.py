@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import grpc
+
 from grpo.common.auth import bearer_metadata
 from grpo.common.grpc_server import MAX_MESSAGE_BYTES
 from grpo.v1 import rollout_pb2, rollout_pb2_grpc

@@ -17,6 +17,7 @@ def serve(settings: RewardSettings) -> int:
     """Run until SIGTERM/SIGINT; returns the exit code."""
     # Heavy imports only after the settings are known to be valid (`--help` stays instant).
     import uvicorn
+
     from grpo.common.grpc_server import GrpcServer, server_credentials
     from grpo.reward.core import RewardCore
     from grpo.reward.grpc_api import SERVICE_NAME, register
@@ -62,10 +63,12 @@ def serve(settings: RewardSettings) -> int:
             log.error("HTTP server stopped unexpectedly (port %d in use?)", settings.http_port)
             code = 1
             break
+    # Stop taking requests, give those in flight a short grace, then end the rest as errors (never silent 0s).
     http.should_exit = True
     grpc_server.stop(grace=2.0)
-    http_thread.join(10)
+    core.drain(grace_s=2.0)
     core.close()
+    http_thread.join(10)
     log.info("stopped")
     return code
 

@@ -14,12 +14,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
+from pydantic import ValidationError
+
 from grpo.common.auth import bearer_metadata
 from grpo.reward.convert import model_to_proto, proto_to_model, validation_message
 from grpo.reward.schemas import ScoreItem, ScoreRequest, ScoreResult, VerifyMathRequest, VerifyMathResponse
 from grpo.v1 import reward_pb2 as pb
 from grpo.v1 import reward_pb2_grpc
-from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
 

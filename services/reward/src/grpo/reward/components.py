@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from grpo.reward import metrics
 from grpo.reward.pool import PoolFull, TaskTimeout, WorkerPool
@@ -21,6 +21,7 @@ from grpo.reward.schemas import (
     ExecuteResponse,
     ScoreItem,
     ScoreResult,
+    Verdict,
     VerifyMathResponse,
     code_test_dict,
 )
@@ -145,7 +146,7 @@ class ComponentRunner:
             return [CodeTestResult(verdict="sandbox_error", stderr=detail)] * len(tests)
         results = [
             CodeTestResult(
-                verdict=r.verdict,
+                verdict=cast(Verdict, r.verdict),
                 exit_code=r.exit_code,
                 stdout=r.stdout,
                 stderr=r.stderr,

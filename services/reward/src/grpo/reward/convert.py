@@ -7,8 +7,9 @@ from typing import Any, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
-from grpo.reward.errors import InputError
 from pydantic import BaseModel, ValidationError
+
+from grpo.reward.errors import InputError
 
 M = TypeVar("M", bound=BaseModel)
 P = TypeVar("P", bound=Message)
@@ -23,9 +24,18 @@ def _tests_to_proto(tests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"assert": t["assert"]} if "assert" in t else {"stdio": t} for t in tests]
 
 
+def _drop_empty(data: dict[str, Any], key: str) -> None:
+    # proto3 strings without presence arrive as "" when unset: let the model's default apply.
+    if data.get(key) == "":
+        del data[key]
+
+
 def _adapt_checks_in(checks: dict[str, Any]) -> dict[str, Any]:
     if "code" in checks:
         checks["code"]["tests"] = _tests_from_proto(checks["code"].get("tests", []))
+        _drop_empty(checks["code"], "language")
+    if "language" in checks:
+        _drop_empty(checks["language"], "target")
     for name, plugin in checks.get("plugins", {}).items():
         raw = plugin.pop("kwargs_json", "") or "{}"
         try:
@@ -40,6 +50,7 @@ def proto_to_dict(msg: Message) -> dict[str, Any]:
     data = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     if "tests" in data:
         data["tests"] = _tests_from_proto(data["tests"])
+    _drop_empty(data, "language")
     for item in data.get("items", []):
         if "checks" in item:
             _adapt_checks_in(item["checks"])

@@ -120,6 +120,7 @@ class RewardCore:
             sandbox=self.sandbox_note,
             queue_depth=self.pool.queue_depth(),
             inflight=self._inflight,
+            version=_version(),
         )
 
     # ---- limits -----------------------------------------------------------------------
@@ -232,16 +233,31 @@ class RewardCore:
             log.exception("scoring item %s failed", item_id)
             return error_result(item_id, f"internal error: {type(exc).__name__}: {exc}", time.monotonic() - started)
 
+    def drain(self, grace_s: float) -> None:
+        """Wait up to `grace_s` for admitted work to finish (shutdown)."""
+        deadline = time.monotonic() + grace_s
+        while self._inflight and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def close(self) -> None:
-        """Stop the loop, the pools and the sandbox."""
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
+        """Stop the pools and the sandbox (work in flight ends as errors, answered), then the loop."""
         self.pool.close()
-        self._code_threads.shutdown(wait=False, cancel_futures=True)
-        self._aux_threads.shutdown(wait=False, cancel_futures=True)
         if self.sandbox is not None:
             self.sandbox.close()
+        self._code_threads.shutdown(wait=False, cancel_futures=True)
+        self._aux_threads.shutdown(wait=False, cancel_futures=True)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
 
 
 def _code_response(tests: list[CodeTestResult]) -> VerifyCodeResponse:
     return VerifyCodeResponse(passed=sum(t.verdict == "pass" for t in tests), total=len(tests), tests=tests)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("grpo-reward")
+    except PackageNotFoundError:
+        return "unknown"

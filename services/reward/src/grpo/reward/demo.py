@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import httpx
+
 from grpo.common.logs import setup_logging
 from grpo.common.net import free_port
 
@@ -89,11 +90,12 @@ def show(results: list[dict[str, Any]]) -> None:
         table.add_column(column)
     for row in rows:
         table.add_row(*row)
-    Console(stderr=True).print(table)
+    Console(stderr=True, width=160).print(table)
 
 
 def main() -> int:
     setup_logging("INFO")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     proc, url = start_service()
     try:
         log.info("reward service up at %s (OpenAPI at %s/docs)", url, url)

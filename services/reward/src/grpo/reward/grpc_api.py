@@ -10,6 +10,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, NoReturn, TypeVar
 
 import grpc
+from pydantic import BaseModel
+
 from grpo.reward import metrics
 from grpo.reward.convert import model_to_proto, parse_request
 from grpo.reward.core import RewardCore
@@ -42,6 +44,7 @@ def _abort(context: grpc.ServicerContext, method: str, exc: BaseException) -> No
         code = grpc.StatusCode.INTERNAL
     metrics.REQUESTS.labels(f"grpc/{method}", code.name).inc()
     context.abort(code, str(exc) or type(exc).__name__)
+    raise AssertionError("context.abort always raises")  # for the type checker
 
 
 class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
@@ -50,10 +53,10 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     def __init__(self, core: RewardCore) -> None:
         self.core = core
 
-    def _call(self, method: str, context: grpc.ServicerContext, make: Any, request: Any, model: type) -> Any:
+    def _call(self, method: str, context: grpc.ServicerContext, make: Any, request: Any, model: type[BaseModel]) -> Any:
         started = time.monotonic()
         try:
-            req = parse_request(model, request)
+            req: BaseModel = parse_request(model, request)
             remaining = _remaining(context)
             coro: Coroutine[Any, Any, Any] = make(req, remaining)
             future = self.core.submit(coro)
@@ -85,7 +88,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
 
     def ScoreStream(self, request: pb.ScoreRequest, context: grpc.ServicerContext) -> Iterator[pb.ScoreResult]:
         try:
-            req = parse_request(ScoreRequest, request)
+            req: ScoreRequest = parse_request(ScoreRequest, request)
             self.core.check_score(req)
         except Exception as exc:
             _abort(context, "ScoreStream", exc)

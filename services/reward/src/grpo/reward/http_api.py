@@ -10,6 +10,9 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 from grpo.common.auth import token_matches
 from grpo.reward import metrics
 from grpo.reward.core import RewardCore
@@ -25,8 +28,6 @@ from grpo.reward.schemas import (
     VerifyMathRequest,
     VerifyMathResponse,
 )
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

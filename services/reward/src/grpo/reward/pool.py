@@ -83,17 +83,6 @@ class _Worker:
         self.proc.join(5)
         self.conn.close()
 
-    def close(self) -> None:
-        try:
-            self.conn.send(None)
-        except OSError:
-            pass
-        self.proc.join(1)
-        if self.proc.is_alive():
-            self.kill()
-        else:
-            self.conn.close()
-
 
 class WorkerPool:
     """N worker processes behind a bounded queue; `submit` returns a Future.
@@ -202,6 +191,10 @@ class WorkerPool:
 
     def _run(self, index: int, tasks: list[_Task]) -> list[_Task]:
         """Run tasks on slot `index`'s worker; returns the tasks still to run after a kill."""
+        if self._closed.is_set():
+            for t in tasks:
+                t.future.set_exception(RuntimeError("pool closed"))
+            return []
         worker = self._workers[index]
         if worker is None or not worker.proc.is_alive():
             worker = self._replace(index)
@@ -223,11 +216,12 @@ class WorkerPool:
                 message = worker.conn.recv() if ready else None
             except (EOFError, OSError):
                 self.crashes += 1
-                log.warning("worker %d died (exit %s); replacing it", index, worker.proc.exitcode)
+                log.warning("worker %d died (exit %s)", index, worker.proc.exitcode)
                 self._discard(index)  # before answering, so a caller never sees the dead worker in place
                 task.future.set_exception(WorkerCrashed(f"worker process died (exit {worker.proc.exitcode})"))
                 del pending[current]
-                self._replace(index)
+                if not self._closed.is_set():
+                    self._replace(index)
                 return [pending[k] for k in sorted(pending)]
             if message is None:
                 self.kills += 1
@@ -239,7 +233,8 @@ class WorkerPool:
                 self._discard(index)
                 task.future.set_exception(TaskTimeout(f"no result within {task.timeout_s:g}s; worker killed"))
                 del pending[current]
-                self._replace(index)
+                if not self._closed.is_set():
+                    self._replace(index)
                 return [pending[k] for k in sorted(pending)]
             i, ok, payload = message
             done = pending.pop(i)
@@ -262,13 +257,17 @@ class WorkerPool:
                 break
             if task is not None and task.future.set_running_or_notify_cancel():
                 task.future.set_exception(RuntimeError("pool closed"))
+        # Kill busy workers too: a slot waiting on a sympy blow-up would otherwise hold shutdown until its deadline.
+        for worker in list(self._workers):
+            if worker is not None and worker.proc.pid is not None and worker.proc.is_alive():
+                os.kill(worker.proc.pid, signal.SIGKILL)  # its slot thread sees EOF and stops waiting
         for _ in self._threads:
             self._queue.put(None)
         for thread in self._threads:
             thread.join(10)
         for worker in self._workers:
             if worker is not None:
-                worker.close()
+                worker.kill()
 
     def __enter__(self) -> WorkerPool:
         return self

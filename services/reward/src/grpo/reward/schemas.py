@@ -169,7 +169,7 @@ class ScoreItem(Model):
     prompt: str = ""
     completion: str
     checks: Checks
-    weights: dict[str, float] = Field(
+    weights: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(
         default_factory=dict, description="Weights by component name; 1 when absent; 0 makes a component optional."
     )
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-from grpo.common.settings import load_settings, service_config
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
+
+from grpo.common.settings import load_settings, service_config
 
 BUILTIN_COMPONENTS = ("math", "code", "format", "language", "overlong", "reward_model")
 

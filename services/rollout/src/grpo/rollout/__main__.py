@@ -22,7 +22,14 @@ def build_engine(settings: RolloutSettings, model: str) -> Engine:
     if settings.engine == "vllm":
         from grpo.rollout.engines.vllm import VLLMEngine
 
-        return VLLMEngine(model=model, dtype=settings.dtype)
+        return VLLMEngine(
+            model=model,
+            dtype=settings.dtype,
+            kv_cache_bytes=settings.vllm_kv_cache_bytes,
+            max_model_len=settings.vllm_max_model_len,
+            in_process=settings.vllm_in_process,
+            gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
+        )
     from grpo.rollout.engines.hf import HFEngine
 
     return HFEngine(model, dtype=settings.dtype, device=settings.device, torch_threads=settings.torch_threads or None)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict
 
 import grpc
+
 from grpo.common.weights import WeightUpdateError
 from grpo.rollout.engines.base import PromptOutput, SamplingParams
 from grpo.rollout.service import Limits, RolloutService

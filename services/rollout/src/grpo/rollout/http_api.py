@@ -7,8 +7,9 @@ import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from grpo.rollout.service import RolloutService
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from grpo.rollout.service import RolloutService
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
 from grpo.common.weights import WeightAssembler, WeightUpdateError
 from grpo.rollout.engines.base import Engine, PromptOutput, SamplingParams
 from grpo.v1 import rollout_pb2
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 log = logging.getLogger(__name__)
 

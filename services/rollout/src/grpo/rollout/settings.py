@@ -5,9 +5,10 @@ from __future__ import annotations
 import socket
 from typing import Literal
 
-from grpo.common.settings import load_settings, service_config
 from pydantic import Field
 from pydantic_settings import BaseSettings
+
+from grpo.common.settings import load_settings, service_config
 
 
 class RolloutSettings(BaseSettings):
@@ -25,6 +26,14 @@ class RolloutSettings(BaseSettings):
     """Device for the `hf` engine: auto, cpu, cuda, cuda:1, ..."""
     torch_threads: int = Field(0, ge=0)
     """torch intra-op threads for the `hf` engine on CPU; 0 keeps torch's default."""
+    vllm_kv_cache_bytes: int = Field(0, ge=0)
+    """vLLM KV-cache size in bytes; 0 = 512 MiB on CPU, vLLM's own sizing on GPU."""
+    vllm_max_model_len: int | None = Field(None, ge=16)
+    """vLLM context length; unset = the model's."""
+    vllm_in_process: bool | None = None
+    """Run vLLM's engine core in this process (fast start; CPU default) or in its own (GPU default)."""
+    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    """Fraction of GPU memory vLLM may use (GPU only)."""
     redis_url: str | None = None
     """When set, the worker loop consumes prompt tasks from this Redis."""
     reward_addr: str | None = None
@@ -49,6 +58,24 @@ class RolloutSettings(BaseSettings):
     """Most samples per prompt."""
     max_new_tokens_cap: int = Field(4096, ge=1)
     """Largest max_new_tokens a request may ask for."""
+    run: str = "default"
+    """Run namespace of the Redis keys (grpo:{run}:...); the trainer uses the same."""
+    reward_token: str | None = None
+    """Bearer token for the reward service."""
+    reward_timeout_s: float = Field(60.0, gt=0)
+    """Deadline of one Score call (retried with backoff before a group is marked failed)."""
+    worker_batch_tasks: int = Field(4, ge=1)
+    """Most tasks generated together in one engine call (the engine batches prompts × n)."""
+    worker_block_ms: int = Field(1000, ge=1, le=5000)
+    """How long one read waits for new tasks; bounds how fast a stop is noticed."""
+    reclaim_idle_s: float = Field(30.0, gt=0)
+    """A task pending this long without a lease renewal belongs to a dead replica and is reclaimed."""
+    heartbeat_s: float = Field(2.0, gt=0)
+    """Registry heartbeat and lease-renewal period (keep it well under reclaim_idle_s)."""
+    registry_ttl_s: float = Field(10.0, gt=0)
+    """A replica silent for this long drops out of the registry."""
+    task_max_attempts: int = Field(3, ge=1)
+    """Attempts (in-process retries and deliveries) before a task is written as failed."""
     grpc_workers: int = Field(16, ge=1)
     """gRPC server threads."""
     log_level: str = "INFO"

@@ -20,49 +20,18 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from grpo.common.queue import APPENDED, TAKEN_OVER, Entry, QueueUnavailable, RunQueue, connect
 from grpo.common.registry import ReplicaInfo, ReplicaRegistry
 from grpo.rollout.grpc_api import encode_prompts, sampling_params
 from grpo.rollout.service import RolloutService
+from grpo.rollout.settings import RolloutSettings
 from grpo.v1 import queue_pb2, reward_pb2
 
 log = logging.getLogger(__name__)
 
 Scorer = Callable[[list[reward_pb2.ScoreItem]], list[reward_pb2.ScoreResult]]
 OUTCOMES = ("done", "failed", "reclaimed", "dropped", "invalid", "redis_errors")
-
-
-class WorkerOptions(BaseSettings):
-    """Worker-loop knobs: defaults < GRPO_ROLLOUT_* env < a service settings field of the same name."""
-
-    model_config = SettingsConfigDict(env_prefix="GRPO_ROLLOUT_", extra="ignore", use_attribute_docstrings=True)
-
-    run: str = "default"
-    """Run namespace of the Redis keys (grpo:{run}:...)."""
-    worker_batch_tasks: int = Field(4, ge=1)
-    """Most tasks generated together in one engine call (the engine batches prompts × n)."""
-    worker_block_ms: int = Field(1000, ge=1, le=5000)
-    """How long one read waits for new tasks; bounds how fast a stop is noticed."""
-    reclaim_idle_s: float = Field(30.0, gt=0)
-    """A task pending this long without a lease renewal belongs to a dead replica and is reclaimed."""
-    heartbeat_s: float = Field(2.0, gt=0)
-    """Registry heartbeat and lease-renewal period (keep it well under reclaim_idle_s)."""
-    registry_ttl_s: float = Field(10.0, gt=0)
-    """A replica silent for this long drops out of the registry."""
-    task_max_attempts: int = Field(3, ge=1)
-    """Attempts (in-process retries and deliveries) before a task is written as failed."""
-    reward_timeout_s: float = Field(60.0, gt=0)
-    """Deadline of one Score call."""
-    reward_token: str | None = None
-    """Bearer token for the reward service."""
-
-
-def worker_options(settings: Any) -> WorkerOptions:
-    """Defaults overridden by the fields `settings` has."""
-    return WorkerOptions(**{n: getattr(settings, n) for n in WorkerOptions.model_fields if hasattr(settings, n)})
 
 
 _COUNTERS: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()
@@ -208,7 +177,7 @@ class RolloutWorker:
         *,
         replica_id: str,
         address: str,
-        options: WorkerOptions,
+        options: RolloutSettings,
         stats: WorkerStats | None = None,
         on_written: Callable[[bool], None] | None = None,
     ) -> None:
@@ -429,13 +398,13 @@ def redacted(url: str) -> str:
     return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
-def run_worker(service: RolloutService, settings: Any, stop_event: threading.Event) -> None:
+def run_worker(service: RolloutService, settings: RolloutSettings, stop_event: threading.Event) -> None:
     """The service's worker thread: consume tasks from `settings.redis_url` until `stop_event` is set."""
     if not settings.reward_addr:
         raise ValueError("the worker loop needs --reward-addr (host:port of the reward service's gRPC API)")
     from grpo.reward.client import RewardClient
 
-    options = worker_options(settings)
+    options = settings
     # Blocking reads wait worker_block_ms; the socket deadline must outlast them.
     client = connect(settings.redis_url, socket_timeout_s=options.worker_block_ms / 1000 + 5.0)
     reward = RewardClient(settings.reward_addr, token=options.reward_token, timeout_s=options.reward_timeout_s)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from grpo.algo.masked import masked_mean, masked_sum
 from torch import Tensor
+
+from grpo.algo.masked import masked_mean, masked_sum
 
 
 class Aggregation(Protocol):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from grpo.algo.masked import masked_mean, zero_masked
 from torch import Tensor
+
+from grpo.algo.masked import masked_mean, zero_masked
 
 _FULL_PRECISION = (torch.float32, torch.float64)
 

@@ -10,11 +10,12 @@ import math
 from collections.abc import Callable
 
 import torch
+from torch import Tensor
+
 from grpo.algo.aggregation import AGGREGATIONS
 from grpo.algo.kl import KL_ESTIMATORS, MAX_LOG_RATIO, kl_estimate
 from grpo.algo.logprobs import entropy_from_logits
 from grpo.algo.masked import masked_mean, zero_masked
-from torch import Tensor
 
 
 def token_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:

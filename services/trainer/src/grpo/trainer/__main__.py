@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sys
 
+from pydantic import ValidationError
+
 from grpo.common.logs import setup_logging
 from grpo.trainer.config import parse_settings
-from pydantic import ValidationError
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -205,7 +205,8 @@ def triage(
     staleness = lineage_staleness(policy_version, group.weight_version, acct.version_aliases)
     if staleness is None or staleness > max_staleness:
         return "stale"
-    if skip_zero_variance and max(group.rewards) - min(group.rewards) <= 1e-12:  # type: ignore[type-var]
+    scored = [r for r in group.rewards if r is not None]
+    if skip_zero_variance and max(scored) - min(scored) <= 1e-12:
         return "zero_variance"
     return "train"
 

@@ -80,3 +80,13 @@ def learner_config(settings: TrainerSettings, algo: LossConfig) -> LearnerConfig
         ref_refresh_steps=algo.ref_refresh_steps or 0,
         gradient_checkpointing=settings.gradient_checkpointing,
     )
+
+
+def require_single_process(learner: object) -> None:
+    """The orchestration (Redis, pushes, servers) runs in one process; multi-rank DeepSpeed needs a rank-0 driver."""
+    world = getattr(getattr(learner, "backend", None), "world_size", 1)
+    if world > 1:
+        raise RuntimeError(
+            f"the trainer service drives one process, but this learner spans {world} ranks: run DeepSpeed with "
+            "1 process (torchrun --nproc-per-node 1) or the torch backend; multi-rank orchestration is not built yet"
+        )

@@ -11,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from grpo.common.settings import load_settings, service_config
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings
+
+from grpo.common.settings import load_settings, service_config
 
 PRESETS = ("grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo")
 # Fields that a preset may set; a None here means "take the preset's value".
@@ -68,6 +69,8 @@ class TrainerSettings(BaseSettings):
     """Policy versions a group may lag; at most max_staleness+1 batches in flight. 0: strictly on-policy."""
     max_refill_per_step: int | None = Field(None, ge=0)
     """Dynamic sampling: extra tasks a step may publish to replace zero-variance groups (None = 2 × prompts_per_step)."""
+    redis_outage_s: float = Field(120.0, gt=0)
+    """How long the run rides out an unreachable Redis (retrying) before it fails with an error."""
     group_timeout_s: float = Field(600.0, gt=0)
     """A task whose group has not arrived this long after publishing is dropped (reason `timeout`)."""
 

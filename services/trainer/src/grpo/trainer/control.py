@@ -88,12 +88,14 @@ class RunControl:
         return fut
 
     def take_checkpoint_requests(self) -> list[Future[tuple[str, int]]]:
-        out = []
+        out: list[Future[tuple[str, int]]] = []
         while True:
             try:
-                out.append(self._requests.get_nowait())
+                fut = self._requests.get_nowait()
             except queue.Empty:
                 return out
+            if fut.set_running_or_notify_cancel():  # False: the caller gave up (deadline passed)
+                out.append(fut)
 
     def fail_pending_requests(self, reason: str) -> None:
         for fut in self.take_checkpoint_requests():

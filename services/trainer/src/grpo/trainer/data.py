@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
+
 from grpo.v1 import reward_pb2, rollout_pb2
 
 log = logging.getLogger(__name__)

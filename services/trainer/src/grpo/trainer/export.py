@@ -11,8 +11,9 @@ log = logging.getLogger(__name__)
 
 def load_tokenizer(model: str) -> Any:
     """The tokenizer of `model` (a folder, a hub id, or `tiny`)."""
-    from grpo.common.tiny_model import resolve_model
     from transformers import AutoTokenizer
+
+    from grpo.common.tiny_model import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(model))
 

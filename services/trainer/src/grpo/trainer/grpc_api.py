@@ -6,6 +6,7 @@ import logging
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import grpc
+
 from grpo.trainer.control import RunControl, StatusSnapshot
 from grpo.v1 import trainer_pb2, trainer_pb2_grpc
 

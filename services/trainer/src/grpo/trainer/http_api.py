@@ -8,8 +8,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from grpo.trainer.control import RunControl
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from grpo.trainer.control import RunControl
 
 log = logging.getLogger(__name__)
 

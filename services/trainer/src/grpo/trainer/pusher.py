@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
+
 from grpo.common.auth import bearer_metadata
 from grpo.common.weights import push_weights, weights_checksum
 from grpo.v1 import rollout_pb2, rollout_pb2_grpc
@@ -115,14 +116,3 @@ def replica_status(address: str, timeout_s: float = 5.0, token: str | None = Non
     with grpc.insecure_channel(address) as channel:
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
         return stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=timeout_s, metadata=bearer_metadata(token))
-
-
-def replica_versions(targets: Sequence[ReplicaTarget], timeout_s: float = 5.0) -> dict[str, int]:
-    """Loaded version per reachable replica (unreachable ones are left out and logged)."""
-    out: dict[str, int] = {}
-    for t in targets:
-        try:
-            out[t.replica_id] = int(replica_status(t.address, timeout_s).weight_version)
-        except grpc.RpcError as exc:
-            log.warning("replica %s at %s did not answer GetStatus: %s", t.replica_id, t.address, exc)
-    return out

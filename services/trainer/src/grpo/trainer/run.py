@@ -10,14 +10,16 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
+
 from grpo.algo import group_advantages
-from grpo.common.queue import RunQueue, connect
+from grpo.common.queue import QueueUnavailable, RunQueue, connect
 from grpo.common.registry import ReplicaRegistry
 from grpo.trainer.accounting import Accounting, StepQuota, batches_to_publish, lineage_staleness, triage
-from grpo.trainer.assemble import learner_config, resolve_algo, task_spec
+from grpo.trainer.assemble import learner_config, require_single_process, resolve_algo, task_spec
 from grpo.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.consumer import GroupReader, facts_of, group_metrics, to_samples
@@ -35,6 +37,7 @@ from grpo.v1 import queue_pb2
 log = logging.getLogger(__name__)
 CONSUMER = "trainer"  # one stable consumer name per run: a restarted trainer finds its pending list under it
 Kept = list[tuple[str, queue_pb2.GroupRecord]]
+T = TypeVar("T")
 
 
 class GrpoRun:
@@ -54,6 +57,7 @@ class GrpoRun:
         self.registry = ReplicaRegistry(client, s.run_id)
         self.reader = GroupReader(self.queue, CONSUMER)
         self.learner = Learner(learner_config(s, self.algo))
+        require_single_process(self.learner)
         self.acct = Accounting()
         self.step = 0
         self.ckpt_root = s.output_dir / "checkpoints"
@@ -81,6 +85,7 @@ class GrpoRun:
         )
         self.confirmed: dict[str, int] = {}  # replica id -> version it confirmed (push reply)
         self.push_stats: dict[str, float] = {}
+        self.last_checkpoint_step = self.step if path is not None else -1
 
     @property
     def version(self) -> int:
@@ -91,8 +96,9 @@ class GrpoRun:
     def run(self) -> None:
         s = self.s
         self.control.update(phase="grpo", total_steps=s.steps, step=self.step)
-        self._start_replicas()
-        self.reader.recover_pending()
+        if self.step < s.steps:
+            self._start_replicas()
+            self.reader.recover_pending()
         while self.step < s.steps and not self.control.stopping:
             self._serve_checkpoint_requests()
             push_s = self._sync_replicas()
@@ -112,15 +118,13 @@ class GrpoRun:
             metrics["time/step_s"] = time.monotonic() - started
             if self.step % s.checkpoint_every == 0:
                 self._checkpoint()
-            if self.eval_rows and s.eval_every and self.step % s.eval_every == 0:
+            if self.eval_rows and ((s.eval_every and self.step % s.eval_every == 0) or self.step == s.steps):
                 metrics.update(self._evaluate())
             self.sink.log(self.step, metrics)
             self._publish_status(metrics)
-        self._checkpoint()
+        if self.last_checkpoint_step != self.step or self.acct.recent:
+            self._checkpoint()
         if self.step >= s.steps:
-            if self.eval_rows and not (s.eval_every and self.step % s.eval_every == 0):
-                final = self._evaluate()
-                self.sink.log(self.step, final)
             self._save_final()
         self._serve_checkpoint_requests()
         self.control.update(phase="done" if self.step >= s.steps else "stopped")
@@ -135,7 +139,9 @@ class GrpoRun:
         deadline = time.monotonic() + self.s.replica_wait_s
         live = self._live()
         while len(live) < self.s.min_replicas:
-            if time.monotonic() > deadline or self.control.stopping:
+            if self.control.stopping:
+                return
+            if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"only {len(live)} live rollout replica(s) for run {self.s.run_id!r} after "
                     f"{self.s.replica_wait_s:.0f}s (need {self.s.min_replicas}); are they started with the same "
@@ -183,7 +189,14 @@ class GrpoRun:
     def _admit(self) -> None:
         s = self.s
         for _ in range(batches_to_publish(self.acct.batches_published, self.step, s.max_staleness, s.steps)):
-            self.publisher.publish(s.prompts_per_step, self.version, self.acct.batches_published, self.acct)
+            # A failed XADD whose reply was lost may leave tasks in Redis that the accounting never saw: the retry
+            # republishes the same ids (the cursor did not move), and the extra group is counted as a duplicate.
+            self._retry(
+                lambda: self.publisher.publish(
+                    s.prompts_per_step, self.version, self.acct.batches_published, self.acct
+                ),
+                "publishing tasks",
+            )
             self.acct.batches_published += 1
 
     def _collect(self) -> tuple[Kept | None, dict[str, float]]:
@@ -209,7 +222,7 @@ class GrpoRun:
                     self.acct.resolve(tid, "timeout")
                     outcomes["timeout"] = outcomes.get("timeout", 0) + 1
                     self._on_resolved(quota, "timeout")
-            entry = self.reader.next(block_ms=500)
+            entry = self._retry(lambda: self.reader.next(block_ms=500), "reading groups")
             if entry is None:
                 continue
             record = entry.message
@@ -243,6 +256,18 @@ class GrpoRun:
             metrics["staleness/max"] = float(max(staleness))
         return kept, metrics
 
+    def _retry(self, call: Callable[[], T], what: str) -> T:
+        """Ride out a Redis outage of up to redis_outage_s (then fail the run: reported, never hung)."""
+        deadline = time.monotonic() + self.s.redis_outage_s
+        while True:
+            try:
+                return call()
+            except QueueUnavailable as exc:
+                if time.monotonic() > deadline or self.control.stopping:
+                    raise RuntimeError(f"Redis unavailable for {self.s.redis_outage_s:.0f}s while {what}") from exc
+                log.warning("Redis unavailable while %s (%s); retrying", what, exc)
+                time.sleep(1.0)
+
     def _on_resolved(self, quota: StepQuota, outcome: str) -> None:
         if quota.on_resolved(outcome):  # DAPO dynamic sampling: replace the zero-variance group
             self.publisher.publish(1, self.version, self.step, self.acct)
@@ -271,12 +296,17 @@ class GrpoRun:
     def _checkpoint(self) -> str:
         write_segment(self.ledger_root, self.step, self.acct.recent)
         self.acct.recent = []
+        self.last_checkpoint_step = self.step
         path = save_checkpoint(
             self.ckpt_root, self.learner, step=self.step, data_cursor=self.publisher.cursor.to_state(),
             inflight=self.acct.to_state(time.monotonic()), keep_last=self.s.keep_checkpoints,
         )  # fmt: skip
-        # Only now is every consumed group's outcome durable: release them in Redis.
-        self.reader.ack_deferred()
+        # Only now is every consumed group's outcome durable: release them in Redis. A failed ack only means
+        # a restarted trainer re-reads those groups and counts them as duplicates.
+        try:
+            self.reader.ack_deferred()
+        except QueueUnavailable as exc:
+            log.warning("could not ack consumed groups after the checkpoint: %s", exc)
         return str(path)
 
     def _serve_checkpoint_requests(self) -> None:

@@ -10,6 +10,7 @@ from types import FrameType
 from grpo.common.grpc_server import GrpcServer
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
+from grpo.trainer.data import DataError
 from grpo.trainer.grpc_api import register
 from grpo.trainer.http_api import HttpServer
 
@@ -57,6 +58,10 @@ def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
             from grpo.trainer.run import GrpoRun
 
             GrpoRun(settings, control, registry).run()
+    except DataError as exc:  # the user's file: one clear line, no traceback
+        log.error("the run failed: %s", exc)
+        control.update(phase="failed", error=str(exc))
+        code = 1
     except Exception as exc:
         log.exception("the run failed")
         control.update(phase="failed", error=f"{type(exc).__name__}: {exc}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from grpo.trainer.assemble import learner_config, resolve_algo
+from grpo.trainer.assemble import learner_config, require_single_process, resolve_algo
 from grpo.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
@@ -20,9 +20,10 @@ log = logging.getLogger(__name__)
 def encode_prompt(tokenizer: Any, row: PromptRow, apply_chat_template: bool) -> list[int]:
     """Token ids exactly as the rollout service encodes the same prompt (so SFT and RL see one format)."""
     messages = row.messages()
-    if messages is None and not apply_chat_template:
-        return list(tokenizer.encode(row.prompt, add_special_tokens=False))
-    messages = messages or [{"role": "user", "content": row.prompt}]
+    if isinstance(row.prompt, str):
+        if not apply_chat_template:
+            return list(tokenizer.encode(row.prompt, add_special_tokens=False))
+        messages = [{"role": "user", "content": row.prompt}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
@@ -41,6 +42,7 @@ def run_sft(settings: TrainerSettings, control: RunControl, prometheus_registry:
     rows = load_rows(s.train_data, need_response=True)
     tokenizer = load_tokenizer(s.model)
     learner = Learner(learner_config(s, resolve_algo(s).with_overrides(beta=0.0)))
+    require_single_process(learner)
     root = s.output_dir / "checkpoints"
     cursor, step = DataCursor(seed=s.seed), 0
     path = None if s.resume == "never" else latest_checkpoint(root) if s.resume == "auto" else s.resume

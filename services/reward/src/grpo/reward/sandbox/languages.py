@@ -11,9 +11,10 @@ The nonce is never in the program text, never in memory while the user program r
 printing or replaying a nonce seen in an earlier run does not help.
 
 What it does not stop: code that knows this protocol and deliberately forges it from inside the same
-interpreter (copying fd 4 to fd 3 itself, rewriting frames with `sys.settrace`). Nothing in-process can stop
-that; the defence there is that the candidate never sees the tests, and the sandbox still confines whatever it
-does. Treat a pass as "the tests ran to completion in an interpreter the candidate shared", not as a proof
+interpreter (copying fd 4 to fd 3 itself, rewriting frames with `sys.settrace`), or that tampers with state the
+tests share with it (e.g. replacing `builtins.abs` that an assert relies on) — HumanEval's contract runs
+candidate and tests in one namespace. Nothing in-process can stop that; the defences there are that the
+candidate never sees the tests, and that the sandbox still confines whatever it does. Treat a pass as "the tests ran to completion in an interpreter the candidate shared", not as a proof
 against a program written to attack this harness.
 """
 

@@ -12,11 +12,12 @@ import struct
 import subprocess
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from grpo.reward.sandbox.base import ExecResult, Limits, Sandbox, SandboxUnavailable
-from grpo.reward.sandbox.languages import launch_for
+from grpo.reward.sandbox.languages import Launch, launch_for
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +25,17 @@ ZYGOTE = Path(__file__).with_name("zygote.py")
 RO_BINDS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/libx32", "/sbin")
 RUN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/scratch", "LANG": "C.UTF-8", "TMPDIR": "/scratch"}
 REPLY_SLACK_S = 5.0  # the zygote enforces the deadline itself; this only catches a wedged zygote
+REMEDY = (
+    "the namespace sandbox needs to run as root with CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID, CAP_SETPCAP and "
+    "CAP_CHOWN, and mount/unshare/pivot_root allowed by seccomp and AppArmor (docker: --cap-add SYS_ADMIN "
+    "--security-opt apparmor=unconfined; kubernetes: capabilities.add [SYS_ADMIN], runAsUser 0); "
+    "it never falls back to running code unconfined"
+)
 ISOLATION = (
-    "linux namespaces (pid, mount, net, ipc, uts) via a zygote pool: read-only minimal root (/usr, /bin, /lib*), "
-    "private size-capped tmpfs scratch, own /proc, no network interfaces, unprivileged per-worker uid, "
-    "no capabilities, no_new_privs, rlimits (as, cpu, nproc, fsize, nofile), wall-clock kill of the whole PID namespace"
+    "linux namespaces (pid, mount, net, ipc, uts) from a zygote pool: minimal read-only root (/usr, /bin, /lib*), "
+    "private size-capped tmpfs scratch, own /proc, no network interface up, SysV IPC disabled, unprivileged "
+    "per-worker uid, no capabilities, no_new_privs, seccomp (no new namespaces, ptrace, bpf, io_uring, perf, "
+    "keyrings, mounts), rlimits (address space, cpu, nproc, fsize, nofile), whole PID namespace killed at the deadline"
 )
 
 
@@ -67,7 +75,7 @@ class Zygote:
             raise SandboxUnavailable(f"sandbox zygote cannot start: {exc}") from exc
         if not hello.get("ready"):
             self.kill()
-            raise SandboxUnavailable(f"sandbox zygote could not start: {hello.get('error')}")
+            raise SandboxUnavailable(f"sandbox zygote could not start: {hello.get('error')}; {REMEDY}")
         self.uid = int(hello["uid"])
 
     def request(self, req: dict[str, Any], deadline: float) -> dict[str, Any]:
@@ -133,17 +141,37 @@ def _died_of_memory(stderr: str) -> bool:
     return any(line.startswith("MemoryError") or "Cannot allocate memory" in line for line in tail)
 
 
+def request_for(launch: Launch, stdin: str, limits: Limits) -> dict[str, Any]:
+    """The zygote's request: what to write, what to exec, with which limits."""
+    return {
+        "argv": launch.argv,
+        "files": launch.files,
+        "stdin": stdin,
+        "env": RUN_ENV,
+        "limits": {
+            "timeout_s": limits.timeout_s,
+            "memory_mb": limits.memory_mb,
+            "max_output_bytes": limits.max_output_bytes,
+            "max_processes": limits.max_processes,
+            "max_file_bytes": limits.max_file_bytes,
+            "scratch_mb": limits.scratch_mb,
+            "cpu_s": limits.effective_cpu_s(),
+        },
+    }
+
+
 class NamespaceSandbox(Sandbox):
-    """A pool of `workers` zygotes; each run takes a free one, so runs proceed in parallel on all cores."""
+    """A pool of `workers` zygotes; each run takes a free one, so runs proceed in parallel on all cores.
+
+    Zygotes are started only by one long-lived spawner thread: their parent-death signal fires when the
+    *thread* that started them ends, so a zygote started from a short-lived request thread would die with it.
+    """
 
     isolation = ISOLATION
 
     def __init__(self, workers: int = 2, interpreter: str | None = None, uid_base: int = 200_000) -> None:
         if os.geteuid() != 0:
-            raise SandboxUnavailable(
-                "the namespace sandbox needs root with CAP_SYS_ADMIN, CAP_SETUID and CAP_SETGID "
-                "(e.g. a container run with --cap-add SYS_ADMIN); it refuses to run code unsandboxed"
-            )
+            raise SandboxUnavailable(f"running as uid {os.geteuid()}, not root: {REMEDY}")
         self.workers = workers
         self.interpreter = interpreter or _default_interpreter()
         self._uid_base = uid_base
@@ -151,14 +179,35 @@ class NamespaceSandbox(Sandbox):
         self._lock = threading.Lock()
         self._all: list[Zygote] = []
         self._closed = False
-        for _ in range(workers):
-            self._idle.put(self._spawn())
+        self._spawns: queue.Queue[Future[Zygote] | None] = queue.Queue()
+        self._spawner = threading.Thread(target=self._spawn_loop, name="sandbox-spawner", daemon=True)
+        self._spawner.start()
+        try:
+            for future in [self._request_spawn() for _ in range(workers)]:
+                self._idle.put(future.result())
+        except BaseException:
+            self.close()
+            raise
 
-    def _spawn(self) -> Zygote:
-        zygote = Zygote(self.interpreter, self._uid_base)
-        with self._lock:
-            self._all.append(zygote)
-        return zygote
+    def _request_spawn(self) -> Future[Zygote]:
+        future: Future[Zygote] = Future()
+        self._spawns.put(future)
+        return future
+
+    def _spawn_loop(self) -> None:
+        while (future := self._spawns.get()) is not None:
+            try:
+                zygote = Zygote(self.interpreter, self._uid_base)
+            except Exception as exc:
+                future.set_exception(exc)
+                continue
+            with self._lock:
+                if self._closed:
+                    zygote.kill()
+                    future.set_exception(SandboxUnavailable("sandbox is closed"))
+                    continue
+                self._all.append(zygote)
+            future.set_result(zygote)
 
     def _retire(self, zygote: Zygote) -> None:
         zygote.kill()
@@ -169,24 +218,7 @@ class NamespaceSandbox(Sandbox):
     def run(self, program: str, stdin: str = "", limits: Limits | None = None, language: str = "python") -> ExecResult:
         limits = limits or Limits()
         limits.validate()
-        launch = launch_for(language, program, self.interpreter)
-        req = {
-            "argv": launch.argv,
-            "files": launch.files,
-            "stdin": stdin,
-            "env": RUN_ENV,
-            "limits": {
-                "timeout_s": limits.timeout_s,
-                "memory_mb": limits.memory_mb,
-                "max_output_bytes": limits.max_output_bytes,
-                "max_processes": limits.max_processes,
-                "max_file_bytes": limits.max_file_bytes,
-                "scratch_mb": limits.scratch_mb,
-                "cpu_s": limits.effective_cpu_s(),
-            },
-        }
-        if self._closed:
-            return ExecResult("sandbox_error", None, "", "sandbox is closed", 0.0)
+        req = request_for(launch_for(language, program, self.interpreter), stdin, limits)
         zygote = self._take()
         if zygote is None:
             return ExecResult("sandbox_error", None, "", "sandbox is closed", 0.0)
@@ -201,7 +233,7 @@ class NamespaceSandbox(Sandbox):
             self._replace(zygote)
         else:
             self._idle.put(zygote)
-        reply["cpu_limit_s"] = req["limits"]["cpu_s"]
+        reply["cpu_limit_s"] = limits.effective_cpu_s()
         status, exit_code = classify(reply)
         if status == "sandbox_error":
             detail = reply.get("error") or reply.get("setup_error")
@@ -217,27 +249,27 @@ class NamespaceSandbox(Sandbox):
                 continue
         return None
 
-    def _replace(self, zygote: Zygote) -> None:
+    def _replace(self, zygote: Zygote, delay_s: float = 0.0) -> None:
+        """Retire `zygote` and have the spawner start a successor; retry with backoff while that fails."""
         self._retire(zygote)
-        if self._closed:
-            return
-        try:
-            self._idle.put(self._spawn())
-        except Exception:  # keep the pool's size honest: try again on a later run
-            log.exception("could not restart a sandbox zygote")
-            threading.Timer(1.0, self._replace_later).start()
-
-    def _replace_later(self) -> None:
         if not self._closed:
-            try:
-                self._idle.put(self._spawn())
-            except Exception:
-                log.exception("could not restart a sandbox zygote")
-                threading.Timer(5.0, self._replace_later).start()
+            self._respawn(delay_s)
+
+    def _respawn(self, delay_s: float) -> None:
+        def done(future: Future[Zygote]) -> None:
+            if future.exception() is None:
+                self._idle.put(future.result())
+            elif not self._closed:
+                log.error("could not restart a sandbox zygote, retrying: %s", future.exception())
+                threading.Timer(min(max(1.0, delay_s * 2), 30.0), self._respawn, (min(delay_s * 2 + 1, 30.0),)).start()
+
+        if not self._closed:
+            self._request_spawn().add_done_callback(done)
 
     def close(self) -> None:
-        self._closed = True
         with self._lock:
+            self._closed = True
             zygotes = list(self._all)
+        self._spawns.put(None)
         for zygote in zygotes:
             self._retire(zygote)

@@ -1,15 +1,16 @@
 """The sandbox launcher ("zygote"): a single-threaded, stdlib-only root process that forks one isolated run per request.
 
 It is started by `namespace.py` as `python3 -I -S zygote.py CONFIG_JSON` with an empty environment and never
-imports anything from the service. At start it enters its own mount, network and UTS namespaces (no interface is
-up, not even loopback), builds a minimal read-only root (the read-only binds listed in the config, a few device
+imports anything from the service. At start it enters its own mount, network, IPC and UTS namespaces (no
+interface is up, not even loopback; SysV IPC is disabled), builds a minimal read-only root (the read-only binds listed in the config, a few device
 nodes, a synthetic /etc) and pivots into it, so nothing of the host (/work, /root, /home, /tmp, /proc, /sys, ...)
 is reachable from it any more. Then, per request (length-prefixed JSON on stdin/stdout):
 
     zygote ── unshare(NEWPID) + fork ──▶ child = pid 1 of a fresh PID namespace
                                            unshare(NEWNS); tmpfs /scratch (size-capped); fresh /proc;
-                                           rlimits, no_new_privs, empty capability bounding set,
-                                           unprivileged uid (unique per zygote); execve(argv), minimal env
+                                           oom_score_adj 1000; rlimits; no_new_privs; empty capability
+                                           bounding set; unprivileged uid (unique per zygote); seccomp
+                                           filter; execve(argv) with a minimal environment
 
 The program is the namespace's init: when it exits, the kernel kills everything left in the PID namespace
 (daemons, setsid children, fork-bomb remnants), and no privileged process exists inside it. On the wall-clock
@@ -24,6 +25,8 @@ arrives on fd 3 with the nonce and reports `proof`. See `languages.py` for what 
 
 # Syscall-level code on purpose: plain os calls map one-to-one to what the kernel does.
 # ruff: noqa: PTH103, PTH106, PTH110, PTH112, PTH114, PTH115, PTH211
+
+from __future__ import annotations
 
 import ctypes
 import fcntl
@@ -46,36 +49,37 @@ SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 DEVICES = ("null", "zero", "full", "random", "urandom")
 PROOF_FD, NONCE_FD = 3, 4
 
+SECCOMP = b""  # built once at start-up
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
 
 
-def _check(rc, what):
+def _check(rc: int, what: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _b(s):
+def _b(s: str | None) -> bytes | None:
     return None if s is None else s.encode()
 
 
-def mount(src, dst, fstype, flags, data=None):
+def mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     _check(libc.mount(_b(src), _b(dst), _b(fstype), flags, _b(data)), f"mount {src} on {dst}")
 
 
-def unshare(flags):
+def unshare(flags: int) -> None:
     _check(libc.unshare(flags), f"unshare({flags:#x})")
 
 
-def bind_ro(src, dst, devices=False):
+def bind_ro(src: str, dst: str, devices: bool = False) -> None:
     """Bind `src` read-only at `dst`; device nodes keep working only where asked."""
     mount(src, dst, None, MS_BIND | MS_REC)
     flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | (0 if devices else MS_NODEV)
     mount(None, dst, None, flags)
 
 
-def build_root(cfg, uid):
+def build_root(cfg: dict, uid: int) -> None:
     """Enter private mount/net/uts namespaces and pivot into a minimal read-only root."""
     unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC)
     # SysV IPC objects outlive processes; with none allowed in this IPC namespace nothing can pass from one
@@ -119,7 +123,47 @@ def build_root(cfg, uid):
     libc.sethostname(b"sandbox", 7)
 
 
-def _read_msg(fd):
+# Syscalls an unprivileged program could use to widen the kernel surface it reaches (new user namespaces,
+# eBPF, io_uring, perf, keyrings, ptrace) or that need privileges it no longer has; Docker's default profile
+# blocks the same ones. clone3 answers ENOSYS so libc falls back to clone, whose flags can be checked.
+DENY = {
+    "x86_64": (0xC000003E, 56, (272, 308, 165, 166, 155, 101, 321, 298, 323, 250, 248, 249, 425, 310, 311, 246,
+               175, 313, 176, 161, 304, 303, 428, 429, 430, 431, 432, 442, 163, 167, 168, 169, 103, 179)),
+    "aarch64": (0xC00000B7, 220, (97, 268, 40, 39, 41, 117, 280, 241, 282, 219, 217, 218, 425, 270, 271, 104,
+                105, 273, 106, 51, 265, 264, 428, 429, 430, 431, 432, 442, 89, 224, 225, 142, 116, 60)),
+}  # fmt: skip
+CLONE3 = 435
+NS_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+
+
+def seccomp_filter(machine: str) -> bytes:
+    """A classic-BPF seccomp program: EPERM for DENY, clone with namespace flags, and x32 calls; ENOSYS for clone3."""
+    arch, clone, deny = DENY[machine]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, eperm, enosys, kill = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38, 0x80000000
+    body: list[tuple[int, int | str, int | str, int]] = [(ld, 0, 0, 0)]  # nr
+    if machine == "x86_64":
+        body.append((jge, "EPERM", 0, 0x40000000))  # the x32 ABI aliases every syscall
+    body += [(jeq, "EPERM", 0, nr) for nr in deny]
+    body += [(jeq, "ENOSYS", 0, CLONE3), (jeq, 0, "ALLOW", clone), (ld, 0, 0, 16), (jset, "EPERM", 0, NS_FLAGS)]
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), *body]
+    labels = {"ALLOW": len(prog), "EPERM": len(prog) + 1, "ENOSYS": len(prog) + 2}
+    prog += [(ret, 0, 0, allow), (ret, 0, 0, eperm), (ret, 0, 0, enosys)]
+    out = b""
+    for i, (code, jt, jf, k) in enumerate(prog):
+        jt, jf = (labels[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf))
+        out += struct.pack("HBBI", code, jt, jf, k)
+    return out
+
+
+def install_seccomp(filt: bytes) -> None:
+    """PR_SET_SECCOMP with the filter; needs no_new_privs (set before) since we hold no capabilities."""
+    buf = ctypes.create_string_buffer(filt, len(filt))
+    prog = struct.pack("HxxxxxxP", len(filt) // 8, ctypes.addressof(buf))
+    _check(libc.prctl(22, 2, ctypes.c_char_p(prog), 0, 0), "seccomp")  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+
+def _read_msg(fd: int) -> dict | None:
     head = _read_exact(fd, 4)
     if head is None:
         return None
@@ -127,7 +171,7 @@ def _read_msg(fd):
     return None if body is None else json.loads(body)
 
 
-def _read_exact(fd, n):
+def _read_exact(fd: int, n: int) -> bytes | None:
     buf = b""
     while len(buf) < n:
         chunk = os.read(fd, n - len(buf))
@@ -137,19 +181,22 @@ def _read_exact(fd, n):
     return buf
 
 
-def _write_msg(fd, obj):
+def _write_msg(fd: int, obj: dict) -> None:
     body = json.dumps(obj).encode()
     data = struct.pack(">I", len(body)) + body
     while data:
         data = data[os.write(fd, data) :]
 
 
-def _setup_mounts(req, uid):
+def _setup_mounts(req: dict, uid: int) -> int:
     """Fresh mount namespace: a size-capped tmpfs scratch holding the program's files, and this PID ns's /proc."""
     unshare(CLONE_NEWNS)
     opts = f"size={req['limits']['scratch_mb']}m,nr_inodes=4096,mode=0700,uid={uid},gid={uid}"
     mount("tmpfs", "/scratch", "tmpfs", MS_NOSUID | MS_NODEV, opts)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)  # if memory runs out, the OOM killer takes runs first
+    os.write(fd, b"1000")
+    os.close(fd)
     for name, text in req["files"].items():
         fd = os.open("/scratch/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         os.write(fd, text.encode())
@@ -163,7 +210,7 @@ def _setup_mounts(req, uid):
     return stdin
 
 
-def _drop_privileges(limits, uid, cap_last_cap):
+def _drop_privileges(limits: dict, uid: int, cap_last_cap: int) -> None:
     """Rlimits, no_new_privs, an empty capability bounding set, then the unprivileged uid."""
     cpu = int(limits["cpu_s"])
     for res, val in (
@@ -185,9 +232,10 @@ def _drop_privileges(limits, uid, cap_last_cap):
     # A uid change clears the parent-death signal, so it is set last: zygote gone -> this init and its
     # whole PID namespace gone.
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    install_seccomp(SECCOMP)
 
 
-def _child(req, uid, fds, status_w):
+def _child(req: dict, uid: int, fds: list[int], status_w: int) -> None:
     """Pid 1 of a fresh PID namespace: mounts, limits, unprivileged uid, then exec the program; never returns.
 
     The program itself is the namespace's init, so when it exits (or is killed) the kernel kills every
@@ -208,31 +256,37 @@ def _child(req, uid, fds, status_w):
             os._exit(127)
 
 
-def _collect(pid, readers, limits, nonce, started):
+def _collect(pid: int, readers: dict[str, int], limits: dict, nonce: bytes, started: float) -> tuple:
     """Read outputs until every writer is gone, the deadline passes, or the output limit is hit."""
     deadline = started + limits["timeout_s"]
     bufs = {fd: bytearray() for fd in readers.values()}
+    # The pidfd turns readable when init (the program) exits, which the kernel reports only after every
+    # other process of its PID namespace is gone; a program that closes its pipes is still waited for.
+    exited = os.pidfd_open(pid)
     poller = select.poll()
-    for fd in bufs:
+    for fd in (*bufs, exited):
         poller.register(fd, select.POLLIN)
-    open_fds, verdict, total = set(bufs), None, 0
-    while open_fds:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            verdict = "timeout"
-            break
-        for fd, _ in poller.poll(max(1, int(left * 1000) + 1)):
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                poller.unregister(fd)
-                open_fds.discard(fd)
-                continue
-            bufs[fd] += chunk
-            if fd != readers["status"]:  # the program can write to out, err and the proof fd
-                total += len(chunk)
-        if total > limits["max_output_bytes"]:
-            verdict = "output_limit"
-            break
+    open_fds, verdict, total = {*bufs, exited}, None, 0
+    try:
+        while open_fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                verdict = "timeout"
+                break
+            for fd, _ in poller.poll(max(1, int(left * 1000) + 1)):
+                chunk = b"" if fd == exited else os.read(fd, 65536)
+                if not chunk:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                    continue
+                bufs[fd] += chunk
+                if fd != readers["status"]:  # the program can write to out, err and the proof fd
+                    total += len(chunk)
+            if total > limits["max_output_bytes"]:
+                verdict = "output_limit"
+                break
+    finally:
+        os.close(exited)
     wall = time.monotonic() - started
     if verdict is not None:
         os.kill(pid, signal.SIGKILL)  # init dies -> the kernel kills the whole PID namespace
@@ -246,7 +300,7 @@ def _collect(pid, readers, limits, nonce, started):
     return verdict, out, err, wait_status, setup_error, proof, wall, cpu
 
 
-def run_one(req, uid, pidns_fd):
+def run_one(req: dict, uid: int, pidns_fd: int) -> dict:
     """Run one request in a fresh PID namespace and return the raw outcome."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -287,7 +341,7 @@ def run_one(req, uid, pidns_fd):
     }
 
 
-def main():
+def main() -> int:
     cfg = json.loads(sys.argv[1])
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the service died -> so do we
     uid = cfg["uid_base"] + os.getpid()  # unique among live zygotes, so RLIMIT_NPROC is per run
@@ -295,6 +349,8 @@ def main():
         with open("/proc/sys/kernel/cap_last_cap") as f:
             cap_last_cap = int(f.read())
         pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY)
+        global SECCOMP
+        SECCOMP = seccomp_filter(os.uname().machine)
         build_root(cfg, uid)
         for argv0 in cfg.get("check_exists", []):
             if not os.path.exists(argv0):

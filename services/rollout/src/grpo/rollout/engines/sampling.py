@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+
     from grpo.rollout.engines.base import SamplingParams
 
 

@@ -166,8 +166,9 @@ class VLLMEngine(Engine):
 
     def weights_checksum(self) -> str:
         """The checksum of the checkpoint's tensors in the engine's dtype (what vLLM loaded at start)."""
-        from grpo.common.weights import to_torch_dtype, weights_checksum
         from safetensors.torch import load_file
+
+        from grpo.common.weights import to_torch_dtype, weights_checksum
 
         dtype = to_torch_dtype(self.dtype_name)
         tensors: dict[str, torch.Tensor] = {}

@@ -44,7 +44,7 @@ class Learner:
         model = load_causal_lm(config.model) if config.backend == "torch" else None
         self.backend = _build_backend(config, model)
         self.model = self.backend.model
-        hf_config: Any = getattr(self.model, "config", None)
+        hf_config: Any = getattr(getattr(self.model, "module", self.model), "config", None)  # DeepSpeed wraps
         self.pad_token_id = (
             pad_token_id if pad_token_id is not None else int(getattr(hf_config, "pad_token_id", 0) or 0)
         )

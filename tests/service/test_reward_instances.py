@@ -1,15 +1,22 @@
-"""Backpressure (429 / RESOURCE_EXHAUSTED when the queue is full) and bearer-token auth, on their own instances."""
+"""Service instances with their own flags: backpressure (429 / RESOURCE_EXHAUSTED), bearer token, TLS, SIGTERM."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from grpo.common.auth import bearer_metadata
+from grpo.reward.client import RewardClient, RewardServiceError
 from grpo.v1 import reward_pb2 as pb
 from grpo.v1 import reward_pb2_grpc
 
@@ -75,3 +82,58 @@ def test_bearer_token_on_http_and_grpc(start_reward: Callable[..., Any]) -> None
         assert reply.status == "correct"
         health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return found
+    for child in map(int, children):
+        found |= {child, *_descendants(child)}
+    return found
+
+
+def test_sigterm_stops_cleanly_without_orphans(start_reward: Callable[..., Any]) -> None:
+    service = start_reward(workers=2)
+    children = _descendants(service.proc.pid)
+    assert len(children) >= 3, "forkserver and two math workers at least"
+
+    def busy() -> None:
+        try:
+            httpx.post(f"{service.http_url}/v1/verify/math", json={"answer": BLOWUP, "gold": "5"}, timeout=30)
+        except httpx.HTTPError:
+            pass  # the service is going away under this request; that is the point
+
+    threading.Thread(target=busy, daemon=True).start()
+    time.sleep(0.5)  # a worker is now deep in sympy
+    service.proc.send_signal(signal.SIGTERM)
+    assert service.proc.wait(20) == 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in children):
+        time.sleep(0.1)
+    alive = [pid for pid in children if Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid)]
+    assert not alive, f"processes left behind: {alive}"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "gone"
+
+
+def test_grpc_tls(start_reward: Callable[..., Any], tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    service = start_reward("--tls-cert-file", str(cert), "--tls-key-file", str(key), workers=1)
+    item = {"id": "a", "completion": "\\boxed{3}", "checks": {"math": {"gold": "3"}}}
+    with RewardClient(service.grpc_addr, timeout_s=30, root_certificates=cert.read_bytes()) as client:
+        assert client.score([item])[0].reward == 1.0
+    with RewardClient(service.grpc_addr, timeout_s=2, retries=0) as plaintext, pytest.raises(RewardServiceError):
+        plaintext.score([item])

@@ -1,0 +1,180 @@
+"""/v1/score math throughput on distinct inputs vs single-threaded in-process math-verify, same run.
+
+Writes bench/results/reward.json. Target: ratio >= 1.5 on 2 cores (service with 2 workers).
+Run: .venv/bin/python bench/bench_reward.py [--n 2000] [--workers 2] [--batch 50] [--concurrency 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from grpo.common.net import free_port
+
+RESULTS = Path(__file__).parent / "results" / "reward.json"
+
+
+def make_pairs(n: int, seed: int = 0) -> list[tuple[str, str, bool]]:
+    """n distinct (completion, gold, expected_correct) pairs in several shapes, about half correct."""
+    rng = random.Random(seed)
+    pairs: list[tuple[str, str, bool]] = []
+    seen: set[tuple[str, str]] = set()
+    while len(pairs) < n:
+        a, b, k = rng.randint(1, 999), rng.randint(2, 999), rng.randint(2, 9)
+        right = rng.random() < 0.5
+        shape = rng.randrange(4)
+        if shape == 0:  # equivalent fractions
+            gold = f"\\frac{{{a}}}{{{b}}}"
+            answer = f"\\frac{{{a * k}}}{{{b * k}}}" if right else f"\\frac{{{a * k + 1}}}{{{b * k}}}"
+        elif shape == 1:  # integer sums
+            gold = str(a + b)
+            answer = f"{a + b}" if right else f"{a + b + 1}"
+        elif shape == 2:  # surds
+            gold = f"{a}\\sqrt{{{k}}}"
+            answer = f"\\sqrt{{{a * a * k}}}" if right else f"\\sqrt{{{a * a * k + 1}}}"
+        else:  # decimals against fractions
+            gold = f"\\frac{{{a}}}{{{4 * k}}}"
+            answer = f"{a / (4 * k):.6f}" if right else f"{a / (4 * k) + 0.5:.6f}"
+        completion = f"<think>working it out</think><answer>\\boxed{{{answer}}}</answer>"
+        if (completion, gold) not in seen:
+            seen.add((completion, gold))
+            pairs.append((completion, gold, right))
+    return pairs
+
+
+def reference_math_verify(pairs: list[tuple[str, str, bool]]) -> tuple[float, int]:
+    """Plain math-verify in this process, one thread: parse gold, parse answer, verify."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    config = [LatexExtractionConfig(), ExprExtractionConfig()]
+    started, correct = time.perf_counter(), 0
+    for completion, gold, _ in pairs:
+        correct += bool(verify(parse(f"${gold}$", config), parse(completion, config)))
+    return time.perf_counter() - started, correct
+
+
+def reference_ours_inline(pairs: list[tuple[str, str, bool]]) -> tuple[float, int]:
+    """Our verifier (with the exactness guard) in this process, one thread: the per-item work the service does."""
+    from grpo.reward.verifiers.math import verify_math
+
+    started, correct = time.perf_counter(), 0
+    for completion, gold, _ in pairs:
+        correct += bool(verify_math(completion, gold).correct)
+    return time.perf_counter() - started, correct
+
+
+def start_service(workers: int, math_batch: int) -> tuple[subprocess.Popen[bytes], str]:
+    http_port, grpc_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "grpo.reward", "--host", "127.0.0.1", "--http-port", str(http_port)]
+    cmd += ["--grpc-port", str(grpc_port), "--workers", str(workers), "--math-batch", str(math_batch)]
+    cmd += ["--log-level", "WARNING"]
+    proc = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{http_port}"
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise RuntimeError(f"service exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise TimeoutError("service did not become healthy")
+
+
+def via_service(url: str, pairs: list[tuple[str, str, bool]], batch: int, concurrency: int) -> tuple[float, int, int]:
+    """Send the pairs as /v1/score batches, `concurrency` requests in flight; returns (seconds, correct, errors)."""
+    chunks = [pairs[i : i + batch] for i in range(0, len(pairs), batch)]
+
+    def send(chunk_index: int) -> list[dict[str, Any]]:
+        items = [
+            {"id": f"{chunk_index}-{j}", "completion": c, "checks": {"math": {"gold": g}}}
+            for j, (c, g, _) in enumerate(chunks[chunk_index])
+        ]
+        r = httpx.post(f"{url}/v1/score", json={"items": items}, timeout=600)
+        r.raise_for_status()
+        return r.json()["results"]  # type: ignore[no-any-return]
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as ex:
+        results = [r for chunk in ex.map(send, range(len(chunks))) for r in chunk]
+    elapsed = time.perf_counter() - started
+    correct = sum(r["reward"] == 1.0 for r in results)
+    errors = sum(r["status"] != "ok" or r["reward"] is None for r in results)
+    return elapsed, correct, errors
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--n", type=int, default=2000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=50)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--math-batch", type=int, default=1)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+    pairs = make_pairs(args.n)
+    expected = sum(right for _, _, right in pairs)
+    proc, url = start_service(args.workers, args.math_batch)
+    try:
+        via_service(url, make_pairs(40, seed=99), args.batch, 1)  # warm-up: workers import sympy paths
+        service_s, service_correct, service_errors = via_service(url, pairs, args.batch, args.concurrency)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    ref_s, ref_correct = reference_math_verify(pairs)
+    ours_s, ours_correct = reference_ours_inline(pairs)
+
+    report = {
+        "benchmark": "reward /v1/score math throughput, distinct inputs",
+        "n": args.n,
+        "expected_correct": expected,
+        "service": {
+            "workers": args.workers,
+            "batch": args.batch,
+            "concurrency": args.concurrency,
+            "math_batch": args.math_batch,
+            "seconds": round(service_s, 3),
+            "items_per_s": round(args.n / service_s, 1),
+            "correct": service_correct,
+            "errors": service_errors,
+        },
+        "reference_math_verify_inline": {
+            "seconds": round(ref_s, 3),
+            "items_per_s": round(args.n / ref_s, 1),
+            "correct": ref_correct,
+        },
+        "ours_inline_single_thread": {
+            "seconds": round(ours_s, 3),
+            "items_per_s": round(args.n / ours_s, 1),
+            "correct": ours_correct,
+        },
+        "ratio_service_vs_math_verify": round(ref_s / service_s, 3),
+        "ratio_service_vs_ours_inline": round(ours_s / service_s, 3),
+        "target_ratio": 1.5,
+        "cpu_count": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "python": platform.python_version(),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The demo's settings: one typed class (calibrated defaults) and a shorter profile for tests."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+# DeepSeek-R1 adds its rule-based rewards unweighted (accuracy + format); DAPO's overlong penalty is
+# added the same way. Each is 1.0: math ∈ {0, 1}, format ∈ {0, 0.5, 1}, overlong ∈ [-1, 0].
+R1_REWARD_WEIGHTS = {"math": 1.0, "format": 1.0, "overlong": 1.0}
+
+
+class DemoConfig(BaseModel):
+    """Everything `grpo demo` decides; the defaults are the calibrated ones (docs/demo.md)."""
+
+    seed: int = 0
+    """Seeds the model initialisation, the problem splits and both training phases."""
+    replicas: int = Field(1, ge=1)
+    """Rollout replicas (separate processes, one torch thread each)."""
+    redis_url: str | None = None
+    """A running Redis; when unset a private redis-server is started and stopped."""
+    preset: Literal["grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo"] = "grpo"
+    """The trainer's algorithm preset."""
+    max_staleness: int = Field(1, ge=0)
+    """1: generation of the next batch overlaps the update (async); 0: strictly on-policy (`--sync`)."""
+
+    # cold start (in-process, until an accuracy threshold)
+    sft_lr: float = 2e-3
+    sft_batch: int = 128
+    sft_threshold: float = 0.35
+    """Stop SFT once greedy held-out accuracy reaches this."""
+    sft_max_steps: int = 400
+    sft_eval_every: int = 10
+    sft_eval_size: int = 500
+
+    # GRPO (the trainer service)
+    steps: int = Field(200, ge=1)
+    prompts_per_step: int = 16
+    group_size: int = 8
+    lr: float = 2e-4
+    warmup_steps: int = 10
+    """Linear warm-up of the fresh AdamW: without it the first updates knock the SFT model down."""
+    temperature: float = 1.0
+    max_new_tokens: int = 20
+    """The worked answer is 17 tokens at most (with EOS)."""
+    overlong_buffer: int = 4
+    eval_every: int = 20
+    eval_size: int = Field(500, ge=1)
+    beta: float | None = None
+    """KL coefficient; None = the preset's (grpo: R1's 0.001, so the KL to the SFT model is measured)."""
+    worker_batch_tasks: int = 16
+    n_sft: int = 4096
+    n_grpo: int = 4096
+    start_timeout_s: float = 180.0
+    """How long each service may take to become healthy."""
+
+    @classmethod
+    def quick(cls, **overrides: object) -> DemoConfig:
+        """The e2e profile: the same pipeline, fewer steps and a smaller eval (minutes on 2 cores)."""
+        base = {"steps": 40, "eval_every": 20, "eval_size": 100, "sft_eval_size": 200, "sft_threshold": 0.25}
+        return cls(**{**base, **overrides})
+
+    def trainer_settings(self, *, model: str, train_data: str, eval_data: str, redis_url: str, run_id: str,
+                         output_dir: str, grpc_port: int, http_port: int) -> dict[str, object]:  # fmt: skip
+        """The trainer's config file (its own field names)."""
+        settings: dict[str, object] = {
+            "mode": "grpo", "preset": self.preset, "model": model, "train_data": train_data, "eval_data": eval_data,
+            "redis_url": redis_url, "run_id": run_id, "output_dir": output_dir, "steps": self.steps,
+            "prompts_per_step": self.prompts_per_step, "group_size": self.group_size,
+            "max_staleness": self.max_staleness, "temperature": self.temperature,
+            "max_new_tokens": self.max_new_tokens, "lr": self.lr, "warmup_steps": self.warmup_steps,
+            "seed": self.seed, "micro_batch_size": 64, "eval_every": self.eval_every, "eval_size": self.eval_size,
+            "eval_temperature": 0.0, "reward_weights": R1_REWARD_WEIGHTS, "overlong_soft_penalty": True,
+            "overlong_buffer": self.overlong_buffer, "checkpoint_every": max(self.steps, 1), "resume": "never",
+            "torch_threads": 1, "host": "127.0.0.1", "grpc_port": grpc_port, "http_port": http_port,
+            "min_replicas": self.replicas, "replica_wait_s": self.start_timeout_s, "group_timeout_s": 300.0,
+        }  # fmt: skip
+        if self.beta is not None:
+            settings["beta"] = self.beta
+        return settings

@@ -1,0 +1,119 @@
+"""`grpo demo`: build the tiny model, cold-start SFT, then GRPO through the real services, then the report."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextlib import nullcontext
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from grpo.demo import live
+from grpo.demo.config import DemoConfig
+from grpo.demo.procs import Supervisor
+from grpo.demo.stack import StackSpec, start_services
+
+log = logging.getLogger(__name__)
+
+
+def new_run_id() -> str:
+    return "demo-" + datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def prepare(cfg: DemoConfig, run_dir: Path, view: live.ViewState, refresh: Any) -> tuple[Path, float, dict[str, Any]]:
+    """Model folder, data files and the SFT cold start; returns (sft model dir, eval accuracy, sft info)."""
+    import torch
+    from grpo.demo.model import build_model_folder
+    from grpo.demo.sft import run_sft
+    from grpo.demo.task import make_splits, prompt_rows
+
+    torch.set_num_threads(1)  # one thread per process beats two on 2 shared cores
+    splits = make_splits(n_sft=cfg.n_sft, n_grpo=cfg.n_grpo, n_eval=max(cfg.eval_size, cfg.sft_eval_size), seed=cfg.seed)
+    write_jsonl(run_dir / "data" / "train.jsonl", prompt_rows(splits.grpo, "train"))
+    write_jsonl(run_dir / "data" / "eval.jsonl", prompt_rows(splits.eval[: cfg.eval_size], "eval"))
+    base = build_model_folder(run_dir / "model" / "base", seed=cfg.seed)
+    view.phase, view.note = "sft", "cold start: worked examples until the accuracy threshold"
+    refresh()
+
+    def on_eval(point: dict[str, float]) -> None:
+        view.step, view.eval_before = int(point["step"]), point["accuracy"]
+        refresh()
+
+    result = run_sft(
+        base, run_dir / "model" / "sft", splits.sft, splits.eval[: cfg.sft_eval_size], lr=cfg.sft_lr,
+        batch_size=cfg.sft_batch, threshold=cfg.sft_threshold, max_steps=cfg.sft_max_steps,
+        eval_every=cfg.sft_eval_every, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, on_eval=on_eval,
+    )  # fmt: skip
+    info = {"sft_steps": result.steps, "sft_seconds": round(result.seconds, 1), "sft_history": result.history}
+    return run_dir / "model" / "sft", result.accuracy, info
+
+
+def watch(sup: Supervisor, port: int, view: live.ViewState, refresh: Any, poll_s: float = 1.0) -> None:
+    """Follow the trainer until it exits; ChildFailed when any service dies first."""
+    trainer = next(c for c in sup.children if c.name == "trainer")
+    while trainer.alive():
+        sup.check([c.name for c in sup.children if c.name != "trainer"])
+        status = live.fetch_status(port)
+        if status is not None:
+            view.update(status)
+            if status.get("phase") == "failed":
+                raise trainer.failure(f"reported failure: {status.get('error')}")
+        refresh()
+        time.sleep(poll_s)
+    if trainer.proc.returncode != 0:
+        raise trainer.failure(f"exited with code {trainer.proc.returncode}")
+
+
+def run_demo(cfg: DemoConfig, runs_dir: Path = Path("runs"), run_id: str | None = None, live_view: bool = True) -> dict[str, Any]:
+    """The whole demo; returns the summary (also in <run_dir>/summary.json). Every child is stopped on exit."""
+    from grpo.demo.report import write_report
+
+    started = time.monotonic()
+    run_id = run_id or new_run_id()
+    run_dir = (runs_dir / run_id).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    console = live.make_console()
+    view = live.ViewState(note="building the tiny model")
+    use_live = live_view and console.is_terminal
+    last_line = [0.0]
+
+    with Supervisor(run_dir / "logs") as sup:
+        live_ctx: Any = live.Live(live.render(view), console=console, refresh_per_second=2) if use_live else nullcontext()
+        with live_ctx as screen:
+
+            def refresh() -> None:
+                if screen is not None:
+                    screen.update(live.render(view))
+                elif time.monotonic() - last_line[0] > 10:
+                    last_line[0] = time.monotonic()
+                    log.info("%s", live.plain_line(view))
+
+            sft_dir, eval_before, sft_info = prepare(cfg, run_dir, view, refresh)
+            view.phase, view.note, view.step = "starting services", "redis, reward, rollout, trainer", 0
+            refresh()
+            spec = StackSpec(
+                run_id=run_id, run_dir=run_dir, redis_url=cfg.redis_url, replicas=cfg.replicas,
+                rollout={"model": str(sft_dir), "worker_batch_tasks": cfg.worker_batch_tasks,
+                         "max_new_tokens_cap": 256},
+                trainer=cfg.trainer_settings(
+                    model=str(sft_dir), train_data=str(run_dir / "data" / "train.jsonl"),
+                    eval_data=str(run_dir / "data" / "eval.jsonl"), redis_url="", run_id=run_id,
+                    output_dir=str(run_dir), grpc_port=0, http_port=0),
+                start_timeout_s=cfg.start_timeout_s,
+            )  # fmt: skip
+            state = start_services(sup, spec)
+            state.save()
+            view.note = ""
+            assert state.trainer_http is not None
+            watch(sup, state.trainer_http, view, refresh)
+    extra = {"run_id": run_id, "config": cfg.model_dump(), **sft_info}
+    summary = write_report(run_dir, eval_before=eval_before, wall_seconds=time.monotonic() - started, extra=extra)
+    return summary

@@ -1,0 +1,92 @@
+"""The live terminal view: a rich table refreshed from the trainer's /v1/status (plain log lines off a TTY)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+
+def fetch_status(port: int, timeout_s: float = 2.0) -> dict[str, Any] | None:
+    """The trainer's /v1/status JSON, or None when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/status", timeout=timeout_s) as resp:
+            return dict(json.loads(resp.read()))
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class ViewState:
+    """What the view shows; eval accuracy and KL persist between the steps that report them."""
+
+    phase: str = "starting"
+    step: int = 0
+    total: int = 0
+    started: float = field(default_factory=time.monotonic)
+    grpo_started: float | None = None
+    grpo_first_step: int = 0
+    eval_before: float | None = None
+    last: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+
+    def update(self, status: dict[str, Any]) -> None:
+        self.phase = str(status.get("phase", self.phase))
+        step = int(status.get("step", 0))
+        if self.grpo_started is None and self.phase in ("grpo", "eval") and step > 0:
+            self.grpo_started, self.grpo_first_step = time.monotonic(), step
+        self.step, self.total = step, int(status.get("total_steps", self.total))
+        for key, value in (status.get("metrics") or {}).items():
+            self.last[key] = value
+
+    def eta_s(self) -> float | None:
+        if self.grpo_started is None or self.step <= self.grpo_first_step:
+            return None
+        rate = (time.monotonic() - self.grpo_started) / (self.step - self.grpo_first_step)
+        return rate * max(self.total - self.step, 0)
+
+
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def rows(v: ViewState) -> list[tuple[str, str]]:
+    m = v.last
+    eta = v.eta_s()
+    return [
+        ("phase", v.phase + (f"  ({v.note})" if v.note else "")),
+        ("step", f"{v.step} / {v.total}" if v.total else "–"),
+        ("reward (mean)", _fmt(m.get("rollout/reward_mean"))),
+        ("train accuracy (T=1)", _fmt(m.get("rollout/accuracy"))),
+        ("eval accuracy", f"{_fmt(m.get('eval/accuracy'))}   (before GRPO: {_fmt(v.eval_before)})"),
+        ("KL to SFT model", _fmt(m.get("train/kl"), ".5f")),
+        ("throughput", f"{_fmt(m.get('train/tokens_per_s'), '.0f')} train tok/s, step {_fmt(m.get('time/step_s'), '.2f')} s"),
+        ("staleness (mean)", _fmt(m.get("staleness/mean"), ".2f")),
+        ("elapsed / ETA", f"{time.monotonic() - v.started:.0f} s / {_fmt(eta, '.0f')} s"),
+    ]
+
+
+def render(v: ViewState) -> Table:
+    table = Table(title="grpo demo", show_header=False, min_width=60)
+    table.add_column(style="bold cyan")
+    table.add_column()
+    for name, value in rows(v):
+        table.add_row(name, value)
+    return table
+
+
+def plain_line(v: ViewState) -> str:
+    return " | ".join(f"{k}: {val}" for k, val in rows(v)[:8])
+
+
+__all__ = ["Live", "ViewState", "fetch_status", "make_console", "plain_line", "render"]
+
+
+def make_console() -> Console:
+    return Console(stderr=False)

@@ -1,0 +1,178 @@
+"""Child processes of the demo and of `grpo up`: start with a log file, wait until healthy, stop them all.
+
+Each child gets its own session (process group), so a Ctrl-C in the terminal reaches only us and
+we stop the children in reverse start order: SIGTERM to the group, then SIGKILL after a grace
+period. Attached children also get PR_SET_PDEATHSIG, so even a SIGKILLed launcher leaves none behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+PR_SET_PDEATHSIG = 1
+
+
+class ChildFailed(RuntimeError):
+    """A child exited or never became healthy; the message names it and quotes its log."""
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # not Linux: stop_all still covers every normal exit
+        pass
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class Child:
+    """One started process."""
+
+    name: str
+    cmd: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def failure(self, why: str) -> ChildFailed:
+        return ChildFailed(f"{self.name} (pid {self.pid}) {why}; last log lines of {self.log_path}:\n{log_tail(self.log_path)}")
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except (OSError, ValueError):
+        return False
+
+
+def stop_pid(pid: int, grace_s: float = 15.0) -> bool:
+    """SIGTERM the process group led by `pid`, SIGKILL it after `grace_s`; True when it is gone."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pid):
+            return True
+        time.sleep(0.1)
+    log.warning("pid %d did not stop within %.0fs: SIGKILL", pid, grace_s)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    time.sleep(0.2)
+    return not _group_alive(pid)
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while any process of the group exists (a zombie leader that is our child is reaped first)."""
+    try:
+        os.waitpid(pgid, os.WNOHANG)
+    except ChildProcessError:  # not our child (e.g. `grpo down`): init reaps it
+        pass
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Supervisor:
+    """Starts children and stops every one of them on exit (context manager)."""
+
+    def __init__(self, log_dir: Path, *, detach: bool = False) -> None:
+        self.log_dir = log_dir
+        self.detach = detach
+        self.children: list[Child] = []
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, name: str, cmd: Sequence[str], env: dict[str, str] | None = None, **ports: int) -> Child:
+        log_path = self.log_dir / f"{name}.log"
+        with log_path.open("ab") as out:
+            proc = subprocess.Popen(
+                list(cmd),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+                preexec_fn=None if self.detach else _die_with_parent,
+            )
+        child = Child(name, list(cmd), log_path, proc, dict(ports))
+        self.children.append(child)
+        log.info("started %s (pid %d), log %s", name, proc.pid, log_path)
+        return child
+
+    def wait_ready(self, child: Child, ready: Callable[[], bool], timeout_s: float) -> None:
+        """Poll `ready` until it is true; ChildFailed if the child dies or the deadline passes."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not child.alive():
+                raise child.failure(f"exited with code {child.proc.returncode} while starting")
+            if ready():
+                return
+            time.sleep(0.25)
+        raise child.failure(f"was not ready after {timeout_s:.0f}s")
+
+    def check(self, names: Sequence[str] | None = None) -> None:
+        """ChildFailed for the first (named) child that is no longer running."""
+        for child in self.children:
+            if (names is None or child.name in names) and not child.alive():
+                raise child.failure(f"exited with code {child.proc.returncode}")
+
+    def stop_all(self, grace_s: float = 15.0) -> None:
+        for child in reversed(self.children):
+            if stop_pid(child.pid, grace_s):
+                log.info("stopped %s (pid %d)", child.name, child.pid)
+            else:
+                log.error("%s (pid %d) survived SIGKILL", child.name, child.pid)
+            try:
+                child.proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+        self.children.clear()
+
+    def __enter__(self) -> Supervisor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.detach:
+            self.stop_all()

@@ -1,0 +1,94 @@
+"""`grpo up --detach` / `grpo status` / `grpo down` with real processes: everything starts, reports, and is gone after."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+GRPO = [sys.executable, "-m", "grpo.cli"]
+
+
+def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GRPO_CACHE_DIR": str(cwd / "cache")}
+    return subprocess.run([*GRPO, "--runs-dir", str(cwd / "runs"), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)  # fmt: skip
+
+
+def _ours(pids: list[int], cmds: list[list[str]]) -> list[int]:
+    """The recorded processes that still run their recorded command (psutil scan)."""
+    alive = []
+    for pid, cmd in zip(pids, cmds, strict=True):
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE and p.cmdline() == cmd:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _descendants_of_run(run_dir: Path) -> list[psutil.Process]:
+    """Any process anywhere whose command line mentions the run folder (config files live there)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(run_dir) in part for part in p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
+    import torch
+    from grpo.demo.model import build_model_folder
+    from grpo.demo.task import make_splits, prompt_rows
+
+    torch.set_num_threads(1)
+    model = build_model_folder(tmp_path / "model")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in prompt_rows(make_splits(50, 50, 10).grpo, "t")))
+    config = {
+        "run_id": "updown",
+        "reward": {"workers": 1},
+        "rollout": {"model": str(model), "torch_threads": 1},
+        "trainer": {"model": str(model), "train_data": str(data), "steps": 100000, "prompts_per_step": 2,
+                    "group_size": 2, "max_new_tokens": 8, "torch_threads": 1, "lr": 1e-5},
+    }  # fmt: skip
+    (tmp_path / "stack.yaml").write_text(yaml.safe_dump(config))
+
+    up = _run(["up", "-c", str(tmp_path / "stack.yaml"), "--detach"], tmp_path, 300)
+    assert up.returncode == 0, up.stderr[-3000:]
+    state_path = tmp_path / "runs" / "updown" / "stack.json"
+    state = json.loads(state_path.read_text())
+    names = [p["name"] for p in state["processes"]]
+    assert names == ["redis", "reward", "rollout-0", "trainer"]
+    pids, cmds = [p["pid"] for p in state["processes"]], [p["cmd"] for p in state["processes"]]
+    assert _ours(pids, cmds) == pids
+
+    status = _run(["status"], tmp_path, 60)
+    assert status.returncode == 0, status.stderr[-3000:]
+    shown = json.loads(status.stdout)
+    assert [p["alive"] for p in shown["processes"]] == [True] * 4
+    assert shown["trainer"]["phase"] in ("starting", "grpo", "eval")
+    assert set(shown["queues"]) == {"tasks", "groups"}
+    assert [r["replica_id"] for r in shown["replicas"]] == ["updown-rollout-0"]
+
+    again = _run(["up", "-c", str(tmp_path / "stack.yaml"), "--detach"], tmp_path, 60)
+    assert again.returncode == 2 and "already up" in again.stderr
+
+    down = _run(["down"], tmp_path, 120)
+    assert down.returncode == 0, down.stderr[-3000:]
+    assert "trainer" in down.stdout and "redis" in down.stdout
+    assert _ours(pids, cmds) == []
+    assert _descendants_of_run(tmp_path / "runs" / "updown") == []
+    assert not state_path.exists()
+    assert _run(["status"], tmp_path, 60).returncode == 1  # nothing left to show

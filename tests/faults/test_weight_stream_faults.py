@@ -1,0 +1,137 @@
+"""Weight streams that never finish: the pusher dies mid-stream, or stalls (slow loris). Old weights keep serving."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from grpo.common.tiny_model import ensure_tiny_model
+from grpo.common.weights import iter_weight_chunks, model_weights, push_weights, weights_checksum
+from grpo.v1 import rollout_pb2 as pb
+from grpo.v1 import rollout_pb2_grpc as pb_grpc
+from rollout_proc import RolloutProc, start_rollout_service
+
+pytestmark = pytest.mark.faults
+
+GREEDY = pb.SamplingParams(n=1, temperature=0, max_new_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def rollout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolloutProc]:
+    proc = start_rollout_service(log_dir=tmp_path_factory.mktemp("rollout"))
+    yield proc
+    assert proc.stop() == 0, proc.log_text()[-2000:]
+
+
+@pytest.fixture(scope="module")
+def weights() -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model())
+    return {k: v.detach().clone() for k, v in model_weights(model).items()}
+
+
+def _perturbed(weights: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in weights.items()}
+
+
+def _state(address: str) -> tuple[int, str, list[int]]:
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.RolloutServiceStub(channel)
+        status = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+        reply = stub.Generate(pb.GenerateRequest(prompts=[pb.Prompt(text="3 + 4 =")], sampling=GREEDY), timeout=60)
+    return status.weight_version, status.weight_checksum, list(reply.results[0].completions[0].token_ids)
+
+
+PUSHER = textwrap.dedent(
+    """
+    import os, sys, time, grpc, torch
+    from grpo.common.weights import iter_weight_chunks
+    from grpo.v1 import rollout_pb2_grpc
+    from transformers import AutoModelForCausalLM
+    from grpo.common.tiny_model import ensure_tiny_model
+    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model())
+    tensors = {k: v.detach() + 0.1 for k, v in model.state_dict().items()}
+    address, version, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+    def chunks():
+        for i, chunk in enumerate(iter_weight_chunks(tensors, version, chunk_bytes=64 * 1024)):
+            yield chunk
+            if i == 5:
+                print("mid-stream", flush=True)
+                if mode == "die":
+                    os.kill(os.getpid(), 9)
+                time.sleep(3600)  # stall: neither finish nor close
+
+    stub = rollout_pb2_grpc.RolloutServiceStub(grpc.insecure_channel(address))
+    stub.UpdateWeights(chunks())  # no deadline: the server must not rely on the client's
+    """
+)
+
+
+def _pusher(address: str, version: int, mode: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PUSHER, address, str(version), mode], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # blocks until the stream is half sent
+    assert line.strip() == "mid-stream", line
+    return proc
+
+
+def test_pusher_killed_mid_stream_leaves_old_weights(rollout: RolloutProc, weights: dict[str, torch.Tensor]) -> None:
+    version, checksum, tokens = _state(rollout.address)
+    pusher = _pusher(rollout.address, version + 1, "die")
+    assert pusher.wait(30) == -9
+    time.sleep(0.5)
+    assert _state(rollout.address) == (version, checksum, tokens)
+    # The replica is not wedged: the next, complete push is accepted at once.
+    new = _perturbed(weights, seed=7)
+    started = time.monotonic()
+    reply = push_weights(rollout.address, new, version + 1, timeout_s=60)
+    assert (reply.version, reply.checksum) == (version + 1, weights_checksum(new))
+    assert time.monotonic() - started < 30
+    assert "weight update rejected" in rollout.log_text()
+
+
+def test_stalled_pusher_with_a_deadline_is_cut_off(rollout: RolloutProc, weights: dict[str, torch.Tensor]) -> None:
+    version, checksum, tokens = _state(rollout.address)
+    chunks = list(iter_weight_chunks(_perturbed(weights, seed=8), version + 1, chunk_bytes=64 * 1024))
+
+    def stalling() -> Iterator[pb.WeightChunk]:
+        yield from chunks[:5]
+        time.sleep(6)  # past the 2 s deadline below
+
+    with grpc.insecure_channel(rollout.address) as channel:
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as info:
+            pb_grpc.RolloutServiceStub(channel).UpdateWeights(stalling(), timeout=2)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert time.monotonic() - started < 10
+    assert _state(rollout.address) == (version, checksum, tokens)  # generation kept serving throughout
+    reply = push_weights(rollout.address, _perturbed(weights, seed=9), version + 1, timeout_s=60)
+    assert reply.version == version + 1
+
+
+def test_slow_loris_without_deadline_does_not_wedge_updates(
+    rollout: RolloutProc, weights: dict[str, torch.Tensor]
+) -> None:
+    """A pusher that sends half a stream, sets no deadline and then never sends or closes."""
+    version, checksum, tokens = _state(rollout.address)
+    loris = _pusher(rollout.address, version + 1, "stall")
+    try:
+        assert _state(rollout.address) == (version, checksum, tokens)  # Generate is not blocked by it
+        # A legitimate push must get through (or be told to retry) within its own deadline, not hang behind the loris.
+        reply = push_weights(rollout.address, _perturbed(weights, seed=10), version + 1, timeout_s=20)
+        assert reply.version == version + 1
+    finally:
+        loris.kill()
+        loris.wait(10)

@@ -1,0 +1,119 @@
+"""TLS on the reward service's gRPC port, with and without the bearer token; auth on the rollout's every method."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpo.common.auth import bearer_metadata
+from grpo.reward.client import RewardClient
+from grpo.v1 import reward_pb2 as rpb
+from grpo.v1 import reward_pb2_grpc
+from grpo.v1 import rollout_pb2 as pb
+from grpo.v1 import rollout_pb2_grpc
+from rollout_proc import start_rollout_service
+
+from conftest import start_reward_service, stop_reward_service
+
+TOKEN = "tls-s3cret"
+
+
+def self_signed(tmp: Path) -> tuple[Path, Path]:
+    """A throwaway certificate for 127.0.0.1 and localhost (openssl CLI)."""
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def tls_reward(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    cert, key = self_signed(tmp_path_factory.mktemp("tls"))
+    env = {"GRPO_REWARD_TLS_CERT_FILE": str(cert), "GRPO_REWARD_TLS_KEY_FILE": str(key), "GRPO_REWARD_TOKEN": TOKEN}
+    service = start_reward_service(workers=1, env=env)
+    service.cert = cert.read_bytes()
+    yield service
+    service.assert_alive()
+    stop_reward_service(service)
+
+
+def test_tls_with_token_scores(tls_reward: Any) -> None:
+    creds = grpc.ssl_channel_credentials(tls_reward.cert)
+    with grpc.secure_channel(tls_reward.grpc_addr, creds) as channel:
+        stub = reward_pb2_grpc.RewardServiceStub(channel)
+        reply = stub.VerifyMath(rpb.VerifyMathRequest(answer="\\boxed{4}", gold="4"), timeout=30, metadata=bearer_metadata(TOKEN))
+        assert reply.status == "correct"
+        with pytest.raises(grpc.RpcError) as info:
+            stub.VerifyMath(rpb.VerifyMathRequest(answer="4", gold="4"), timeout=30)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING  # probes need no token
+    with RewardClient(tls_reward.grpc_addr, token=TOKEN, timeout_s=30, root_certificates=tls_reward.cert) as client:
+        (result,) = client.score([{"id": "a", "completion": "\\boxed{4}", "checks": {"math": {"gold": "4"}}}])
+        assert result.reward == 1.0
+
+
+def test_plaintext_and_untrusted_clients_cannot_talk_to_tls(tls_reward: Any, tmp_path: Path) -> None:
+    with grpc.insecure_channel(tls_reward.grpc_addr) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    other_cert, _ = self_signed(tmp_path)  # a client trusting someone else's certificate: handshake fails
+    with grpc.secure_channel(tls_reward.grpc_addr, grpc.ssl_channel_credentials(other_cert.read_bytes())) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    # HTTP keeps its token too (TLS for HTTP is the ingress's job).
+    assert httpx.post(f"{tls_reward.http_url}/v1/score", json={"items": []}, timeout=10).status_code == 401
+
+
+def test_half_configured_tls_refuses_to_start(tmp_path: Path) -> None:
+    cert, _ = self_signed(tmp_path)
+    with pytest.raises(RuntimeError, match="tls_cert_file and tls_key_file"):
+        start_reward_service(workers=1, env={"GRPO_REWARD_TLS_CERT_FILE": str(cert)}, ready_timeout=30)
+
+
+def test_rollout_token_guards_every_method(tmp_path: Path) -> None:
+    proc = start_rollout_service("--token", "t0k", "--weights-token", "w8ts", log_dir=tmp_path)
+    calls: list[tuple[str, Callable[[Any, Any], Any]]] = [
+        ("Generate", lambda s, md: s.Generate(
+            pb.GenerateRequest(prompts=[pb.Prompt(text="1+1=")], sampling=pb.SamplingParams(n=1, max_new_tokens=2)),
+            timeout=60, metadata=md)),
+        ("GetStatus", lambda s, md: s.GetStatus(pb.GetStatusRequest(), timeout=10, metadata=md)),
+        ("UpdateWeights", lambda s, md: s.UpdateWeights(iter([pb.WeightChunk(data=b"x")]), timeout=10, metadata=md)),
+    ]  # fmt: skip
+    try:
+        with grpc.insecure_channel(proc.address) as channel:
+            stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+            for name, call in calls:
+                for metadata in ((), bearer_metadata("wrong")):
+                    with pytest.raises(grpc.RpcError) as info:
+                        call(stub, metadata)
+                    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, name
+            assert call_ok(calls[0][1], stub, bearer_metadata("t0k"))
+            assert call_ok(calls[1][1], stub, bearer_metadata("t0k"))
+            # The weight endpoint wants its own token: the general one does not open it.
+            with pytest.raises(grpc.RpcError) as info:
+                calls[2][1](stub, bearer_metadata("t0k"))
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.RpcError) as info:  # the right token gets through to the stream's checks
+                calls[2][1](stub, bearer_metadata("w8ts"))
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+        assert proc.healthz()["status"] == "ok"  # HTTP health stays open
+    finally:
+        assert proc.stop() == 0, proc.log_text()[-2000:]
+
+
+def call_ok(call: Callable[[Any, Any], Any], stub: Any, metadata: Any) -> bool:
+    return call(stub, metadata) is not None
