@@ -1,5 +1,5 @@
 # Two commands on a fresh machine: `make demo` and `make test`. Both build .venv themselves.
-# System packages: redis-server (tests start private ones) and bubblewrap are installed with
+# System package: redis-server (the demo and the tests start private ones), installed with
 # apt-get when missing and we are root; otherwise the target says what to install.
 
 PYTHON ?= python3.11
@@ -7,14 +7,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
-PKGS := common services/reward services/rollout services/trainer
-PKGS_EXTRAS := common[model] services/reward services/rollout services/trainer[deepspeed,lora]
+PKGS := common services/reward services/rollout services/trainer services/demo
+PKGS_EXTRAS := common[model] services/reward services/rollout services/trainer[deepspeed,lora] services/demo
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PKGS))
 
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-fast lint fmt protos check-protos system-deps clean bench
+.PHONY: demo test test-fast test-faults lint fmt protos check-protos system-deps clean bench
 
 $(STAMP): $(PYPROJECTS) requirements-dev.txt
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -52,11 +52,14 @@ test: $(STAMP) $(VLLM_STAMP) system-deps check-protos lint
 test-fast: $(STAMP) system-deps
 	$(PY) -m pytest -q -m "not slow and not vllm"
 
-bench: $(STAMP) system-deps
+bench: $(STAMP) $(VLLM_STAMP) system-deps
 	$(PY) bench/run_all.py
 
+test-faults: $(STAMP) system-deps
+	$(PY) -m pytest -q -m faults
+
 demo: $(STAMP) system-deps
-	$(PY) -m grpo.reward.demo
+	$(VENV)/bin/grpo demo
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

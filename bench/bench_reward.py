@@ -122,7 +122,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--math-batch", type=int, default=1)
+    parser.add_argument("--math-batch", type=int, default=4)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("math_verify").setLevel(logging.ERROR)

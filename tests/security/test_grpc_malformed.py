@@ -10,11 +10,11 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpo.v1 import reward_pb2 as rpb
-from grpo.v1 import reward_pb2_grpc
-from grpo.v1 import rollout_pb2 as pb
-from grpo.v1 import rollout_pb2_grpc
 from rollout_proc import RolloutProc, start_rollout_service
+
+from grpo.v1 import reward_pb2 as rpb
+from grpo.v1 import reward_pb2_grpc, rollout_pb2_grpc
+from grpo.v1 import rollout_pb2 as pb
 
 GARBAGE = [b"\xff" * 64, b"\x0a\xff\xff\xff\xff\x0f", b"\x08" + b"\xff" * 10, bytes(range(256))]
 # gRPC's own deserializer answers undecodable bytes before our code runs: INTERNAL is its status for that.
@@ -100,11 +100,11 @@ def test_wrong_field_values_are_invalid_argument(tight_reward: Any, method: str,
 def test_huge_but_legal_message_is_refused_cleanly(tight_reward: Any) -> None:
     """A 40 MB completion fits gRPC's limit but not the service's text limit: INVALID_ARGUMENT, fast."""
     request = rpb.ScoreRequest(items=[_item(completion="9" * (40 << 20))])
-    with grpc.insecure_channel(
-        tight_reward.grpc_addr, options=[("grpc.max_send_message_length", 64 << 20)]
-    ) as channel:
-        with pytest.raises(grpc.RpcError) as info:
-            reward_pb2_grpc.RewardServiceStub(channel).Score(request, timeout=60)
+    with (
+        grpc.insecure_channel(tight_reward.grpc_addr, options=[("grpc.max_send_message_length", 64 << 20)]) as channel,
+        pytest.raises(grpc.RpcError) as info,
+    ):
+        reward_pb2_grpc.RewardServiceStub(channel).Score(request, timeout=60)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "completion" in info.value.details()
     assert _serving(tight_reward.grpc_addr)
 
@@ -129,7 +129,9 @@ def test_rollout_survives_malformed_then_serves(rollout: RolloutProc) -> None:
         bad = [
             pb.GenerateRequest(),  # nothing at all
             pb.GenerateRequest(prompts=[pb.Prompt(text="hi")]),  # no sampling params
-            pb.GenerateRequest(prompts=[pb.Prompt(messages=pb.Messages())], sampling=pb.SamplingParams(n=1, max_new_tokens=2)),
+            pb.GenerateRequest(
+                prompts=[pb.Prompt(messages=pb.Messages())], sampling=pb.SamplingParams(n=1, max_new_tokens=2)
+            ),
             pb.GenerateRequest(
                 prompts=[pb.Prompt(text="hi")], sampling=pb.SamplingParams(n=1, max_new_tokens=2, stop=[""])
             ),

@@ -42,13 +42,23 @@ def test_fuzzed_requests_never_get_a_5xx(tight_reward: Any) -> None:
             _fuzz_operation(operation, tight_reward.http_url, mode, seen)
             tight_reward.assert_alive()
     assert seen.get(200, 0) > 0 and seen.get(422, 0) > 0, seen  # both valid and invalid input were exercised
-    after = httpx.post(f"{tight_reward.http_url}/v1/verify/math", json={"answer": "\\boxed{2}", "gold": "2"}, timeout=30)
+    after = httpx.post(
+        f"{tight_reward.http_url}/v1/verify/math", json={"answer": "\\boxed{2}", "gold": "2"}, timeout=30
+    )
     assert after.status_code == 200 and after.json()["status"] == "correct"
 
 
 def test_malformed_bodies_are_4xx(tight_reward: Any) -> None:
     url = f"{tight_reward.http_url}/v1/score"
-    bodies: list[bytes] = [b"", b"{", b"\xff\xfe\x00garbage", b"null", b"[]", b'{"items": "x"}', b"1e999999", b'"' * 10000]
+    bodies: list[bytes] = [
+        b"",
+        b"{",
+        b"\xff\xfe\x00garbage",
+        b"null",
+        b"[]",
+        b'{"items": "x"}',
+        b'"' * 10000,
+    ]
     for body in bodies:
         r = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=30)
         assert 400 <= r.status_code < 500, (body[:40], r.status_code, r.text)
@@ -59,3 +69,22 @@ def test_malformed_bodies_are_4xx(tight_reward: Any) -> None:
     assert r.status_code == 413
     tight_reward.assert_alive()
     assert httpx.get(f"{tight_reward.http_url}/healthz", timeout=5).status_code == 200
+
+
+def test_non_finite_json_numbers_are_4xx(tight_reward: Any) -> None:
+    """Python's JSON parser accepts NaN / Infinity / 1e999: the 422 that echoes them back must still render."""
+    bodies = {
+        "/v1/verify/math": [
+            b"1e999999",
+            b'{"answer": NaN, "gold": "1"}',
+            b'{"answer": "1", "gold": "1", "timeout_s": Infinity}',
+        ],
+        "/v1/score": [b'{"items": [{"id": "a", "completion": "x", "checks": {}, "weights": {"math": NaN}}]}'],
+    }
+    for path, cases in bodies.items():
+        for body in cases:
+            r = httpx.post(
+                f"{tight_reward.http_url}{path}", content=body, headers={"content-type": "application/json"}, timeout=30
+            )
+            assert 400 <= r.status_code < 500, (path, body, r.status_code, r.text)
+    tight_reward.assert_alive()

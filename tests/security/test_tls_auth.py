@@ -10,16 +10,15 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from conftest import start_reward_service, stop_reward_service
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rollout_proc import start_rollout_service
+
 from grpo.common.auth import bearer_metadata
 from grpo.reward.client import RewardClient
 from grpo.v1 import reward_pb2 as rpb
-from grpo.v1 import reward_pb2_grpc
+from grpo.v1 import reward_pb2_grpc, rollout_pb2_grpc
 from grpo.v1 import rollout_pb2 as pb
-from grpo.v1 import rollout_pb2_grpc
-from rollout_proc import start_rollout_service
-
-from conftest import start_reward_service, stop_reward_service
 
 TOKEN = "tls-s3cret"
 
@@ -50,7 +49,9 @@ def test_tls_with_token_scores(tls_reward: Any) -> None:
     creds = grpc.ssl_channel_credentials(tls_reward.cert)
     with grpc.secure_channel(tls_reward.grpc_addr, creds) as channel:
         stub = reward_pb2_grpc.RewardServiceStub(channel)
-        reply = stub.VerifyMath(rpb.VerifyMathRequest(answer="\\boxed{4}", gold="4"), timeout=30, metadata=bearer_metadata(TOKEN))
+        reply = stub.VerifyMath(
+            rpb.VerifyMathRequest(answer="\\boxed{4}", gold="4"), timeout=30, metadata=bearer_metadata(TOKEN)
+        )
         assert reply.status == "correct"
         with pytest.raises(grpc.RpcError) as info:
             stub.VerifyMath(rpb.VerifyMathRequest(answer="4", gold="4"), timeout=30)

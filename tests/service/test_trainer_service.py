@@ -275,3 +275,68 @@ def test_dapo_dynamic_sampling_one_step_off_policy(tmp_path: Path, redis_url: st
     assert last["tasks/in_flight"] == 0 and last["tasks/balanced"] == 1.0
     assert all(r.get("staleness/max", 0) <= 1 for r in rows)  # max_staleness 1 enforced
     assert "train/kl_loss" not in last or last["train/kl_loss"] == 0.0  # DAPO: no KL term
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+def test_zero2_two_ranks_rank0_drives(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
+    """torchrun with 2 ranks: rank 0 runs the loop, rank 1 follows every update, gather and checkpoint."""
+    rollout = rollout_for("zero")
+    config = trainer_config(tmp_path, "zero", redis_url, steps=2, checkpoint_every=1, backend="deepspeed",
+                            zero_stage=2, push_timeout_s=60)  # fmt: skip
+    log = tmp_path / "trainer.log"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRPO_TRAINER_CONFIG": str(config), "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", "-m", "grpo.trainer"]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        assert proc.wait(timeout=540) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out_dir = tmp_path / "out"
+    rows = read_metrics(out_dir)
+    assert [r["step"] for r in rows] == [1, 2]  # one metrics writer: rank 0
+    from grpo.trainer.pusher import replica_status
+
+    assert replica_status(rollout.address).weight_version == rows[-1]["policy_version"]
+    assert (out_dir / "checkpoints" / "step-00000002" / "trainer_state.json").is_file()
+    assert (out_dir / "final" / "model.safetensors").is_file()
+    assert "rank 1 following rank 0" in log.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_redis_outage_is_ridden_out(tmp_path: Path, live_reward: Any) -> None:
+    """Redis (with its append-only file) is killed mid-run and restarted: the run finishes, the books balance."""
+    from grpo.common.redis_server import RedisServer
+
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(appendonly=True, data_dir=tmp_path / "redis").start()
+    rollout = None
+    proc = None
+    try:
+        args = ("--redis-url", server.url, "--reward-addr", live_reward.grpc_addr, "--replica-id", "out-r1",
+                "--advertise-host", "127.0.0.1")  # fmt: skip
+        rollout = start_rollout_service(*args, log_dir=tmp_path, env={**ROLLOUT_ENV, "GRPO_ROLLOUT_RUN": "out"})
+        # writes of the last second before the kill may be lost (appendfsync everysec): such tasks time out
+        config = trainer_config(tmp_path, "out", server.url, steps=30, checkpoint_every=5, redis_outage_s=60,
+                                group_timeout_s=10)  # fmt: skip
+        log = tmp_path / "trainer.log"
+        proc = start_trainer(config, log)
+        wait_for(lambda: len(read_metrics(tmp_path / "out")) >= 2, 120, "two steps", proc, log)
+        server.kill()
+        time.sleep(3)
+        server.start()
+        assert proc.wait(timeout=150) == 0, log.read_text()[-4000:]
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        if rollout is not None:
+            rollout.stop()
+        server.close()
+    rows = read_metrics(tmp_path / "out")
+    assert rows[-1]["step"] == 30 and all(r["tasks/balanced"] == 1.0 for r in rows)
+    assert rows[-1]["tasks/in_flight"] == 0
+    assert "Redis unavailable" in log.read_text()

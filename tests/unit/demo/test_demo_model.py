@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from grpo.demo.model import EOS, VOCAB_SIZE, build_model_folder, count_parameters
 from grpo.demo.task import make_splits, worked_answer
 

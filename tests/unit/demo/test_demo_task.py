@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from grpo.demo.task import Problem, extract_answer, is_correct, make_splits, prompt_rows, scratchpad, sft_rows, worked_answer
+
+from grpo.demo.task import (
+    Problem,
+    extract_answer,
+    is_correct,
+    make_splits,
+    prompt_rows,
+    scratchpad,
+    sft_rows,
+    worked_answer,
+)
 
 
 def test_splits_are_disjoint_unique_and_sized() -> None:
@@ -31,7 +41,12 @@ def test_prompt_is_zero_padded_and_fixed_length() -> None:
 
 @pytest.mark.parametrize(
     ("a", "b", "pad", "gold"),
-    [(47, 586, "13 13 06", "633"), (999, 999, "18 19 19", "1998"), (10, 20, "00 03 00", "30"), (505, 505, "10 01 10", "1010")],
+    [
+        (47, 586, "13 13 06", "633"),
+        (999, 999, "18 19 19", "1998"),
+        (10, 20, "00 03 00", "30"),
+        (505, 505, "10 01 10", "1010"),
+    ],
 )
 def test_worked_answer(a: int, b: int, pad: str, gold: str) -> None:
     assert scratchpad(a, b) == pad

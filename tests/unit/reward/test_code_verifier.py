@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+
 from grpo.reward.sandbox import ExecResult, Sandbox, make_sandbox
 from grpo.reward.verifiers.code import (
     extract_code,

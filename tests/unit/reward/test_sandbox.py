@@ -197,6 +197,19 @@ def test_replacement_zygote_outlives_the_thread_that_needed_it() -> None:
         box.close()
 
 
+def test_waiting_for_a_worker_is_bounded() -> None:
+    box = NamespaceSandbox(workers=1, acquire_timeout_s=0.5)
+    try:
+        slow = threading.Thread(target=box.run, args=("import time\ntime.sleep(2)",), kwargs={"limits": FAST})
+        slow.start()
+        time.sleep(0.2)
+        result = box.run("print(1)", limits=FAST)
+        assert result.status == "sandbox_error" and "no sandbox worker free" in result.stderr
+        slow.join()
+    finally:
+        box.close()
+
+
 def test_runs_after_close_are_sandbox_errors() -> None:
     box = NamespaceSandbox(workers=1)
     box.close()
@@ -222,6 +235,30 @@ def test_missing_privileges_fail_loudly_at_start(setpriv: list[str], reason: str
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, cwd="/")
     assert out.stdout.startswith("unavailable:"), out.stderr[-2000:]
     assert reason in out.stdout and "CAP_SYS_ADMIN" in out.stdout
+
+
+CONTAINER_PROBE = (
+    "from grpo.reward.sandbox import make_sandbox\n"
+    "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
+    "box = make_sandbox(workers=1)\n"
+    "r = box.run('import ctypes\\nprint(input(), ctypes.CDLL(None).shmget(0, 4096, 0o600))', stdin='hi\\n')\n"
+    "print(r.status, r.stdout.strip(), r.proof)\n"
+    "box.close()\n"
+)
+
+
+def test_runs_with_only_the_capabilities_the_deployment_grants() -> None:
+    """Like the compose file and the Helm chart: root with SYS_ADMIN, SETUID, SETGID, KILL only, no_new_privs,
+    and /proc/sys read-only as container runtimes mount it."""
+    caps = "sys_admin,+setuid,+setgid,+kill"
+    inner = (
+        "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && "
+        f'exec setpriv --no-new-privs --inh-caps=-all --bounding-set=-all,+{caps} {sys.executable} -c "$0"'
+    )
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner, CONTAINER_PROBE]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    lines = out.stdout.splitlines()
+    assert lines == ["00000000002000e0", "ok hi -1 True"], out.stderr[-2000:]  # SysV shm refused
 
 
 def test_unknown_kind_is_rejected() -> None:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from grpo.reward.sandbox import Limits, Sandbox, make_sandbox
 
 FAST = Limits(timeout_s=3.0)

@@ -33,6 +33,8 @@ def service_config(env_prefix: str, prog: str) -> SettingsConfigDict:
         cli_avoid_json=True,
         extra="forbid",
         validate_default=True,
+        # The docstring under each field is its --help text and its documentation.
+        use_attribute_docstrings=True,
     )
 
 

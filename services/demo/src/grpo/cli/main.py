@@ -22,22 +22,30 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpo", description=__doc__)
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run folders go (default: runs)")
     p.add_argument("--log-level", default="INFO")
+    # Also accepted after the subcommand (`grpo status --runs-dir X`); SUPPRESS keeps the top-level default.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--runs-dir", type=Path, default=argparse.SUPPRESS, help="where run folders go (default: runs)")
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="train a tiny model with GRPO through all three services and show it learning")
+    d = sub.add_parser(
+        "demo", parents=[common], help="train a tiny model with GRPO through all three services and show it learning"
+    )
     d.add_argument("--sync", action="store_true", help="strictly on-policy (max_staleness 0) instead of async (1)")
-    d.add_argument("--preset", default=None, help="trainer algorithm preset: grpo, dapo, dr_grpo, rloo, reinforce_pp, gspo")
+    d.add_argument(
+        "--preset", default=None, help="trainer algorithm preset: grpo, dapo, dr_grpo, rloo, reinforce_pp, gspo"
+    )
     d.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the calibrated 200)")
     d.add_argument("--replicas", type=int, default=None, help="rollout replicas (default 1)")
     d.add_argument("--redis-url", default=None, help="use this Redis instead of a private redis-server")
     d.add_argument("--seed", type=int, default=None)
     d.add_argument("--run-id", default=None, help="run folder name under --runs-dir (default demo-<time>)")
     d.add_argument("--quick", action="store_true", help="the short profile used by the e2e test")
+    d.add_argument("--sft-max-steps", type=int, default=None, help="cap on cold-start SFT steps")
     d.add_argument("--no-live", action="store_true", help="log lines instead of the live view")
-    u = sub.add_parser("up", help="start Redis, reward, rollout and trainer from one config file")
+    u = sub.add_parser("up", parents=[common], help="start Redis, reward, rollout and trainer from one config file")
     u.add_argument("-c", "--config", type=Path, required=True)
     u.add_argument("--detach", action="store_true", help="return once everything is healthy; stop it with `grpo down`")
     for name, text in (("status", "show a running stack"), ("down", "stop a running stack")):
-        s = sub.add_parser(name, help=text)
+        s = sub.add_parser(name, parents=[common], help=text)
         s.add_argument("--run-id", default=None, help="default: every stack under --runs-dir")
     return p
 
@@ -52,7 +60,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from grpo.demo.procs import ChildFailed
 
     overrides = {k: v for k, v in (("preset", args.preset), ("steps", args.steps), ("replicas", args.replicas),
-                                   ("redis_url", args.redis_url), ("seed", args.seed)) if v is not None}  # fmt: skip
+                                   ("redis_url", args.redis_url), ("seed", args.seed),
+                                   ("sft_max_steps", args.sft_max_steps)) if v is not None}  # fmt: skip
     if args.sync:
         overrides["max_staleness"] = 0
     cfg = DemoConfig.quick(**overrides) if args.quick else DemoConfig(**overrides)
@@ -82,14 +91,16 @@ def cmd_up(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2 if isinstance(exc, LaunchError) else 1
     if args.detach:
-        sys.stdout.write(f"up: run {state.run_id}, state in {Path(state.run_dir) / 'stack.json'}; `grpo down` stops it\n")
+        sys.stdout.write(
+            f"up: run {state.run_id}, state in {Path(state.run_dir) / 'stack.json'}; `grpo down` stops it\n"
+        )
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from grpo.demo.launcher import find_states, status
 
-    paths = find_states(args.runs_dir, args.run_id)
+    paths = find_states(args.runs_dir, args.run_id, live_only=True)
     if not paths:
         sys.stdout.write(f"no running stack under {args.runs_dir}\n")
         return 1
@@ -101,7 +112,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_down(args: argparse.Namespace) -> int:
     from grpo.demo.launcher import down, find_states
 
-    paths = find_states(args.runs_dir, args.run_id)
+    paths = find_states(args.runs_dir, args.run_id, live_only=args.run_id is None)
     if not paths:
         sys.stdout.write(f"no running stack under {args.runs_dir}\n")
         return 1
@@ -114,13 +125,15 @@ def cmd_down(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     setup_logging(args.log_level, False)
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     commands = {"demo": cmd_demo, "up": cmd_up, "status": cmd_status, "down": cmd_down}
     try:
         return commands[args.command](args)
     except KeyboardInterrupt:
         log.warning("interrupted: every child process has been stopped")
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

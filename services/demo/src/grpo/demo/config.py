@@ -36,14 +36,18 @@ class DemoConfig(BaseModel):
 
     # GRPO (the trainer service)
     steps: int = Field(200, ge=1)
-    prompts_per_step: int = 16
+    prompts_per_step: int = 32
+    """32 prompts × G = 8: half the gradient noise of 16 × 8 (calibration: +36 vs +14 points at 200 steps)."""
     group_size: int = 8
     lr: float = 2e-4
     warmup_steps: int = 10
     """Linear warm-up of the fresh AdamW: without it the first updates knock the SFT model down."""
     temperature: float = 1.0
-    max_new_tokens: int = 20
-    """The worked answer is 17 tokens at most (with EOS)."""
+    lr_schedule: Literal["constant", "cosine"] = "cosine"
+    """Cosine decay to 0 at the last step: the last evaluations measure a settled policy, not a noisy one."""
+    max_new_tokens: int = 24
+    """The worked answer is 17 tokens at most (with EOS); the overlong ramp starts above max - buffer = 20,
+    so it never punishes a complete answer (a penalty inside 17 tokens teaches the model to drop digits)."""
     overlong_buffer: int = 4
     eval_every: int = 20
     eval_size: int = Field(500, ge=1)
@@ -59,7 +63,7 @@ class DemoConfig(BaseModel):
     def quick(cls, **overrides: object) -> DemoConfig:
         """The e2e profile: the same pipeline, fewer steps and a smaller eval (minutes on 2 cores)."""
         base = {"steps": 40, "eval_every": 20, "eval_size": 100, "sft_eval_size": 200, "sft_threshold": 0.25}
-        return cls(**{**base, **overrides})
+        return cls.model_validate({**base, **overrides})
 
     def trainer_settings(self, *, model: str, train_data: str, eval_data: str, redis_url: str, run_id: str,
                          output_dir: str, grpc_port: int, http_port: int) -> dict[str, object]:  # fmt: skip
@@ -70,6 +74,7 @@ class DemoConfig(BaseModel):
             "prompts_per_step": self.prompts_per_step, "group_size": self.group_size,
             "max_staleness": self.max_staleness, "temperature": self.temperature,
             "max_new_tokens": self.max_new_tokens, "lr": self.lr, "warmup_steps": self.warmup_steps,
+            "lr_schedule": self.lr_schedule,
             "seed": self.seed, "micro_batch_size": 64, "eval_every": self.eval_every, "eval_size": self.eval_size,
             "eval_temperature": 0.0, "reward_weights": R1_REWARD_WEIGHTS, "overlong_soft_penalty": True,
             "overlong_buffer": self.overlong_buffer, "checkpoint_every": max(self.steps, 1), "resume": "never",

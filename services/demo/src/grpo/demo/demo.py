@@ -31,12 +31,15 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
 def prepare(cfg: DemoConfig, run_dir: Path, view: live.ViewState, refresh: Any) -> tuple[Path, float, dict[str, Any]]:
     """Model folder, data files and the SFT cold start; returns (sft model dir, eval accuracy, sft info)."""
     import torch
+
     from grpo.demo.model import build_model_folder
     from grpo.demo.sft import run_sft
     from grpo.demo.task import make_splits, prompt_rows
 
     torch.set_num_threads(1)  # one thread per process beats two on 2 shared cores
-    splits = make_splits(n_sft=cfg.n_sft, n_grpo=cfg.n_grpo, n_eval=max(cfg.eval_size, cfg.sft_eval_size), seed=cfg.seed)
+    splits = make_splits(
+        n_sft=cfg.n_sft, n_grpo=cfg.n_grpo, n_eval=max(cfg.eval_size, cfg.sft_eval_size), seed=cfg.seed
+    )
     write_jsonl(run_dir / "data" / "train.jsonl", prompt_rows(splits.grpo, "train"))
     write_jsonl(run_dir / "data" / "eval.jsonl", prompt_rows(splits.eval[: cfg.eval_size], "eval"))
     base = build_model_folder(run_dir / "model" / "base", seed=cfg.seed)
@@ -72,7 +75,31 @@ def watch(sup: Supervisor, port: int, view: live.ViewState, refresh: Any, poll_s
         raise trainer.failure(f"exited with code {trainer.proc.returncode}")
 
 
-def run_demo(cfg: DemoConfig, runs_dir: Path = Path("runs"), run_id: str | None = None, live_view: bool = True) -> dict[str, Any]:
+def grpo_phase(
+    sup: Supervisor, cfg: DemoConfig, run_dir: Path, run_id: str, sft_dir: Path, view: live.ViewState, refresh: Any
+) -> None:
+    """Start Redis (unless given), reward, rollout replicas and the trainer on the SFT model; follow it to the end."""
+    view.phase, view.note, view.step = "starting services", "redis, reward, rollout, trainer", 0
+    refresh()
+    spec = StackSpec(
+        run_id=run_id, run_dir=run_dir, redis_url=cfg.redis_url, replicas=cfg.replicas,
+        rollout={"model": str(sft_dir), "worker_batch_tasks": cfg.worker_batch_tasks, "max_new_tokens_cap": 256},
+        trainer=cfg.trainer_settings(
+            model=str(sft_dir), train_data=str(run_dir / "data" / "train.jsonl"),
+            eval_data=str(run_dir / "data" / "eval.jsonl"), redis_url="", run_id=run_id,
+            output_dir=str(run_dir), grpc_port=0, http_port=0),
+        start_timeout_s=cfg.start_timeout_s,
+    )  # fmt: skip
+    state = start_services(sup, spec)
+    state.save()
+    view.note = ""
+    assert state.trainer_http is not None
+    watch(sup, state.trainer_http, view, refresh)
+
+
+def run_demo(
+    cfg: DemoConfig, runs_dir: Path = Path("runs"), run_id: str | None = None, live_view: bool = True
+) -> dict[str, Any]:
     """The whole demo; returns the summary (also in <run_dir>/summary.json). Every child is stopped on exit."""
     from grpo.demo.report import write_report
 
@@ -83,10 +110,14 @@ def run_demo(cfg: DemoConfig, runs_dir: Path = Path("runs"), run_id: str | None 
     console = live.make_console()
     view = live.ViewState(note="building the tiny model")
     use_live = live_view and console.is_terminal
+    if use_live:  # the table shows progress; INFO lines written under it would tear the display
+        logging.getLogger().setLevel(logging.WARNING)
     last_line = [0.0]
 
     with Supervisor(run_dir / "logs") as sup:
-        live_ctx: Any = live.Live(live.render(view), console=console, refresh_per_second=2) if use_live else nullcontext()
+        live_ctx: Any = (
+            live.Live(live.render(view), console=console, refresh_per_second=2) if use_live else nullcontext()
+        )
         with live_ctx as screen:
 
             def refresh() -> None:
@@ -97,23 +128,7 @@ def run_demo(cfg: DemoConfig, runs_dir: Path = Path("runs"), run_id: str | None 
                     log.info("%s", live.plain_line(view))
 
             sft_dir, eval_before, sft_info = prepare(cfg, run_dir, view, refresh)
-            view.phase, view.note, view.step = "starting services", "redis, reward, rollout, trainer", 0
-            refresh()
-            spec = StackSpec(
-                run_id=run_id, run_dir=run_dir, redis_url=cfg.redis_url, replicas=cfg.replicas,
-                rollout={"model": str(sft_dir), "worker_batch_tasks": cfg.worker_batch_tasks,
-                         "max_new_tokens_cap": 256},
-                trainer=cfg.trainer_settings(
-                    model=str(sft_dir), train_data=str(run_dir / "data" / "train.jsonl"),
-                    eval_data=str(run_dir / "data" / "eval.jsonl"), redis_url="", run_id=run_id,
-                    output_dir=str(run_dir), grpc_port=0, http_port=0),
-                start_timeout_s=cfg.start_timeout_s,
-            )  # fmt: skip
-            state = start_services(sup, spec)
-            state.save()
-            view.note = ""
-            assert state.trainer_http is not None
-            watch(sup, state.trainer_http, view, refresh)
+            grpo_phase(sup, cfg, run_dir, run_id, sft_dir, view, refresh)
     extra = {"run_id": run_id, "config": cfg.model_dump(), **sft_info}
     summary = write_report(run_dir, eval_before=eval_before, wall_seconds=time.monotonic() - started, extra=extra)
     return summary

@@ -10,7 +10,7 @@ The config file has one section per service, in that service's own field names:
     trainer: {model: tiny, train_data: data/train.jsonl, steps: 100}   # optional
 
 PIDs and ports go to <runs_dir>/<run_id>/stack.json; `down` stops exactly those processes
-(checking each PID still runs the command we started, so a recycled PID is never hit).
+(checking each PID still has the start time we recorded, so a recycled PID is never hit).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import yaml
-from grpo.demo.procs import Supervisor, stop_pid
+
+from grpo.demo.procs import Supervisor, same_process, stop_pid
 from grpo.demo.stack import STATE_FILE, StackSpec, StackState, start_services
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,9 @@ def spec_from_config(data: dict[str, Any], runs_dir: Path) -> StackSpec:
 def up(config: Path, runs_dir: Path, detach: bool) -> StackState:
     """Start the stack; attached, supervise until Ctrl-C or the trainer ends, then stop everything."""
     spec = spec_from_config(read_stack_config(config), runs_dir)
-    if (spec.run_dir / STATE_FILE).exists() and any(p["alive"] for p in process_table(StackState.load(spec.run_dir / STATE_FILE))):
+    if (spec.run_dir / STATE_FILE).exists() and any(
+        p["alive"] for p in process_table(StackState.load(spec.run_dir / STATE_FILE))
+    ):
         raise LaunchError(f"run {spec.run_id!r} is already up ({spec.run_dir / STATE_FILE}); `grpo down` first")
     sup = Supervisor(spec.run_dir / "logs", detach=detach)
     try:
@@ -90,24 +92,18 @@ def up(config: Path, runs_dir: Path, detach: bool) -> StackState:
     return state
 
 
-def find_states(runs_dir: Path, run_id: str | None) -> list[Path]:
-    if run_id is not None:
-        path = runs_dir / run_id / STATE_FILE
-        return [path] if path.exists() else []
-    return sorted(runs_dir.glob(f"*/{STATE_FILE}"), key=lambda p: p.stat().st_mtime)
-
-
-def _matches(pid: int, cmd: list[str]) -> bool:
-    """The PID runs the command we started (not a recycled PID)."""
-    try:
-        proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and proc.cmdline() == cmd
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
+def find_states(runs_dir: Path, run_id: str | None, *, live_only: bool = False) -> list[Path]:
+    """State files of one run or of all runs (oldest first); live_only skips those with no process left."""
+    paths = [runs_dir / run_id / STATE_FILE] if run_id is not None else list(runs_dir.glob(f"*/{STATE_FILE}"))
+    paths = sorted((p for p in paths if p.exists()), key=lambda p: p.stat().st_mtime)
+    if live_only:
+        paths = [p for p in paths if any(row["alive"] for row in process_table(StackState.load(p)))]
+    return paths
 
 
 def process_table(state: StackState) -> list[dict[str, Any]]:
-    return [{**p, "alive": _matches(int(p["pid"]), list(p["cmd"]))} for p in state.processes]
+    """The recorded processes, each with `alive`: its PID still runs the process we started (same start time)."""
+    return [{**p, "alive": same_process(int(p["pid"]), float(p["create_time"]))} for p in state.processes]
 
 
 def down(state_path: Path, grace_s: float = 15.0) -> list[str]:

@@ -66,7 +66,10 @@ def rows(v: ViewState) -> list[tuple[str, str]]:
         ("train accuracy (T=1)", _fmt(m.get("rollout/accuracy"))),
         ("eval accuracy", f"{_fmt(m.get('eval/accuracy'))}   (before GRPO: {_fmt(v.eval_before)})"),
         ("KL to SFT model", _fmt(m.get("train/kl"), ".5f")),
-        ("throughput", f"{_fmt(m.get('train/tokens_per_s'), '.0f')} train tok/s, step {_fmt(m.get('time/step_s'), '.2f')} s"),
+        (
+            "throughput",
+            f"{_fmt(m.get('train/tokens_per_s'), '.0f')} train tok/s, step {_fmt(m.get('time/step_s'), '.2f')} s",
+        ),
         ("staleness (mean)", _fmt(m.get("staleness/mean"), ".2f")),
         ("elapsed / ETA", f"{time.monotonic() - v.started:.0f} s / {_fmt(eta, '.0f')} s"),
     ]

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
 
@@ -50,6 +52,7 @@ class Child:
     log_path: Path
     proc: subprocess.Popen[bytes]
     ports: dict[str, int] = field(default_factory=dict)
+    create_time: float = 0.0  # the kernel's start time: with the PID it identifies the process (no recycling)
 
     @property
     def pid(self) -> int:
@@ -59,7 +62,26 @@ class Child:
         return self.proc.poll() is None
 
     def failure(self, why: str) -> ChildFailed:
-        return ChildFailed(f"{self.name} (pid {self.pid}) {why}; last log lines of {self.log_path}:\n{log_tail(self.log_path)}")
+        return ChildFailed(
+            f"{self.name} (pid {self.pid}) {why}; last log lines of {self.log_path}:\n{log_tail(self.log_path)}"
+        )
+
+
+def started_at(pid: int) -> float:
+    """The process's start time (psutil), 0.0 when it is already gone."""
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return 0.0
+
+
+def same_process(pid: int, create_time: float) -> bool:
+    """The PID still belongs to the process we started (redis-server rewrites its command line, so not cmdline)."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and abs(proc.create_time() - create_time) < 0.01
+    except psutil.Error:
+        return False
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -136,7 +158,7 @@ class Supervisor:
                 start_new_session=True,
                 preexec_fn=None if self.detach else _die_with_parent,
             )
-        child = Child(name, list(cmd), log_path, proc, dict(ports))
+        child = Child(name, list(cmd), log_path, proc, dict(ports), started_at(proc.pid))
         self.children.append(child)
         log.info("started %s (pid %d), log %s", name, proc.pid, log_path)
         return child

@@ -56,7 +56,11 @@ def mean(values: Sequence[float]) -> float | None:
 
 
 def summarize(
-    rows: Sequence[dict[str, Any]], *, eval_before: float | None, wall_seconds: float, extra: dict[str, Any] | None = None
+    rows: Sequence[dict[str, Any]],
+    *,
+    eval_before: float | None,
+    wall_seconds: float,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """summary.json: before/after accuracy (mean of the last three evals), reward first vs last, history."""
     evals = series(rows, "eval/accuracy")
@@ -114,6 +118,10 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f} %"
 
 
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
 def report_markdown(summary: dict[str, Any], plots: Sequence[Path]) -> str:
     """report.md: the headline numbers, what they mean, then the plots."""
     lines = [
@@ -123,7 +131,7 @@ def report_markdown(summary: dict[str, Any], plots: Sequence[Path]) -> str:
         f"* held-out accuracy after GRPO (mean of the last three evaluations): **{_pct(summary['eval_accuracy_after'])}**",
         f"* GRPO steps: {summary['grpo_steps']}, wall time of the whole demo: {summary['wall_seconds']:.0f} s",
         f"* mean training reward, first {summary['reward_window_steps']} steps → last "
-        f"{summary['reward_window_steps']}: {summary['reward_first_steps']} → {summary['reward_last_steps']}",
+        f"{summary['reward_window_steps']}: {_num(summary['reward_first_steps'])} → {_num(summary['reward_last_steps'])}",
         "",
         "The only learning signal during GRPO is the verifiable reward (math verifier + format + overlong).",
         "Evaluation is greedy decoding on held-out problems that never appear in training.",
@@ -134,7 +142,9 @@ def report_markdown(summary: dict[str, Any], plots: Sequence[Path]) -> str:
     return "\n".join(lines)
 
 
-def write_report(run_dir: Path, *, eval_before: float | None, wall_seconds: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_report(
+    run_dir: Path, *, eval_before: float | None, wall_seconds: float, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Write summary.json, the PNGs and report.md into run_dir; returns the summary."""
     rows = read_metrics(run_dir / "metrics.jsonl")
     summary = summarize(rows, eval_before=eval_before, wall_seconds=wall_seconds, extra=extra)

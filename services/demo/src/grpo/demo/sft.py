@@ -41,7 +41,9 @@ def greedy_completions(model: Any, tokenizer: Any, problems: list[Problem], max_
     return tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
 
 
-def greedy_accuracy(model: Any, tokenizer: Any, problems: list[Problem], max_new_tokens: int, chunk: int = 256) -> float:
+def greedy_accuracy(
+    model: Any, tokenizer: Any, problems: list[Problem], max_new_tokens: int, chunk: int = 256
+) -> float:
     model.eval()
     hits = 0
     for i in range(0, len(problems), chunk):
@@ -69,8 +71,9 @@ def run_sft(
 ) -> SftResult:
     """SFT on worked answers until greedy eval accuracy ≥ threshold (or max_steps); the model is saved to out_dir."""
     import torch
-    from grpo.trainer.learner import Learner, LearnerConfig, SftPair
     from transformers import AutoTokenizer
+
+    from grpo.trainer.learner import Learner, LearnerConfig, SftPair
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -100,6 +103,7 @@ def run_sft(
             if accuracy >= threshold:
                 break
     out_dir.mkdir(parents=True, exist_ok=True)
-    learner.model.save_pretrained(out_dir)
+    model: Any = learner.model
+    model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return SftResult(step, accuracy, history, time.monotonic() - started)

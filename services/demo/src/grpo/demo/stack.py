@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from grpo.common.net import free_port
 from grpo.common.redis_server import find_redis_server
 from grpo.demo.procs import Child, Supervisor, http_ok, port_open
@@ -70,7 +71,9 @@ def _service(sup: Supervisor, name: str, module: str, run_dir: Path, values: dic
     config = _write_config(run_dir, name, values)
     ports = {k: int(v) for k, v in values.items() if k.endswith("_port")}
     # Unbuffered so a crash's last lines reach the log file.
-    return sup.start(name, [sys.executable, "-u", "-m", module, "--config", str(config)], env={"PYTHONUNBUFFERED": "1"}, **ports)
+    return sup.start(
+        name, [sys.executable, "-u", "-m", module, "--config", str(config)], env={"PYTHONUNBUFFERED": "1"}, **ports
+    )
 
 
 def _ports(values: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +124,7 @@ def start_services(sup: Supervisor, spec: StackSpec, *, with_trainer: bool = Tru
     state = StackState(
         run_id=spec.run_id, run_dir=str(run_dir), redis_url=redis_url, reward_addr=reward_addr,
         reward_http=int(reward["http_port"]), trainer_http=trainer_http,
-        processes=[{"name": c.name, "pid": c.pid, "cmd": c.cmd, "ports": c.ports, "log": str(c.log_path)}
-                   for c in sup.children],
+        processes=[{"name": c.name, "pid": c.pid, "create_time": c.create_time, "cmd": c.cmd, "ports": c.ports,
+                    "log": str(c.log_path)} for c in sup.children],
     )  # fmt: skip
     return state

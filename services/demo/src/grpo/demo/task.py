@@ -111,11 +111,18 @@ def make_splits(
 def prompt_rows(problems: list[Problem], prefix: str) -> list[dict[str, object]]:
     """Trainer data rows: the prompt, task_type math, and checks for the math and format verifiers."""
     return [
-        {"id": f"{prefix}-{i}", "prompt": p.prompt, "task_type": "math", "checks": {"math": {"gold": p.gold}, "format": {}}}
+        {
+            "id": f"{prefix}-{i}",
+            "prompt": p.prompt,
+            "task_type": "math",
+            "checks": {"math": {"gold": p.gold}, "format": {}},
+        }
         for i, p in enumerate(problems)
     ]
 
 
 def sft_rows(problems: list[Problem]) -> list[dict[str, object]]:
     """Trainer SFT rows: prompt plus the worked answer as response."""
-    return [{**row, "response": worked_answer(p)} for row, p in zip(prompt_rows(problems, "sft"), problems, strict=True)]
+    return [
+        {**row, "response": worked_answer(p)} for row, p in zip(prompt_rows(problems, "sft"), problems, strict=True)
+    ]

@@ -243,7 +243,10 @@ class RewardCore:
         """Stop the pools and the sandbox (work in flight ends as errors, answered), then the loop."""
         self.pool.close()
         if self.sandbox is not None:
-            self.sandbox.close()
+            try:
+                self.sandbox.close()
+            except Exception:  # shutdown goes on: the loop and threads must still stop
+                log.exception("sandbox close failed")
         self._code_threads.shutdown(wait=False, cancel_futures=True)
         self._aux_threads.shutdown(wait=False, cancel_futures=True)
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -145,7 +145,9 @@ class WorkerPool:
         if first is None:
             return None
         batch = [first]
-        while len(batch) < self._max_batch:
+        # Take a fair share of what is waiting, so one slot never hoards a small request's items.
+        limit = min(self._max_batch, 1 + self._queue.qsize() // len(self._threads))
+        while len(batch) < limit:
             try:
                 nxt = self._queue.get_nowait()
             except queue.Empty:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.publisher import TaskSpec
@@ -79,14 +79,16 @@ def learner_config(settings: TrainerSettings, algo: LossConfig) -> LearnerConfig
         sampler_exact=settings.sampler_exact,
         ref_refresh_steps=algo.ref_refresh_steps or 0,
         gradient_checkpointing=settings.gradient_checkpointing,
+        zero_stage=settings.zero_stage,
+        offload_optimizer=settings.offload_optimizer,
     )
 
 
-def require_single_process(learner: object) -> None:
-    """The orchestration (Redis, pushes, servers) runs in one process; multi-rank DeepSpeed needs a rank-0 driver."""
-    world = getattr(getattr(learner, "backend", None), "world_size", 1)
-    if world > 1:
-        raise RuntimeError(
-            f"the trainer service drives one process, but this learner spans {world} ranks: run DeepSpeed with "
-            "1 process (torchrun --nproc-per-node 1) or the torch backend; multi-rank orchestration is not built yet"
-        )
+def build_learner(settings: TrainerSettings) -> Any:
+    """The Learner for the configured mode (SFT never loads a reference model). Collective under DeepSpeed."""
+    from grpo.trainer.learner import Learner
+
+    algo = resolve_algo(settings)
+    if settings.mode == "sft":
+        algo = algo.with_overrides(beta=0.0)
+    return Learner(learner_config(settings, algo))

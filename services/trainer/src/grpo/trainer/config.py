@@ -136,6 +136,10 @@ class TrainerSettings(BaseSettings):
     """Seed for the data order and torch."""
     backend: Literal["torch", "deepspeed"] = "torch"
     """Training backend."""
+    zero_stage: Literal[1, 2, 3] = 2
+    """DeepSpeed ZeRO stage (backend deepspeed; launch with torchrun: rank 0 drives, the others follow)."""
+    offload_optimizer: bool = False
+    """DeepSpeed: keep the optimizer state on the CPU."""
     gradient_checkpointing: bool = False
     """Trade compute for memory."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from grpo.common.queue import Entry
 from grpo.trainer.consumer import GroupReader, group_metrics
@@ -35,6 +35,7 @@ def evaluate(
     policy_version: int,
     temperature: float,
     timeout_s: float,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> dict[str, float]:
     """Publish one eval task per row, wait (≤ timeout_s) for their groups, return eval/* metrics.
 
@@ -51,7 +52,7 @@ def evaluate(
     others: list[Entry[queue_pb2.GroupRecord]] = []
     start = time.monotonic()
     deadline = start + timeout_s
-    while wanted - set(got) and time.monotonic() < deadline:
+    while wanted - set(got) and time.monotonic() < deadline and not should_stop():
         entry = reader.next(block_ms=500)
         if entry is None:
             continue

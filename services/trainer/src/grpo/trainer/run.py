@@ -19,19 +19,18 @@ from grpo.algo import group_advantages
 from grpo.common.queue import QueueUnavailable, RunQueue, connect
 from grpo.common.registry import ReplicaRegistry
 from grpo.trainer.accounting import Accounting, StepQuota, batches_to_publish, lineage_staleness, triage
-from grpo.trainer.assemble import learner_config, require_single_process, resolve_algo, task_spec
-from grpo.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from grpo.trainer.assemble import build_learner, resolve_algo, task_spec
+from grpo.trainer.checkpoint import latest_checkpoint
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.consumer import GroupReader, facts_of, group_metrics, to_samples
 from grpo.trainer.control import ReplicaView, RunControl
 from grpo.trainer.data import DataCursor, load_rows
 from grpo.trainer.evaluation import eval_rows, evaluate
-from grpo.trainer.export import save_final_model
-from grpo.trainer.learner import Learner
 from grpo.trainer.ledger import drop_after, write_segment
 from grpo.trainer.metrics import MetricsSink
 from grpo.trainer.publisher import Publisher
 from grpo.trainer.pusher import ReplicaTarget, push_to_replicas
+from grpo.trainer.ranks import RankDriver
 from grpo.v1 import queue_pb2
 
 log = logging.getLogger(__name__)
@@ -56,8 +55,7 @@ class GrpoRun:
         self.queue.ensure_groups()
         self.registry = ReplicaRegistry(client, s.run_id)
         self.reader = GroupReader(self.queue, CONSUMER)
-        self.learner = Learner(learner_config(s, self.algo))
-        require_single_process(self.learner)
+        self.learner = RankDriver(build_learner(s), s.model)
         self.acct = Accounting()
         self.step = 0
         self.ckpt_root = s.output_dir / "checkpoints"
@@ -68,7 +66,7 @@ class GrpoRun:
         if path is None:
             drop_after(self.ledger_root, -1)  # a fresh run starts a fresh ledger
         else:
-            info = load_checkpoint(path, self.learner)
+            info = self.learner.load(path)
             self.step = info.step
             cursor = DataCursor.from_state(info.data_cursor)
             self.acct = Accounting.from_state(info.inflight, time.monotonic())
@@ -128,11 +126,15 @@ class GrpoRun:
             self._save_final()
         self._serve_checkpoint_requests()
         self.control.update(phase="done" if self.step >= s.steps else "stopped")
+
+    def close(self) -> None:
+        """Release the follower ranks and the metrics files (idempotent; also after a failure)."""
+        self.learner.close()
         self.sink.close()
 
     # ---- replicas ------------------------------------------------------------------------------
     def _live(self) -> list[Any]:
-        return self.registry.live_replicas()
+        return self._retry(self.registry.live_replicas, "reading the replica registry")
 
     def _start_replicas(self) -> None:
         """Wait for replicas, then push our weights under a version newer than any they hold."""
@@ -154,7 +156,7 @@ class GrpoRun:
         if self.resumed_version is not None:
             # The restored weights get a fresh version; versions in between belong to the lost lineage.
             self.acct.version_aliases.append((self.resumed_version, new_version))
-        self.learner.version = new_version
+        self.learner.set_version(new_version)
         self._sync_replicas(live)
 
     def _sync_replicas(self, live: list[Any] | None = None) -> float:
@@ -168,7 +170,7 @@ class GrpoRun:
         if not targets:
             return 0.0
         started = time.monotonic()
-        tensors = self.learner.state_dict_for_push()
+        tensors = self.learner.push_tensors()
         results = push_to_replicas(
             targets, tensors, self.version, token=self.s.weights_token, timeout_s=self.s.push_timeout_s,
             retries=self.s.push_retries,
@@ -270,7 +272,7 @@ class GrpoRun:
 
     def _on_resolved(self, quota: StepQuota, outcome: str) -> None:
         if quota.on_resolved(outcome):  # DAPO dynamic sampling: replace the zero-variance group
-            self.publisher.publish(1, self.version, self.step, self.acct)
+            self._retry(lambda: self.publisher.publish(1, self.version, self.step, self.acct), "publishing a refill")
 
     # ---- update ---------------------------------------------------------------------------------
     def _train(self, kept: Kept) -> dict[str, float]:
@@ -297,8 +299,8 @@ class GrpoRun:
         write_segment(self.ledger_root, self.step, self.acct.recent)
         self.acct.recent = []
         self.last_checkpoint_step = self.step
-        path = save_checkpoint(
-            self.ckpt_root, self.learner, step=self.step, data_cursor=self.publisher.cursor.to_state(),
+        path = self.learner.save(
+            self.ckpt_root, step=self.step, data_cursor=self.publisher.cursor.to_state(),
             inflight=self.acct.to_state(time.monotonic()), keep_last=self.s.keep_checkpoints,
         )  # fmt: skip
         # Only now is every consumed group's outcome durable: release them in Redis. A failed ack only means
@@ -323,12 +325,13 @@ class GrpoRun:
                 self.reader, self.eval_rows, self.spec, run_id=self.s.run_id,
                 round_id=f"{self.step}x{uuid.uuid4().hex[:6]}", policy_version=self.version,
                 temperature=self.s.eval_temperature, timeout_s=self.s.eval_timeout_s,
+                should_stop=lambda: self.control.stopping,
             )  # fmt: skip
         finally:
             self.control.update(phase="grpo")
 
     def _save_final(self) -> None:
-        save_final_model(self.learner, self.s.model, self.s.output_dir / "final")
+        self.learner.save_final(self.s.output_dir / "final")
 
     def _publish_status(self, metrics: dict[str, float]) -> None:
         now = time.time()

@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 from types import FrameType
+from typing import Any
 
 from grpo.common.grpc_server import GrpcServer
 from grpo.trainer.config import TrainerSettings
@@ -13,6 +14,7 @@ from grpo.trainer.control import RunControl
 from grpo.trainer.data import DataError
 from grpo.trainer.grpc_api import register
 from grpo.trainer.http_api import HttpServer
+from grpo.trainer.ranks import env_rank
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
 
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
+    if env_rank() > 0:
+        return follow_rank(settings)
     control = control or RunControl(settings.run_id, settings.steps)
     registry = CollectorRegistry()
     grpc_server = GrpcServer(
@@ -50,14 +54,7 @@ def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
              grpc_server.port, http.port)  # fmt: skip
     code = 0
     try:
-        if settings.mode == "sft":
-            from grpo.trainer.sft import run_sft
-
-            run_sft(settings, control, registry)
-        else:
-            from grpo.trainer.run import GrpoRun
-
-            GrpoRun(settings, control, registry).run()
+        run_mode(settings, control, registry)
     except DataError as exc:  # the user's file: one clear line, no traceback
         log.error("the run failed: %s", exc)
         control.update(phase="failed", error=str(exc))
@@ -71,3 +68,31 @@ def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
         http.stop()
         grpc_server.stop()
     return code
+
+
+def run_mode(settings: TrainerSettings, control: RunControl, registry: Any) -> None:
+    if settings.mode == "sft":
+        from grpo.trainer.sft import run_sft
+
+        run_sft(settings, control, registry)
+        return
+    from grpo.trainer.run import GrpoRun
+
+    run = GrpoRun(settings, control, registry)
+    try:
+        run.run()
+    finally:
+        run.close()
+
+
+def follow_rank(settings: TrainerSettings) -> int:
+    """A DeepSpeed rank > 0: build the same learner, then mirror rank 0's collective operations."""
+    from grpo.trainer.assemble import build_learner
+    from grpo.trainer.ranks import follow
+
+    learner = build_learner(settings)
+    try:
+        follow(learner, settings.model)
+    finally:
+        learner.close()
+    return 0

@@ -5,14 +5,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from grpo.trainer.assemble import learner_config, require_single_process, resolve_algo
-from grpo.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from grpo.trainer.assemble import build_learner
+from grpo.trainer.checkpoint import latest_checkpoint
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
 from grpo.trainer.data import DataCursor, PromptRow, load_rows, take
-from grpo.trainer.export import load_tokenizer, save_final_model
-from grpo.trainer.learner import Learner, SftPair
+from grpo.trainer.export import load_tokenizer
+from grpo.trainer.learner import SftPair
 from grpo.trainer.metrics import MetricsSink
+from grpo.trainer.ranks import RankDriver
 
 log = logging.getLogger(__name__)
 
@@ -37,42 +38,49 @@ def to_pair(tokenizer: Any, row: PromptRow, apply_chat_template: bool) -> SftPai
 
 def run_sft(settings: TrainerSettings, control: RunControl, prometheus_registry: Any = None) -> None:
     """`steps` SFT updates of `prompts_per_step` pairs each; checkpoints and resume as in GRPO."""
-    s = settings
-    assert s.train_data is not None
-    rows = load_rows(s.train_data, need_response=True)
-    tokenizer = load_tokenizer(s.model)
-    learner = Learner(learner_config(s, resolve_algo(s).with_overrides(beta=0.0)))
-    require_single_process(learner)
+    assert settings.train_data is not None
+    rows = load_rows(settings.train_data, need_response=True)
+    tokenizer = load_tokenizer(settings.model)
+    learner = RankDriver(build_learner(settings), settings.model)
+    try:
+        _train(settings, control, learner, [to_pair(tokenizer, r, settings.apply_chat_template) for r in rows],
+               prometheus_registry)  # fmt: skip
+    finally:
+        learner.close()  # releases the follower ranks, also after a failure
+
+
+def _train(s: TrainerSettings, control: RunControl, learner: RankDriver, pairs: list[SftPair], registry: Any) -> None:
     root = s.output_dir / "checkpoints"
     cursor, step = DataCursor(seed=s.seed), 0
     path = None if s.resume == "never" else latest_checkpoint(root) if s.resume == "auto" else s.resume
     if path is not None:
-        info = load_checkpoint(path, learner)
+        info = learner.load(path)
         cursor, step = DataCursor.from_state(info.data_cursor), info.step
     control.update(phase="sft", total_steps=s.steps, step=step)
     sink = MetricsSink(tensorboard_dir=s.output_dir / "tensorboard", jsonl_path=s.output_dir / "metrics.jsonl",
-                       prometheus_registry=prometheus_registry)  # fmt: skip
+                       prometheus_registry=registry)  # fmt: skip
 
     def checkpoint() -> str:
-        return str(save_checkpoint(root, learner, step=step, data_cursor=cursor.to_state(),
-                                   keep_last=s.keep_checkpoints))  # fmt: skip
+        return str(learner.save(root, step=step, data_cursor=cursor.to_state(), keep_last=s.keep_checkpoints))
 
-    while step < s.steps and not control.stopping:
-        for fut in control.take_checkpoint_requests():
-            fut.set_result((checkpoint(), step))
-        picks, cursor = take(cursor, len(rows), s.prompts_per_step)
-        metrics = learner.sft_step([to_pair(tokenizer, rows[i], s.apply_chat_template) for _, i in picks])
-        step += 1
-        metrics = {f"sft/{k}": v for k, v in metrics.items()}
-        sink.log(step, metrics)
-        control.update(step=step, metrics=metrics)
-        if step % s.checkpoint_every == 0:
+    try:
+        while step < s.steps and not control.stopping:
+            for fut in control.take_checkpoint_requests():
+                fut.set_result((checkpoint(), step))
+            picks, cursor = take(cursor, len(pairs), s.prompts_per_step)
+            metrics = {f"sft/{k}": v for k, v in learner.sft_step([pairs[i] for _, i in picks]).items()}
+            step += 1
+            sink.log(step, metrics)
+            control.update(step=step, metrics=metrics)
+            if step % s.checkpoint_every == 0:
+                checkpoint()
+            if step % 10 == 0:
+                log.info("sft step %d/%d loss %.4f", step, s.steps, metrics["sft/sft_loss"])
+        if step % s.checkpoint_every != 0:
             checkpoint()
-        if step % 10 == 0:
-            log.info("sft step %d/%d loss %.4f", step, s.steps, metrics["sft/sft_loss"])
-    checkpoint()
-    if step >= s.steps:
-        save_final_model(learner, s.model, s.output_dir / "final")
+        if step >= s.steps:
+            learner.save_final(s.output_dir / "final")
+    finally:
+        sink.close()
     control.fail_pending_requests("the run ended")
     control.update(phase="done" if step >= s.steps else "stopped")
-    sink.close()

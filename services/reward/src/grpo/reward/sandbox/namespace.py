@@ -115,7 +115,10 @@ class Zygote:
         self.proc.wait()
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
-                pipe.close()
+                try:
+                    pipe.close()
+                except OSError:  # closing flushes: a request the dead zygote never read is a broken pipe
+                    pass
 
 
 def classify(reply: dict[str, Any]) -> tuple[str, int | None]:
@@ -169,10 +172,17 @@ class NamespaceSandbox(Sandbox):
 
     isolation = ISOLATION
 
-    def __init__(self, workers: int = 2, interpreter: str | None = None, uid_base: int = 200_000) -> None:
+    def __init__(
+        self,
+        workers: int = 2,
+        interpreter: str | None = None,
+        uid_base: int = 200_000,
+        acquire_timeout_s: float = 600.0,
+    ) -> None:
         if os.geteuid() != 0:
             raise SandboxUnavailable(f"running as uid {os.geteuid()}, not root: {REMEDY}")
         self.workers = workers
+        self.acquire_timeout_s = acquire_timeout_s
         self.interpreter = interpreter or _default_interpreter()
         self._uid_base = uid_base
         self._idle: queue.Queue[Zygote] = queue.Queue()
@@ -221,7 +231,8 @@ class NamespaceSandbox(Sandbox):
         req = request_for(launch_for(language, program, self.interpreter), stdin, limits)
         zygote = self._take()
         if zygote is None:
-            return ExecResult("sandbox_error", None, "", "sandbox is closed", 0.0)
+            why = "sandbox is closed" if self._closed else f"no sandbox worker free within {self.acquire_timeout_s}s"
+            return ExecResult("sandbox_error", None, "", why, 0.0)
         started = time.monotonic()
         try:
             reply = zygote.request(req, started + limits.timeout_s + REPLY_SLACK_S)
@@ -242,18 +253,21 @@ class NamespaceSandbox(Sandbox):
         return ExecResult(status, exit_code, reply["stdout"], reply["stderr"], reply["wall_s"], reply["proof"])
 
     def _take(self) -> Zygote | None:
-        while not self._closed:
+        """A free zygote, or None when the sandbox is closed or none became free within acquire_timeout_s."""
+        deadline = time.monotonic() + self.acquire_timeout_s
+        while not self._closed and time.monotonic() < deadline:
             try:
-                return self._idle.get(timeout=0.5)
+                return self._idle.get(timeout=min(0.5, max(0.01, deadline - time.monotonic())))
             except queue.Empty:
                 continue
         return None
 
-    def _replace(self, zygote: Zygote, delay_s: float = 0.0) -> None:
+    def _replace(self, zygote: Zygote) -> None:
         """Retire `zygote` and have the spawner start a successor; retry with backoff while that fails."""
-        self._retire(zygote)
-        if not self._closed:
-            self._respawn(delay_s)
+        try:
+            self._retire(zygote)
+        finally:  # whatever happened, the pool must not shrink
+            self._respawn(0.0)
 
     def _respawn(self, delay_s: float) -> None:
         def done(future: Future[Zygote]) -> None:

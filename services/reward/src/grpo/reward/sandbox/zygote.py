@@ -50,6 +50,7 @@ DEVICES = ("null", "zero", "full", "random", "urandom")
 PROOF_FD, NONCE_FD = 3, 4
 
 SECCOMP = b""  # built once at start-up
+PER_RUN_IPC = False  # set at start-up when SysV IPC cannot be disabled for the zygote's IPC namespace
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
 
@@ -79,15 +80,27 @@ def bind_ro(src: str, dst: str, devices: bool = False) -> None:
     mount(None, dst, None, flags)
 
 
-def build_root(cfg: dict, uid: int) -> None:
-    """Enter private mount/net/uts namespaces and pivot into a minimal read-only root."""
-    unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC)
-    # SysV IPC objects outlive processes; with none allowed in this IPC namespace nothing can pass from one
-    # run to the next (POSIX message queues are off through RLIMIT_MSGQUEUE=0, shm lives in the scratch).
+def disable_sysv_ipc() -> None:
+    """SysV IPC objects outlive processes; with none allowed in this IPC namespace nothing passes between runs.
+
+    (POSIX message queues are off through RLIMIT_MSGQUEUE=0; POSIX shm lives in each run's scratch.) A fresh
+    /proc, private to our mount namespace, because container runtimes mount /proc/sys read-only.
+    """
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for name, value in (("shmmni", "0"), ("msgmni", "0"), ("sem", "0 0 0 0")):
         with open(f"/proc/sys/kernel/{name}", "w") as f:
             f.write(value)
+
+
+def build_root(cfg: dict, uid: int) -> None:
+    """Enter private mount/net/uts namespaces and pivot into a minimal read-only root."""
+    global PER_RUN_IPC
+    unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC)
     mount(None, "/", None, MS_REC | MS_PRIVATE)
+    try:
+        disable_sysv_ipc()
+    except OSError:  # e.g. a /proc that will not mount here: a fresh IPC namespace per run instead
+        PER_RUN_IPC = True
     new = "/tmp"  # any existing directory will do: the tmpfs over it exists only in our namespace
     mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=512,mode=0755")
     for path in cfg["ro_binds"]:
@@ -188,19 +201,36 @@ def _write_msg(fd: int, obj: dict) -> None:
         data = data[os.write(fd, data) :]
 
 
-def _setup_mounts(req: dict, uid: int) -> int:
-    """Fresh mount namespace: a size-capped tmpfs scratch holding the program's files, and this PID ns's /proc."""
-    unshare(CLONE_NEWNS)
+def _setup_mounts(req: dict, uid: int) -> None:
+    """Fresh mount namespace with a size-capped tmpfs scratch owned by `uid`, and this PID namespace's /proc."""
+    unshare(CLONE_NEWNS | (CLONE_NEWIPC if PER_RUN_IPC else 0))
     opts = f"size={req['limits']['scratch_mb']}m,nr_inodes=4096,mode=0700,uid={uid},gid={uid}"
     mount("tmpfs", "/scratch", "tmpfs", MS_NOSUID | MS_NODEV, opts)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)  # if memory runs out, the OOM killer takes runs first
     os.write(fd, b"1000")
     os.close(fd)
+
+
+def _become(uid: int, cap_last_cap: int) -> None:
+    """no_new_privs, an empty capability bounding set (when CAP_SETPCAP allows), then the unprivileged uid."""
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    for cap in range(cap_last_cap + 1):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break  # no CAP_SETPCAP: moot anyway for a non-root uid under no_new_privs and seccomp
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    # A uid change clears the parent-death signal, so it is set after: zygote gone -> this init and its
+    # whole PID namespace gone.
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+
+
+def _write_inputs(req: dict) -> int:
+    """As the unprivileged uid (no CAP_DAC_OVERRIDE needed): the program's files, and stdin as a memfd."""
     for name, text in req["files"].items():
         fd = os.open("/scratch/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         os.write(fd, text.encode())
-        os.fchown(fd, uid, uid)
         os.close(fd)
     if not req["stdin"]:
         return os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
@@ -210,8 +240,7 @@ def _setup_mounts(req: dict, uid: int) -> int:
     return stdin
 
 
-def _drop_privileges(limits: dict, uid: int, cap_last_cap: int) -> None:
-    """Rlimits, no_new_privs, an empty capability bounding set, then the unprivileged uid."""
+def _set_limits(limits: dict) -> None:
     cpu = int(limits["cpu_s"])
     for res, val in (
         (r.RLIMIT_AS, limits["memory_mb"] << 20),
@@ -222,32 +251,25 @@ def _drop_privileges(limits: dict, uid: int, cap_last_cap: int) -> None:
         (r.RLIMIT_CORE, 0),
         (r.RLIMIT_MSGQUEUE, 0),
     ):
-        r.setrlimit(res, val if isinstance(val, tuple) else (val, val))
-    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    for cap in range(cap_last_cap + 1):
-        _check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "capbset_drop")
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-    # A uid change clears the parent-death signal, so it is set last: zygote gone -> this init and its
-    # whole PID namespace gone.
-    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
-    install_seccomp(SECCOMP)
+        r.setrlimit(res, (val, val))
 
 
 def _child(req: dict, uid: int, fds: list[int], status_w: int) -> None:
-    """Pid 1 of a fresh PID namespace: mounts, limits, unprivileged uid, then exec the program; never returns.
+    """Pid 1 of a fresh PID namespace: mounts, unprivileged uid, inputs, limits, seccomp, exec; never returns.
 
     The program itself is the namespace's init, so when it exits (or is killed) the kernel kills every
     process it left behind, and no privileged process exists inside the namespace at all.
     """
     try:
-        stdin = _setup_mounts(req, uid)
+        _setup_mounts(req, uid)
+        _become(uid, req["cap_last_cap"])
+        stdin = _write_inputs(req)
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in (stdin, *fds)]  # above every target
         for target, fd in enumerate(high):
             os.dup2(fd, target)  # inheritable: exactly fds 0-4 survive the exec
         os.chdir("/scratch")
-        _drop_privileges(req["limits"], uid, req["cap_last_cap"])
+        _set_limits(req["limits"])
+        install_seccomp(SECCOMP)
         os.execve(req["argv"][0], req["argv"], req["env"])
     except BaseException as exc:  # report through the close-on-exec status pipe; never return to the loop
         try:

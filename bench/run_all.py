@@ -1,0 +1,40 @@
+"""Run every benchmark in turn (each writes bench/results/<name>.json), then print the ratios.
+
+Benchmarks measure ratios against a reference run in the same process or script, because
+these machines are noisy; absolute numbers are only context.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHES = ["bench_sandbox.py", "bench_reward.py", "bench_rollout.py", "bench_trainer.py", "bench_async.py"]
+log = logging.getLogger("bench")
+
+
+def main(names: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    failed = []
+    for name in names or BENCHES:
+        started = time.monotonic()
+        log.info("running %s", name)
+        if subprocess.run([sys.executable, str(HERE / name)], check=False).returncode != 0:
+            failed.append(name)
+        log.info("%s done in %.0f s", name, time.monotonic() - started)
+    for path in sorted((HERE / "results").glob("*.json")):
+        data = json.loads(path.read_text())
+        scalars = {k: v for k, v in data.items() if isinstance(v, int | float | str | bool)}
+        log.info("%s: %s", path.name, json.dumps(scalars))
+    if failed:
+        log.error("failed: %s", ", ".join(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,108 @@
+"""Multi-rank DeepSpeed: rank 0 drives the run (Redis, pushes, APIs); the other ranks follow its collective calls.
+
+Every operation that is collective under ZeRO (an update, gathering the full weights, saving or loading a
+checkpoint) is first announced by rank 0 with a broadcast, so all ranks enter it together. Followers hold
+no data, queue or server: they only mirror the learner. With one process nothing is broadcast.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from grpo.trainer.checkpoint import CheckpointInfo, load_checkpoint, save_checkpoint
+from grpo.trainer.export import save_final_model
+
+log = logging.getLogger(__name__)
+
+
+def env_rank() -> int:
+    """This process's rank as set by torchrun / the deepspeed launcher (0 when launched alone)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def _broadcast(command: tuple[Any, ...] | None) -> tuple[Any, ...]:
+    import torch.distributed as dist
+
+    box = [command]
+    dist.broadcast_object_list(box, src=0)
+    assert box[0] is not None
+    return box[0]
+
+
+class RankDriver:
+    """Rank 0's handle on the learner: announces each collective operation, then takes part in it."""
+
+    def __init__(self, learner: Any, model: str) -> None:
+        self.learner = learner
+        self.model = model
+        self.world = int(getattr(learner.backend, "world_size", 1))
+
+    def _announce(self, *command: Any) -> None:
+        if self.world > 1:
+            _broadcast(command)
+
+    @property
+    def version(self) -> int:
+        return int(self.learner.version)
+
+    def set_version(self, version: int) -> None:
+        self._announce("version", version)
+        self.learner.version = version
+
+    def step(self, samples: list[Any]) -> dict[str, float]:
+        self._announce("step", samples)
+        return self.learner.step(samples)
+
+    def sft_step(self, pairs: list[Any]) -> dict[str, float]:
+        self._announce("sft_step", pairs)
+        return self.learner.sft_step(pairs)
+
+    def push_tensors(self) -> dict[str, Any]:
+        self._announce("gather")
+        return self.learner.state_dict_for_push()
+
+    def save(self, root: Path, **kwargs: Any) -> Path:
+        self._announce("save", str(root), kwargs)
+        return save_checkpoint(root, self.learner, **kwargs)
+
+    def load(self, path: Path | str) -> CheckpointInfo:
+        self._announce("load", str(path))
+        return load_checkpoint(path, self.learner)
+
+    def save_final(self, folder: Path) -> None:
+        self._announce("final", str(folder))
+        save_final_model(self.learner, self.model, folder)
+
+    def close(self) -> None:
+        """Release the followers (idempotent)."""
+        if self.world > 1:
+            self._announce("exit")
+            self.world = 1
+
+
+def follow(learner: Any, model: str) -> None:
+    """Ranks > 0: run rank 0's announced operations until it says exit."""
+    log.info("rank %d following rank 0", env_rank())
+    while True:
+        op, *args = _broadcast(None)
+        if op == "exit":
+            return
+        if op == "version":
+            learner.version = args[0]
+        elif op == "step":
+            learner.step(args[0])
+        elif op == "sft_step":
+            learner.sft_step(args[0])
+        elif op == "gather":
+            learner.state_dict_for_push()
+        elif op == "save":
+            save_checkpoint(Path(args[0]), learner, **args[1])
+        elif op == "load":
+            load_checkpoint(args[0], learner)
+        elif op == "final":
+            save_final_model(learner, model, Path(args[0]))
+        else:
+            raise RuntimeError(f"unknown operation {op!r} from rank 0")

@@ -1,0 +1,143 @@
+"""Offer the reward service several times its measured throughput: it sheds (429 / RESOURCE_EXHAUSTED), its memory
+stays bounded, and it serves normally afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from conftest import start_reward_service, stop_reward_service
+
+from grpo.v1 import reward_pb2 as pb
+from grpo.v1 import reward_pb2_grpc
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+log = logging.getLogger(__name__)
+
+# A sandboxed run of ~50 ms CPU per call: the service (one sandbox worker), not this client, is the bottleneck.
+CODE = "x = 0\nfor i in range(400_000):\n    x += i\nprint(x)"
+BODY = {"language": "python", "code": CODE}
+PATH = "/v1/execute"
+OVERLOAD = 4.0
+LOAD_S = 8.0
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of `pid` and all its descendants (MiB), from /proc."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            total += int(status.split("VmRSS:")[1].split()[0]) / 1024
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except (OSError, IndexError):
+            continue
+    return total
+
+
+def measure_throughput(url: str, seconds: float = 3.0, clients: int = 4) -> float:
+    """Closed-loop requests per second with a few concurrent clients (every answer a 200)."""
+    done, stop = [0], time.monotonic() + seconds
+
+    def loop() -> None:
+        with httpx.Client(timeout=30) as client:
+            while time.monotonic() < stop:
+                r = client.post(f"{url}{PATH}", json=BODY)
+                assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+                done[0] += 1
+
+    threads = [threading.Thread(target=loop) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return done[0] / seconds
+
+
+async def offer(url: str, rate: float, seconds: float) -> Counter[int]:
+    """Open-loop load: `rate` requests per second for `seconds`, whatever the answers; counts status codes."""
+    codes: Counter[int] = Counter()
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+
+        async def one() -> None:
+            try:
+                codes[(await client.post(f"{url}{PATH}", json=BODY)).status_code] += 1
+            except httpx.HTTPError:
+                codes[-1] += 1  # transport error: counted, must stay rare
+
+        tasks, start, i = [], time.monotonic(), 0
+        while (now := time.monotonic() - start) < seconds:
+            while i < rate * now:
+                tasks.append(asyncio.create_task(one()))
+                i += 1
+            await asyncio.sleep(0.005)
+        await asyncio.gather(*tasks)
+    return codes
+
+
+def test_overload_is_shed_memory_bounded_and_recovers() -> None:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    service = start_reward_service("--max-queue", "32", workers=1)
+    try:
+        url = service.http_url
+        throughput = measure_throughput(url)
+        assert 1 < throughput < 100, throughput  # the work is real: a bounded offered rate follows
+        rss_before = rss_mb(service.proc.pid)
+        peak = [rss_before]
+        sampling = threading.Event()
+
+        def sample() -> None:
+            while not sampling.wait(0.2):
+                peak[0] = max(peak[0], rss_mb(service.proc.pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        grpc_codes: Counter[str] = Counter()
+
+        def grpc_probe() -> None:  # the gRPC edge sheds from the same admission queue
+            with grpc.insecure_channel(service.grpc_addr) as ch:
+                stub = reward_pb2_grpc.RewardServiceStub(ch)
+                stop = time.monotonic() + LOAD_S * 0.8
+                while time.monotonic() < stop:
+                    try:
+                        stub.Execute(pb.ExecuteRequest(**BODY), timeout=30)
+                        grpc_codes["OK"] += 1
+                    except grpc.RpcError as err:
+                        grpc_codes[err.code().name] += 1
+                    time.sleep(0.02)
+
+        prober = threading.Thread(target=grpc_probe)
+        started = time.monotonic()
+        prober.start()
+        codes = asyncio.run(offer(url, OVERLOAD * throughput, LOAD_S))
+        prober.join()
+        load_wall = time.monotonic() - started
+        sampling.set()
+        sampler.join()
+        offered = sum(codes.values())
+        log.info(
+            "throughput %.1f/s; offered %d in %.1fs (%.1fx): %s; grpc %s; rss %.0f -> peak %.0f MiB",
+            throughput, offered, load_wall, OVERLOAD, dict(codes), dict(grpc_codes), rss_before, peak[0],
+        )  # fmt: skip
+        assert set(codes) <= {200, 429}, codes  # no 5xx, no timeouts, no dropped connections
+        assert codes[429] >= 0.3 * offered, codes  # a real share of the excess is refused up front
+        assert codes[200] >= 0.5 * throughput * LOAD_S, codes  # while it keeps serving near capacity
+        assert grpc_codes["RESOURCE_EXHAUSTED"] > 0 and set(grpc_codes) <= {"OK", "RESOURCE_EXHAUSTED"}, grpc_codes
+        assert peak[0] < rss_before + 200, (rss_before, peak[0])  # bounded: queue of 32, not the offered backlog
+        recovered_at = time.monotonic()
+        r = httpx.post(f"{url}{PATH}", json=BODY, timeout=30)
+        assert r.status_code == 200 and r.json()["status"] == "ok"
+        assert time.monotonic() - recovered_at < 5
+        assert load_wall < LOAD_S + 30, "the backlog drained in bounded time"
+        service.assert_alive()
+    finally:
+        stop_reward_service(service)

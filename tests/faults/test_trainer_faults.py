@@ -1,0 +1,136 @@
+"""Faults on a real GRPO run (trainer + rollout + reward + Redis): a stalled trainer cannot grow Redis or the
+rollout without bound, and a hung rollout engine is detected, its tasks reclaimed, the books balanced.
+
+(SIGKILL + `--resume auto` and a Redis restart under the trainer are in tests/service/test_trainer_service.py.)"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from conftest import start_reward_service, stop_reward_service
+from rollout_proc import RolloutProc, start_rollout_service
+from test_reward_load import rss_mb
+from test_trainer_service import ROLLOUT_ENV, read_metrics, start_trainer, trainer_config, wait_for
+
+from grpo.common.queue import TASKS_GROUP, RunQueue, connect
+from grpo.common.redis_server import RedisServer
+from grpo.trainer.ledger import read_ledger
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+log = logging.getLogger(__name__)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A private Redis with AOF and a reward service; replicas are started by each test."""
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(appendonly=True, data_dir=tmp_path / "redis").start()
+    reward = start_reward_service(workers=1)
+    replicas: list[RolloutProc] = []
+
+    def replica(run: str, name: str) -> RolloutProc:
+        args = ("--redis-url", server.url, "--reward-addr", reward.grpc_addr, "--replica-id", name,
+                "--advertise-host", "127.0.0.1")  # fmt: skip
+        proc = start_rollout_service(*args, log_dir=tmp_path, env={**ROLLOUT_ENV, "GRPO_ROLLOUT_RUN": run})
+        replicas.append(proc)
+        return proc
+
+    try:
+        yield {"redis": server, "reward": reward, "replica": replica, "tmp": tmp_path}
+    finally:
+        for proc in replicas:
+            if proc.proc.poll() is None:
+                proc.proc.send_signal(signal.SIGCONT)
+            proc.stop()
+        stop_reward_service(reward)
+        server.close()
+
+
+def _balanced(out: Path) -> dict[str, Any]:
+    rows = read_metrics(out)
+    assert rows and all(r["tasks/balanced"] == 1.0 for r in rows), rows[-1:]
+    assert rows[-1]["tasks/in_flight"] == 0
+    ledger = read_ledger(out / "ledger")
+    ids = [e["task_id"] for e in ledger]
+    assert len(ids) == len(set(ids)), "a task resolved twice"
+    return rows[-1]
+
+
+def test_stalled_trainer_cannot_grow_redis_or_the_rollout(stack: dict[str, Any]) -> None:
+    tmp, run = stack["tmp"], "stall"
+    replica = stack["replica"](run, "stall-r1")
+    config = trainer_config(tmp, run, stack["redis"].url, steps=8, checkpoint_every=4, max_staleness=1)
+    trainer_log = tmp / "trainer.log"
+    proc = start_trainer(config, trainer_log)
+    client = redis.Redis.from_url(stack["redis"].url)
+    queue = RunQueue(connect(stack["redis"].url), run)
+    try:
+        wait_for(lambda: len(read_metrics(tmp / "out")) >= 2, 150, "two steps", proc, trainer_log)
+        proc.send_signal(signal.SIGSTOP)
+        samples = []
+        for _ in range(24):  # 12 s stalled: the rollout finishes what was admitted, then idles
+            stats = queue.stats()
+            samples.append(
+                (stats["tasks"].unacked, stats["groups"].unacked, stats["tasks"].length + stats["groups"].length,
+                 client.info("memory")["used_memory"], rss_mb(replica.proc.pid))
+            )  # fmt: skip
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGCONT)
+        assert proc.wait(timeout=200) == 0, trainer_log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+    # Admission: at most (max_staleness + 1) batches of prompts_per_step (3) tasks, plus refills, outstanding.
+    bound = (1 + 1) * 3 * 3
+    outstanding = max(s[0] + s[1] for s in samples)
+    half = samples[len(samples) // 2]
+    length_growth, mem_growth, rss_growth = (samples[-1][i] - half[i] for i in (2, 3, 4))
+    log.info("stalled trainer 12s: outstanding tasks+groups <= %d (bound %d), stream entries %d (%+d over the "
+             "last 6s), redis used_memory %+d B, rollout rss %+.1f MiB", outstanding, bound, samples[-1][2],
+             length_growth, mem_growth, rss_growth)  # fmt: skip
+    assert outstanding <= bound
+    assert length_growth == 0, "streams still growing after the admitted work was done"
+    assert mem_growth < 1 << 20 and rss_growth < 50
+    _balanced(tmp / "out")
+    assert read_metrics(tmp / "out")[-1]["step"] == 8
+
+
+def test_hung_engine_is_reclaimed_and_the_run_finishes(stack: dict[str, Any]) -> None:
+    tmp, run = stack["tmp"], "hang"
+    hung = stack["replica"](run, "hang-r1")
+    healthy = stack["replica"](run, "hang-r2")
+    config = trainer_config(tmp, run, stack["redis"].url, steps=10, checkpoint_every=5, push_timeout_s=5,
+                            max_new_tokens=96, stop=[])  # fmt: skip
+    trainer_log = tmp / "trainer.log"
+    queue = RunQueue(connect(stack["redis"].url), run)
+    proc = start_trainer(config, trainer_log)
+
+    def hung_holds_a_task() -> bool:
+        rows = queue.client.xpending_range(queue.tasks_key, TASKS_GROUP, "-", "+", 20)
+        return any(r["consumer"] == b"hang-r1" for r in rows)
+
+    try:
+        wait_for(hung_holds_a_task, 120, "hang-r1 to hold a task", proc, trainer_log)
+        hung.proc.send_signal(signal.SIGSTOP)  # its engine, heartbeats and leases all freeze
+        stopped_at = time.monotonic()
+        wait_for(lambda: "reclaimed" in healthy.log_text(), 60, "the hung replica's tasks to be reclaimed", proc,
+                 trainer_log)  # fmt: skip
+        reclaimed_s = time.monotonic() - stopped_at
+        time.sleep(2)
+        hung.proc.send_signal(signal.SIGCONT)  # it wakes up with stale leases: its late results must not count
+        assert proc.wait(timeout=200) == 0, trainer_log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log.info("hung engine: tasks reclaimed %.1fs after the hang (reclaim_idle_s=5)", reclaimed_s)
+    assert reclaimed_s < 5 + 10
+    last = _balanced(tmp / "out")
+    assert last["step"] == 10

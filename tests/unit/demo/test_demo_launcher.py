@@ -1,0 +1,88 @@
+"""`grpo up` config parsing and the process supervisor on real (tiny) child processes."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from grpo.demo.launcher import LaunchError, read_stack_config, spec_from_config
+from grpo.demo.procs import ChildFailed, Supervisor, stop_pid
+
+
+def test_config_sections_become_a_spec(tmp_path: Path) -> None:
+    path = tmp_path / "stack.yaml"
+    path.write_text("run_id: r1\nreplicas: 2\nrollout: {model: tiny}\ntrainer: {train_data: t.jsonl}\n")
+    spec = spec_from_config(read_stack_config(path), tmp_path / "runs")
+    assert (spec.run_id, spec.replicas, spec.rollout, spec.redis_url) == ("r1", 2, {"model": "tiny"}, None)
+    assert spec.trainer == {"train_data": "t.jsonl", "output_dir": str((tmp_path / "runs" / "r1").resolve())}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("rolout: {}\n", "unknown key(s) ['rolout']"),
+        ("reward: 3\n", "'reward' must be a mapping"),
+        ("- 1\n", "must be a mapping"),
+    ],
+)
+def test_bad_config_names_the_problem(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "stack.yaml"
+    path.write_text(text)
+    with pytest.raises(LaunchError, match=re.escape(message)):
+        read_stack_config(path)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="not found"):
+        read_stack_config(tmp_path / "nope.yaml")
+
+
+def test_supervisor_stops_children_and_their_children(tmp_path: Path) -> None:
+    # The child spawns a grandchild in its process group; both must be gone after stop_all.
+    script = "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(300)']); time.sleep(300)"
+    with Supervisor(tmp_path) as sup:
+        child = sup.start("sleeper", [sys.executable, "-c", script])
+        deadline = time.monotonic() + 20
+        while len(psutil.Process(child.pid).children()) < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        grandchild = psutil.Process(child.pid).children()[0].pid
+    assert not psutil.pid_exists(child.pid) or psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+
+
+def test_sigterm_ignoring_child_is_killed(tmp_path: Path) -> None:
+    script = (
+        "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(300)"
+    )
+    sup = Supervisor(tmp_path)
+    child = sup.start("stubborn", [sys.executable, "-c", script])
+    sup.wait_ready(child, lambda: "ready" in child.log_path.read_text(), 20)
+    started = time.monotonic()
+    assert stop_pid(child.pid, grace_s=1.0)
+    assert time.monotonic() - started < 10
+    assert child.proc.poll() is not None
+
+
+def test_child_that_dies_while_starting_is_reported_with_its_log(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path)
+    child = sup.start("broken", [sys.executable, "-c", "import sys; print('bad flag --x'); sys.exit(3)"])
+    with pytest.raises(ChildFailed, match=r"(?s)broken.*code 3.*bad flag --x"):
+        sup.wait_ready(child, lambda: False, 20)
+    sup.stop_all()
+
+
+def test_cli_status_down_and_bad_up_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from grpo.cli.main import main
+
+    assert main(["status", "--runs-dir", str(tmp_path)]) == 1  # --runs-dir after the subcommand
+    assert main(["--runs-dir", str(tmp_path), "down"]) == 1  # ... and before it
+    assert f"no running stack under {tmp_path}" in capsys.readouterr().out
+    bad = tmp_path / "stack.yaml"
+    bad.write_text("trainer: [1]\n")
+    assert main(["up", "-c", str(bad)]) == 2  # a config error, before anything starts
+    assert not list(tmp_path.glob("*/stack.json"))

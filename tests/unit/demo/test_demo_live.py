@@ -1,0 +1,32 @@
+"""The live view's state and table, from /v1/status-shaped dicts (pure; rendered to text)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from grpo.demo.live import ViewState, plain_line, render
+
+
+def _text(view: ViewState) -> str:
+    console = Console(record=True, width=120)
+    console.print(render(view))
+    return console.export_text()
+
+
+def test_eval_accuracy_persists_between_steps_that_report_it() -> None:
+    view = ViewState(eval_before=0.42)
+    view.update({"phase": "grpo", "step": 20, "total_steps": 200,
+                 "metrics": {"eval/accuracy": 0.61, "rollout/reward_mean": 1.5, "train/kl": 0.01}})  # fmt: skip
+    view.update({"phase": "grpo", "step": 21, "total_steps": 200, "metrics": {"rollout/reward_mean": 1.6}})
+    text = _text(view)
+    assert "21 / 200" in text and "0.610" in text and "0.420" in text and "1.600" in text and "0.01000" in text
+
+
+def test_eta_needs_progress_and_missing_values_show_a_dash() -> None:
+    view = ViewState()
+    view.update({"phase": "grpo", "step": 1, "total_steps": 10, "metrics": {}})
+    assert view.eta_s() is None
+    view.grpo_started = view.grpo_started - 10.0  # type: ignore[operator]  # 10 s for the first step
+    view.update({"phase": "grpo", "step": 2, "total_steps": 10, "metrics": {}})
+    assert view.eta_s() is not None and 70 < view.eta_s() < 90  # type: ignore[operator]
+    assert "reward (mean): –" in plain_line(view)
