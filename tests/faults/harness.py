@@ -3,6 +3,7 @@ replicas, and the run's accounting (every published task -> exactly one group af
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -21,6 +22,16 @@ from grpo.common.net import free_port
 from grpo.common.queue import RunQueue, connect
 from grpo.common.redis_server import RedisServer
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
+
+SERVICE_DIR = Path(__file__).resolve().parents[1] / "service"
+_spec = importlib.util.spec_from_file_location("grpo_service_tier_conftest", SERVICE_DIR / "conftest.py")
+assert _spec is not None and _spec.loader is not None
+if _spec.name not in sys.modules:  # the security tier may have loaded it already
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules[_spec.name] = _module  # dataclasses look their module up here
+    _spec.loader.exec_module(_module)
+start_reward_service = sys.modules[_spec.name].start_reward_service
+stop_reward_service = sys.modules[_spec.name].stop_reward_service
 
 RUN = "faults"
 # Fast leases and a short reward deadline so each fault plays out in seconds.

@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from conftest import start_reward_service, stop_reward_service
+from harness import start_reward_service, stop_reward_service
 
 from grpo.v1 import reward_pb2 as pb
 from grpo.v1 import reward_pb2_grpc

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import start_reward_service, stop_reward_service
+from harness import RestartableReward
 from rollout_proc import RolloutProc, start_rollout_service
 from test_reward_load import rss_mb
 from test_trainer_service import ROLLOUT_ENV, read_metrics, start_trainer, trainer_config, wait_for
@@ -32,7 +32,8 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A private Redis with AOF and a reward service; replicas are started by each test."""
     (tmp_path / "redis").mkdir()
     server = RedisServer(appendonly=True, data_dir=tmp_path / "redis").start()
-    reward = start_reward_service(workers=1)
+    reward = RestartableReward()
+    reward.start()
     replicas: list[RolloutProc] = []
 
     def replica(run: str, name: str) -> RolloutProc:
@@ -49,7 +50,8 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
             if proc.proc.poll() is None:
                 proc.proc.send_signal(signal.SIGCONT)
             proc.stop()
-        stop_reward_service(reward)
+        reward.stop()
+        reward.log_path.unlink(missing_ok=True)
         server.close()
 
 
@@ -130,7 +132,68 @@ def test_hung_engine_is_reclaimed_and_the_run_finishes(stack: dict[str, Any]) ->
     finally:
         if proc.poll() is None:
             proc.kill()
+    # Woken up, the hung replica finishes its stale batch and must drop it rather than write a second group.
+    deadline = time.monotonic() + 60
+    while "dropping result of task" not in hung.log_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "dropping result of task" in hung.log_text(), hung.log_text()[-3000:]
     log.info("hung engine: tasks reclaimed %.1fs after the hang (reclaim_idle_s=5)", reclaimed_s)
     assert reclaimed_s < 5 + 10
     last = _balanced(tmp / "out")
     assert last["step"] == 10
+
+
+def _run_with_fault(
+    stack: dict[str, Any], run: str, inject: Any, steps: int = 8, holder: bytes | None = None
+) -> dict[str, Any]:
+    """A short GRPO run on two replicas; `inject(replicas)` is called once `holder` (or any replica) holds a task."""
+    tmp = stack["tmp"]
+    replicas = [stack["replica"](run, f"{run}-r1"), stack["replica"](run, f"{run}-r2")]
+    config = trainer_config(tmp, run, stack["redis"].url, steps=steps, checkpoint_every=4, push_timeout_s=5,
+                            max_new_tokens=64, stop=[])  # fmt: skip
+    trainer_log = tmp / "trainer.log"
+    queue = RunQueue(connect(stack["redis"].url), run)
+    proc = start_trainer(config, trainer_log)
+    try:
+        wait_for(lambda: len(read_metrics(tmp / "out")) >= 1, 150, "a step", proc, trainer_log)
+
+        def in_flight() -> bool:
+            rows = queue.client.xpending_range(queue.tasks_key, TASKS_GROUP, "-", "+", 20)
+            return any(holder in (None, r["consumer"]) for r in rows)
+
+        wait_for(in_flight, 90, "work in flight", proc, trainer_log)
+        inject(replicas)
+        assert proc.wait(timeout=240) == 0, trainer_log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    last = _balanced(tmp / "out")
+    assert last["step"] == steps
+    return last
+
+
+def test_reward_sigkill_and_restart_under_a_trainer(stack: dict[str, Any]) -> None:
+    reward: RestartableReward = stack["reward"]
+    timing: dict[str, float] = {}
+
+    def inject(replicas: list[RolloutProc]) -> None:
+        reward.signal(signal.SIGKILL)
+        time.sleep(1.0)
+        timing["restart_s"] = reward.start()
+
+    last = _run_with_fault(stack, "rkill", inject)
+    ledger = read_ledger(stack["tmp"] / "out" / "ledger")
+    drops = {e["outcome"] for e in ledger if e["outcome"] != "trained"}
+    log.info("reward SIGKILL under a trainer: restart %.1fs; ledger %d tasks, drops %s", timing["restart_s"],
+             len(ledger), sorted(drops))  # fmt: skip
+    # An outage is never a reward: what the rollout could not score comes back failed and is dropped as such.
+    assert drops <= {"failed", "unscored", "zero_variance", "timeout"}, drops
+    assert last["tasks/in_flight"] == 0
+
+
+def test_replica_sigkill_under_a_trainer(stack: dict[str, Any]) -> None:
+    def inject(replicas: list[RolloutProc]) -> None:
+        replicas[0].proc.kill()
+        replicas[0].proc.wait(10)
+
+    _run_with_fault(stack, "rpkill", inject, holder=b"rpkill-r1")

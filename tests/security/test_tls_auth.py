@@ -10,9 +10,9 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from conftest import start_reward_service, stop_reward_service
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rollout_proc import start_rollout_service
+from security_procs import start_reward_service, stop_reward_service
 
 from grpo.common.auth import bearer_metadata
 from grpo.reward.client import RewardClient

@@ -8,13 +8,18 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from grpo.common.net import free_port
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -77,3 +82,34 @@ def start_rollout_service(
         time.sleep(0.2)
     started.stop()
     raise TimeoutError(f"rollout did not serve within {timeout}s:\n{started.log_text()[-3000:]}")
+
+
+def tiny_model_weights() -> dict[str, torch.Tensor]:
+    """The built-in tiny model's weights in fp32, as the rollout service loads them at version 0."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grpo.common.tiny_model import ensure_tiny_model
+    from grpo.common.weights import model_weights
+
+    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model(), dtype=torch.float32)
+    return {k: v.detach().clone() for k, v in model_weights(model).items()}
+
+
+def perturbed(weights: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    """A seeded small shift of every tensor: new weights that change greedy outputs."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in weights.items()}
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll `predicate` until it returns something truthy (returned), or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.unit.reward.helpers import host_processes_with
+
 # Set before the session's service starts, so the service inherits it: the sandbox must never see it.
 SECRET = f"grpo-attack-secret-{uuid.uuid4().hex}"
 os.environ["GRPO_ATTACK_SECRET"] = SECRET
@@ -102,18 +104,6 @@ def test_cannot_read_the_services_files(api: httpx.Client) -> None:
     assert execute(api, code)["stdout"] == "[]\n"
 
 
-def _host_processes_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 def test_orphan_processes_do_not_survive(api: httpx.Client) -> None:
     marker = f"grpo-orphan-{uuid.uuid4().hex}"
     sleeper = f"import time; time.sleep(60)  # {marker}"
@@ -125,7 +115,7 @@ def test_orphan_processes_do_not_survive(api: httpx.Client) -> None:
         "print('spawned')\n"
     )
     assert execute(api, code)["stdout"] == "spawned\n"
-    assert _host_processes_with(marker) == []
+    assert host_processes_with(marker) == []
 
 
 def test_huge_output_is_output_limit(api: httpx.Client) -> None:

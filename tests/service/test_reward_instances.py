@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from grpo.common.auth import bearer_metadata
 from grpo.reward.client import RewardClient, RewardServiceError
 from grpo.v1 import reward_pb2 as pb
 from grpo.v1 import reward_pb2_grpc
+from tests.unit.reward.helpers import descendants, self_signed_cert
 
 BLOWUP = "\\boxed{\\dfrac{5^{(5^{(5^{(5^5)})}-4)}-5}{16}}"
 
@@ -44,11 +44,9 @@ def test_full_queue_gets_429_and_resource_exhausted(start_reward: Callable[..., 
         assert refused.headers["retry-after"] == "1" and "busy" in refused.json()["detail"]
         with grpc.insecure_channel(service.grpc_addr) as ch:
             stub = reward_pb2_grpc.RewardServiceStub(ch)
-            try:
+            with pytest.raises(grpc.RpcError) as err:
                 stub.VerifyMath(pb.VerifyMathRequest(answer="1", gold="1"), timeout=10)
-                raise AssertionError("expected RESOURCE_EXHAUSTED")
-            except grpc.RpcError as err:
-                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         # Larger than the whole queue can ever hold: a 400 that says to split, not a retry loop.
         too_big = httpx.post(f"{service.http_url}/v1/score", json=_blowups(3), timeout=30)
         assert too_big.status_code == 400 and "split" in too_big.text
@@ -71,11 +69,9 @@ def test_bearer_token_on_http_and_grpc(start_reward: Callable[..., Any]) -> None
     assert httpx.get(f"{service.http_url}/metrics", timeout=5).status_code == 200
     with grpc.insecure_channel(service.grpc_addr) as ch:
         stub = reward_pb2_grpc.RewardServiceStub(ch)
-        try:
+        with pytest.raises(grpc.RpcError) as err:
             stub.VerifyMath(pb.VerifyMathRequest(answer="2", gold="2"), timeout=10)
-            raise AssertionError("expected UNAUTHENTICATED")
-        except grpc.RpcError as err:
-            assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         reply = stub.VerifyMath(
             pb.VerifyMathRequest(answer="2", gold="2"), timeout=30, metadata=bearer_metadata("s3cret")
         )
@@ -84,20 +80,9 @@ def test_bearer_token_on_http_and_grpc(start_reward: Callable[..., Any]) -> None
         assert health.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def _descendants(pid: int) -> set[int]:
-    found: set[int] = set()
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return found
-    for child in map(int, children):
-        found |= {child, *_descendants(child)}
-    return found
-
-
 def test_sigterm_stops_cleanly_without_orphans(start_reward: Callable[..., Any]) -> None:
     service = start_reward(workers=2)
-    children = _descendants(service.proc.pid)
+    children = descendants(service.proc.pid)
     assert len(children) >= 3, "forkserver and two math workers at least"
 
     def busy() -> None:
@@ -125,12 +110,7 @@ def _state(pid: int) -> str:
 
 
 def test_grpc_tls(start_reward: Callable[..., Any], tmp_path: Path) -> None:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+    cert, key = self_signed_cert(tmp_path)
     service = start_reward("--tls-cert-file", str(cert), "--tls-key-file", str(key), workers=1)
     item = {"id": "a", "completion": "\\boxed{3}", "checks": {"math": {"gold": "3"}}}
     with RewardClient(service.grpc_addr, timeout_s=30, root_certificates=cert.read_bytes()) as client:

@@ -10,33 +10,14 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.unit.reward.helpers import save_tiny_reward_model
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def tiny_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
-
-    from grpo.common.tiny_model import build_tokenizer
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-rm")
-    tokenizer = build_tokenizer(vocab_size=300)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_labels=1,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    Qwen2ForSequenceClassification(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_reward_model(tmp_path_factory.mktemp("tiny-rm"))
 
 
 def test_plugins_and_reward_model(start_reward: Callable[..., Any], tiny_rm: Path) -> None:

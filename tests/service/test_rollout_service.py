@@ -11,10 +11,10 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-from rollout_proc import RolloutProc, start_rollout_service
+from rollout_proc import RolloutProc, perturbed, start_rollout_service, tiny_model_weights
 
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.common.weights import iter_weight_chunks, model_weights, push_weights, weights_checksum
+from grpo.common.weights import iter_weight_chunks, push_weights, weights_checksum
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
 
@@ -37,15 +37,7 @@ def stub(rollout: RolloutProc) -> Iterator[pb_grpc.RolloutServiceStub]:
 
 @pytest.fixture(scope="module")
 def weights() -> dict[str, torch.Tensor]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model())
-    return {k: v.detach().clone() for k, v in model_weights(model).items()}
-
-
-def _perturbed(weights: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in weights.items()}
+    return tiny_model_weights()
 
 
 def _greedy(stub: pb_grpc.RolloutServiceStub) -> list[list[int]]:
@@ -117,7 +109,7 @@ def test_update_weights_changes_outputs_version_and_checksum(
 ) -> None:
     before = _greedy(stub)
     version = _version(stub) + 1
-    new = _perturbed(weights, seed=version)
+    new = perturbed(weights, seed=version)
     reply = push_weights(rollout.address, new, version, timeout_s=60, chunk_bytes=64 * 1024)
     assert (reply.version, reply.checksum) == (version, weights_checksum(new))
     assert reply.receive_s >= 0 and reply.apply_s >= 0
@@ -160,7 +152,7 @@ def test_bad_weight_streams_are_rejected_and_old_weights_serve(
     stub: pb_grpc.RolloutServiceStub, weights: dict[str, torch.Tensor], how: str, code: grpc.StatusCode, message: str
 ) -> None:
     before, loaded = _greedy(stub), stub.GetStatus(pb.GetStatusRequest(), timeout=10)
-    new = _perturbed(weights, seed=1000)
+    new = perturbed(weights, seed=1000)
     version = loaded.weight_version + 1
     if how == "wrong_shape":
         new["model.norm.weight"] = torch.ones(64)

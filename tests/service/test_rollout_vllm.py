@@ -12,11 +12,11 @@ import grpc
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from rollout_proc import RolloutProc
+from rollout_proc import RolloutProc, perturbed, tiny_model_weights
 
 from grpo.common.net import free_port
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.common.weights import iter_weight_chunks, model_weights, push_weights, weights_checksum
+from grpo.common.weights import iter_weight_chunks, push_weights, weights_checksum
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
 
@@ -78,15 +78,7 @@ def stub(rollout: RolloutProc) -> Iterator[pb_grpc.RolloutServiceStub]:
 
 @pytest.fixture(scope="module")
 def weights() -> dict[str, torch.Tensor]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model(), dtype=torch.float32)
-    return {k: v.detach().clone() for k, v in model_weights(model).items()}
-
-
-def _perturbed(weights: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in weights.items()}
+    return tiny_model_weights()
 
 
 def max_logprob_error(reply: pb.GenerateResponse, weights: dict[str, torch.Tensor], temperature: float) -> float:
@@ -143,7 +135,7 @@ def test_update_weights_changes_outputs_version_and_checksum(
 ) -> None:
     before = _generate(stub, GREEDY)
     version = stub.GetStatus(pb.GetStatusRequest(), timeout=10).weight_version + 1
-    new = _perturbed(weights, seed=version)
+    new = perturbed(weights, seed=version)
     reply = push_weights(rollout.address, new, version, timeout_s=60, chunk_bytes=64 * 1024)
     assert (reply.version, reply.checksum) == (version, weights_checksum(new))
     after = _generate(stub, GREEDY)
@@ -160,7 +152,7 @@ def test_corrupted_stream_is_rejected_and_old_weights_serve(
     stub: pb_grpc.RolloutServiceStub, weights: dict[str, torch.Tensor]
 ) -> None:
     before, loaded = _generate(stub, GREEDY), stub.GetStatus(pb.GetStatusRequest(), timeout=10)
-    chunks = list(iter_weight_chunks(_perturbed(weights, seed=99), loaded.weight_version + 1, chunk_bytes=64 * 1024))
+    chunks = list(iter_weight_chunks(perturbed(weights, seed=99), loaded.weight_version + 1, chunk_bytes=64 * 1024))
     data = bytearray(chunks[3].data)
     data[100] ^= 0x01
     chunks[3] = pb.WeightChunk(data=bytes(data))

@@ -18,9 +18,10 @@ from grpo.common.registry import ReplicaRegistry
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.rollout.engines.base import Sample
 from grpo.rollout.engines.hf import HFEngine
+from grpo.rollout.records import Generated, batches, score_items
 from grpo.rollout.service import RolloutService
 from grpo.rollout.settings import RolloutSettings
-from grpo.rollout.worker import Generated, batches, run_worker, score_items
+from grpo.rollout.worker import run_worker
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
 
 RUN = "wtest"

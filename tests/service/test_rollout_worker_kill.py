@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollout_proc import RolloutProc, start_rollout_service
+from rollout_proc import RolloutProc, start_rollout_service, wait_until
 
 from grpo.common.queue import TASKS_GROUP, RunQueue, connect
 from grpo.common.registry import ReplicaRegistry
@@ -35,16 +35,6 @@ def task(task_id: str, n: int, max_new_tokens: int) -> queue_pb2.PromptTask:
 def replica(name: str, redis_url: str, reward_addr: str, log_dir: Path) -> RolloutProc:
     args = ("--redis-url", redis_url, "--reward-addr", reward_addr, "--replica-id", name)
     return start_rollout_service(*args, log_dir=log_dir, env=WORKER_ENV)
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_killed_replica_task_is_reclaimed_and_completed(redis_url: str, live_reward: Any, tmp_path: Path) -> None:

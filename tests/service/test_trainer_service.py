@@ -86,6 +86,16 @@ def start_trainer(config: Path, log: Path, *extra: str) -> subprocess.Popen[byte
         )
 
 
+def run_trainer(config: Path, log: Path, timeout: float = 150) -> None:
+    """Run the trainer to its end; it must exit 0 within `timeout` (killed otherwise)."""
+    proc = start_trainer(config, log)
+    try:
+        assert proc.wait(timeout=timeout) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -132,12 +142,7 @@ def test_grpo_steps_update_push_and_log(tmp_path: Path, redis_url: str, rollout_
         tmp_path, "svc", redis_url, steps=3, checkpoint_every=2, eval_data=str(eval_data), eval_every=2
     )
     log = tmp_path / "trainer.log"
-    proc = start_trainer(config, log)
-    try:
-        assert proc.wait(timeout=150) == 0, log.read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    run_trainer(config, log)
     out = tmp_path / "out"
     # parameters changed
     before, after = load_weights(ensure_tiny_model()), load_weights(out / "final")
@@ -262,12 +267,7 @@ def test_dapo_dynamic_sampling_one_step_off_policy(tmp_path: Path, redis_url: st
     rollout_for("dapo")
     config = trainer_config(tmp_path, "dapo", redis_url, steps=4, preset="dapo", max_staleness=1, max_refill_per_step=3)
     log = tmp_path / "trainer.log"
-    proc = start_trainer(config, log)
-    try:
-        assert proc.wait(timeout=150) == 0, log.read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    run_trainer(config, log)
     rows = read_metrics(tmp_path / "out")
     last = rows[-1]
     refills = sum(r["groups/refills"] for r in rows)

@@ -86,3 +86,33 @@ def test_cli_status_down_and_bad_up_config(tmp_path: Path, capsys: pytest.Captur
     bad.write_text("trainer: [1]\n")
     assert main(["up", "-c", str(bad)]) == 2  # a config error, before anything starts
     assert not list(tmp_path.glob("*/stack.json"))
+
+
+_STATUS_SERVER = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"phase": "grpo", "step": 3, "total_steps": 10, "metrics": {}}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+print("serving", flush=True)
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_watch_fails_a_stalled_run_with_the_logs(tmp_path: Path) -> None:
+    from grpo.common.net import free_port
+    from grpo.demo.demo import watch
+    from grpo.demo.live import ViewState
+    from grpo.demo.procs import http_ok
+
+    port = free_port()
+    with Supervisor(tmp_path) as sup:
+        trainer = sup.start("trainer", [sys.executable, "-c", _STATUS_SERVER, str(port)])
+        sup.wait_ready(trainer, lambda: http_ok(f"http://127.0.0.1:{port}/v1/status"), 20)
+        view = ViewState()
+        with pytest.raises(ChildFailed, match=r"(?s)no progress for 2s at step 3 \(grpo\).*trainer:.*serving"):
+            watch(sup, port, view, lambda: None, stall_s=2.0, poll_s=0.2)
+        assert view.step == 3 and view.total == 10

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from grpo.reward.settings import load
+from grpo.reward.settings import parse_settings
 
 
 def test_defaults() -> None:
-    s = load([])
+    s = parse_settings([])
     assert (s.grpc_port, s.http_port) == (50052, 8002)
     assert s.workers >= 1 and s.token is None and s.reward_model_path is None
 
@@ -22,7 +22,7 @@ def test_precedence_file_env_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("GRPO_REWARD_CONFIG", str(config))
     monkeypatch.setenv("GRPO_REWARD_HTTP_PORT", "9001")
     monkeypatch.setenv("GRPO_REWARD_MAX_ITEMS", "8")
-    s = load(["--max-items", "9"])
+    s = parse_settings(["--max-items", "9"])
     assert s.workers == 3  # file
     assert s.http_port == 9001  # env beats file
     assert s.max_items == 9  # CLI beats env
@@ -32,7 +32,7 @@ def test_precedence_file_env_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_config_flag(tmp_path: Path) -> None:
     config = tmp_path / "r.json"
     config.write_text('{"grpc_port": 6000, "token": "s3cret"}')
-    s = load(["--config", str(config), "--http-port", "7000"])
+    s = parse_settings(["--config", str(config), "--http-port", "7000"])
     assert (s.grpc_port, s.http_port, s.token) == (6000, 7000, "s3cret")
 
 
@@ -47,13 +47,13 @@ def test_config_flag(tmp_path: Path) -> None:
 )
 def test_bad_value_names_field(argv: list[str], field: str) -> None:
     with pytest.raises(ValidationError, match=field):
-        load(argv)
+        parse_settings(argv)
 
 
 def test_plugin_name_clash_and_half_tls(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRPO_REWARD_PLUGINS", '{"math": "a.b:c"}')
     with pytest.raises(ValidationError, match="clash with built-in"):
-        load([])
+        parse_settings([])
     monkeypatch.delenv("GRPO_REWARD_PLUGINS")
     with pytest.raises(ValidationError, match="tls_cert_file and tls_key_file"):
-        load(["--tls-cert-file", "/x.pem"])
+        parse_settings(["--tls-cert-file", "/x.pem"])

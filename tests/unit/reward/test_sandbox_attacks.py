@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from grpo.reward.sandbox import Limits, Sandbox, make_sandbox
+from tests.unit.reward.helpers import host_processes_with
 
 FAST = Limits(timeout_s=3.0)
 REPO = Path(__file__).resolve().parents[3]
@@ -165,18 +166,6 @@ def test_seccomp_blocks_namespaces_ptrace_and_io_uring(sandbox: Sandbox) -> None
     assert _probe(sandbox, program).splitlines() == ["-1 1", "-1 1", "-1 1", "-1 1", "7"]
 
 
-def _host_processes_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 @pytest.mark.parametrize("style", ["setsid", "double_fork"])
 def test_orphans_die_with_the_run(sandbox: Sandbox, style: str) -> None:
     marker = f"grpo-orphan-{uuid.uuid4().hex}"
@@ -190,7 +179,7 @@ def test_orphans_die_with_the_run(sandbox: Sandbox, style: str) -> None:
         )
     result = sandbox.run(body, limits=FAST)
     assert result.stdout == "spawned\n", result.stderr
-    assert _host_processes_with(marker) == []
+    assert host_processes_with(marker) == []
 
 
 def test_orphans_die_at_the_deadline(sandbox: Sandbox) -> None:
@@ -198,7 +187,7 @@ def test_orphans_die_at_the_deadline(sandbox: Sandbox) -> None:
     sleeper = f"import time; time.sleep(30)  # {marker}"
     body = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {sleeper!r}], start_new_session=True)\ntime.sleep(30)"
     assert sandbox.run(body, limits=Limits(timeout_s=1.0)).status == "timeout"
-    assert _host_processes_with(marker) == []
+    assert host_processes_with(marker) == []
 
 
 def test_concurrent_runs_cannot_see_each_other(sandbox: Sandbox) -> None:

@@ -7,12 +7,15 @@ bad value is reported with the field's name before any model is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from pydantic import ValidationError
 from pydantic_settings import (
     BaseSettings,
     CliSettingsSource,
@@ -97,3 +100,17 @@ def load_settings(cls: type[S], argv: list[str] | None = None, env_file_var: str
     _Loaded.__doc__ = cls.__doc__
     loaded = _Loaded(**file_values)
     return cls.model_validate(loaded.model_dump())
+
+
+@contextlib.contextmanager
+def exit_on_invalid_settings(prog: str) -> Iterator[None]:
+    """Around a service's settings parsing in `main`: a bad value is one line naming the field and exit code 2.
+
+    The parse functions themselves raise `ValidationError`, so tests can assert on it.
+    """
+    try:
+        yield
+    except ValidationError as exc:
+        errors = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors())
+        sys.stderr.write(f"{prog}: invalid settings: {errors}\n")
+        raise SystemExit(2) from None

@@ -58,6 +58,8 @@ class DemoConfig(BaseModel):
     n_grpo: int = 4096
     start_timeout_s: float = 180.0
     """How long each service may take to become healthy."""
+    stall_timeout_s: float = 300.0
+    """Fail (with every service's last log lines) when the trainer completes no step for this long."""
 
     @classmethod
     def quick(cls, **overrides: object) -> DemoConfig:

@@ -12,7 +12,7 @@ from typing import Any
 
 from grpo.demo import live
 from grpo.demo.config import DemoConfig
-from grpo.demo.procs import Supervisor
+from grpo.demo.procs import ChildFailed, Supervisor, log_tail
 from grpo.demo.stack import StackSpec, start_services
 
 log = logging.getLogger(__name__)
@@ -59,9 +59,12 @@ def prepare(cfg: DemoConfig, run_dir: Path, view: live.ViewState, refresh: Any) 
     return run_dir / "model" / "sft", result.accuracy, info
 
 
-def watch(sup: Supervisor, port: int, view: live.ViewState, refresh: Any, poll_s: float = 1.0) -> None:
-    """Follow the trainer until it exits; ChildFailed when any service dies first."""
+def watch(
+    sup: Supervisor, port: int, view: live.ViewState, refresh: Any, stall_s: float = 300.0, poll_s: float = 1.0
+) -> None:
+    """Follow the trainer until it exits; ChildFailed when a service dies or no step completes for stall_s."""
     trainer = next(c for c in sup.children if c.name == "trainer")
+    progress, last_change = (-1, ""), time.monotonic()
     while trainer.alive():
         sup.check([c.name for c in sup.children if c.name != "trainer"])
         status = live.fetch_status(port)
@@ -69,6 +72,13 @@ def watch(sup: Supervisor, port: int, view: live.ViewState, refresh: Any, poll_s
             view.update(status)
             if status.get("phase") == "failed":
                 raise trainer.failure(f"reported failure: {status.get('error')}")
+            if (view.step, view.phase) != progress:
+                progress, last_change = (view.step, view.phase), time.monotonic()
+        if time.monotonic() - last_change > stall_s:
+            tails = "\n".join(f"--- {c.name}:\n{log_tail(c.log_path, 8)}" for c in sup.children)
+            raise ChildFailed(
+                f"no progress for {stall_s:.0f}s at step {view.step} ({view.phase}); last log lines:\n{tails}"
+            )
         refresh()
         time.sleep(poll_s)
     if trainer.proc.returncode != 0:
@@ -94,7 +104,7 @@ def grpo_phase(
     state.save()
     view.note = ""
     assert state.trainer_http is not None
-    watch(sup, state.trainer_http, view, refresh)
+    watch(sup, state.trainer_http, view, refresh, stall_s=cfg.stall_timeout_s)
 
 
 def run_demo(

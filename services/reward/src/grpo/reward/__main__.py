@@ -8,7 +8,9 @@ import sys
 import threading
 from types import FrameType
 
-from grpo.reward.settings import RewardSettings, load
+from grpo.common.logs import setup_logging
+from grpo.common.settings import exit_on_invalid_settings
+from grpo.reward.settings import RewardSettings, parse_settings
 
 log = logging.getLogger("grpo.reward")
 
@@ -74,9 +76,8 @@ def serve(settings: RewardSettings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = load(argv)
-    from grpo.common.logs import setup_logging
-
+    with exit_on_invalid_settings("grpo-reward"):
+        settings = parse_settings(argv)
     setup_logging(settings.log_level, settings.json_logs)
     log.info(
         "grpo-reward starting: gRPC %s:%d, HTTP %s:%d, %d workers",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, NoReturn, TypeVar
 
@@ -115,7 +115,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         metrics.REQUESTS.labels("grpc/ScoreStream", "OK").inc()
 
 
-def register(core: RewardCore) -> Any:
+def register(core: RewardCore) -> Callable[[grpc.Server], None]:
     """The `register` callback GrpcServer takes."""
 
     def add(server: grpc.Server) -> None:

@@ -120,12 +120,12 @@ def create_app(core: RewardCore, token: str | None = None) -> FastAPI:
     async def prometheus() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    _install_handlers(app, core)
+    _install_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=core.settings.max_body_bytes)
     return app
 
 
-def _install_handlers(app: FastAPI, core: RewardCore) -> None:
+def _install_handlers(app: FastAPI) -> None:
     @app.middleware("http")
     async def count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         started = time.monotonic()

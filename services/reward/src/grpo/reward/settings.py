@@ -92,6 +92,6 @@ class RewardSettings(BaseSettings):
         return self
 
 
-def load(argv: list[str] | None = None) -> RewardSettings:
+def parse_settings(argv: list[str] | None = None) -> RewardSettings:
     """Settings from defaults, config file, env and flags (flags win)."""
     return load_settings(RewardSettings, argv, env_file_var="GRPO_REWARD_CONFIG")

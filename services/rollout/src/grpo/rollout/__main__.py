@@ -9,6 +9,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from grpo.common.logs import setup_logging
+from grpo.common.settings import exit_on_invalid_settings
 from grpo.rollout.settings import RolloutSettings, parse_settings
 
 if TYPE_CHECKING:
@@ -38,9 +39,10 @@ def build_engine(settings: RolloutSettings, model: str) -> Engine:
 def serve(settings: RolloutSettings, stop: threading.Event) -> None:
     # Heavy imports (torch, transformers) only after the settings are known to be valid.
     from grpo.common.grpc_server import GrpcServer
+    from grpo.common.http_server import HttpServer
     from grpo.common.tiny_model import resolve_model
     from grpo.rollout.grpc_api import SERVICE_NAME, UPDATE_METHOD, register
-    from grpo.rollout.http_api import HttpServer
+    from grpo.rollout.http_api import http_routes
     from grpo.rollout.service import Limits, RolloutService
 
     model = resolve_model(settings.model)
@@ -57,7 +59,7 @@ def serve(settings: RolloutSettings, stop: threading.Event) -> None:
         method_tokens=method_tokens,
     )
     service.grpc_port = grpc_server.port
-    http = HttpServer(service, settings.host, settings.http_port)
+    http = HttpServer(http_routes(service), settings.host, settings.http_port, name="rollout-http")
     grpc_server.start()
     http.start()
     worker = None
@@ -83,7 +85,8 @@ def serve(settings: RolloutSettings, stop: threading.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    settings = parse_settings(argv)
+    with exit_on_invalid_settings("grpo-rollout"):
+        settings = parse_settings(argv)
     setup_logging(settings.log_level, settings.json_logs)
     stop = threading.Event()
 

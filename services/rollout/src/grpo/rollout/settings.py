@@ -14,7 +14,7 @@ from grpo.common.settings import load_settings, service_config
 class RolloutSettings(BaseSettings):
     """grpo-rollout: samples completions with vLLM or transformers and accepts live weight updates."""
 
-    model_config = {**service_config("GRPO_ROLLOUT_", "grpo-rollout"), "use_attribute_docstrings": True}
+    model_config = service_config("GRPO_ROLLOUT_", "grpo-rollout")
 
     engine: Literal["hf", "vllm"] = "hf"
     """Generation engine: `hf` (transformers, CPU or GPU) or `vllm`."""

@@ -15,8 +15,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter
@@ -24,9 +23,13 @@ from prometheus_client import CollectorRegistry, Counter
 from grpo.common.queue import APPENDED, TAKEN_OVER, Entry, QueueUnavailable, RunQueue, connect
 from grpo.common.registry import ReplicaInfo, ReplicaRegistry
 from grpo.rollout.grpc_api import encode_prompts, sampling_params
+from grpo.rollout.records import Generated, batches, failed_record, group_records, score_items
 from grpo.rollout.service import RolloutService
 from grpo.rollout.settings import RolloutSettings
 from grpo.v1 import queue_pb2, reward_pb2
+
+if TYPE_CHECKING:
+    from grpo.reward.client import RewardClient
 
 log = logging.getLogger(__name__)
 
@@ -55,110 +58,6 @@ class WorkerStats:
         if n:
             self.counts[outcome] += n
             self._counter.labels(outcome).inc(n)
-
-
-@dataclass
-class Generated:
-    """One engine call's output, as the worker needs it."""
-
-    prompt_token_ids: list[list[int]]
-    completions: list[list[Any]]  # per prompt: objects with text, token_ids, logprobs, finish_reason
-    weight_version: int
-    weight_checksum: str
-
-
-# ---- pure record building ---------------------------------------------------------------------
-
-
-def score_items(tasks: Sequence[queue_pb2.PromptTask], generated: Generated) -> list[reward_pb2.ScoreItem]:
-    """One ScoreItem per completion, id "<task_id>/<i>"; overlong checks get the exact token count."""
-    items = []
-    for task, completions in zip(tasks, generated.completions, strict=True):
-        prompt = prompt_text(task)
-        for i, c in enumerate(completions):
-            checks = reward_pb2.Checks()
-            checks.CopyFrom(task.checks)
-            if checks.HasField("overlong") and not checks.overlong.HasField("completion_tokens"):
-                checks.overlong.completion_tokens = len(c.token_ids)
-            items.append(
-                reward_pb2.ScoreItem(
-                    id=f"{task.task_id}/{i}", prompt=prompt, completion=c.text, checks=checks, weights=task.weights
-                )
-            )
-    return items
-
-
-def prompt_text(task: queue_pb2.PromptTask) -> str:
-    """The prompt as text for the reward service (language detection reads it)."""
-    if task.prompt.HasField("messages"):
-        return "\n".join(m.content for m in task.prompt.messages.messages)
-    return task.prompt.text
-
-
-def base_record(task: queue_pb2.PromptTask, replica_id: str) -> queue_pb2.GroupRecord:
-    return queue_pb2.GroupRecord(
-        group_id=task.task_id,
-        task_id=task.task_id,
-        policy_version=task.policy_version,
-        replica_id=replica_id,
-        eval=task.eval,
-    )
-
-
-def failed_record(task: queue_pb2.PromptTask, replica_id: str, error: str) -> queue_pb2.GroupRecord:
-    record = base_record(task, replica_id)
-    record.status, record.error = "failed", error
-    return record
-
-
-def group_records(
-    tasks: Sequence[queue_pb2.PromptTask],
-    generated: Generated,
-    results: Sequence[reward_pb2.ScoreResult] | None,
-    *,
-    replica_id: str,
-    generate_s: float,
-    score_s: float,
-    reward_error: str = "",
-) -> list[queue_pb2.GroupRecord]:
-    """One group per task; without `results` (the reward service failed) every group is failed, unscored."""
-    by_id = {r.id: r for r in results or ()}
-    records = []
-    for t, task in enumerate(tasks):
-        record = base_record(task, replica_id)
-        record.weight_version, record.weight_checksum = generated.weight_version, generated.weight_checksum
-        record.prompt_token_ids.extend(generated.prompt_token_ids[t])
-        record.generate_s, record.score_s = generate_s, score_s
-        record.status, record.error = ("ok", "") if results is not None else ("failed", reward_error)
-        for i, c in enumerate(generated.completions[t]):
-            sample = record.samples.add()
-            sample.completion.text, sample.completion.finish_reason = c.text, c.finish_reason
-            sample.completion.token_ids.extend(c.token_ids)
-            sample.completion.logprobs.extend(c.logprobs)
-            result = by_id.get(f"{task.task_id}/{i}")
-            if result is None:
-                continue
-            if result.HasField("reward"):
-                sample.reward = result.reward
-            for name, component in result.components.items():
-                sample.components[name].CopyFrom(component)
-        if results is not None and any(f"{task.task_id}/{i}" not in by_id for i in range(len(record.samples))):
-            record.status, record.error = "failed", "reward service returned no result for some samples"
-        records.append(record)
-    return records
-
-
-def batches(entries: Sequence[Entry[queue_pb2.PromptTask]], size: int) -> list[list[Entry[queue_pb2.PromptTask]]]:
-    """Tasks with identical sampling params, in arrival order, at most `size` per engine call."""
-    by_params: dict[bytes, list[list[Entry[queue_pb2.PromptTask]]]] = {}
-    for entry in entries:
-        assert entry.message is not None
-        key = entry.message.sampling.SerializeToString(deterministic=True)
-        groups = by_params.setdefault(key, [[]])
-        if len(groups[-1]) == size:
-            groups.append([])
-        groups[-1].append(entry)
-    return [b for groups in by_params.values() for b in groups]
 
 
 # ---- the loop ---------------------------------------------------------------------------------
@@ -380,7 +279,7 @@ def service_generator(service: RolloutService) -> Callable[[Sequence[queue_pb2.P
     return generate
 
 
-def reward_scorer(client: Any) -> Scorer:
+def reward_scorer(client: RewardClient) -> Scorer:
     """Score protos through a `grpo.reward.client.RewardClient` (deadline per attempt, retries, raises)."""
     from grpo.reward.convert import model_to_proto, proto_to_dict
 
@@ -400,30 +299,29 @@ def redacted(url: str) -> str:
 
 def run_worker(service: RolloutService, settings: RolloutSettings, stop_event: threading.Event) -> None:
     """The service's worker thread: consume tasks from `settings.redis_url` until `stop_event` is set."""
-    if not settings.reward_addr:
-        raise ValueError("the worker loop needs --reward-addr (host:port of the reward service's gRPC API)")
+    if not settings.redis_url or not settings.reward_addr:
+        raise ValueError("the worker loop needs --redis-url and --reward-addr (host:port of the reward gRPC API)")
     from grpo.reward.client import RewardClient
 
-    options = settings
     # Blocking reads wait worker_block_ms; the socket deadline must outlast them.
-    client = connect(settings.redis_url, socket_timeout_s=options.worker_block_ms / 1000 + 5.0)
-    reward = RewardClient(settings.reward_addr, token=options.reward_token, timeout_s=options.reward_timeout_s)
+    client = connect(settings.redis_url, socket_timeout_s=settings.worker_block_ms / 1000 + 5.0)
+    reward = RewardClient(settings.reward_addr, token=settings.reward_token, timeout_s=settings.reward_timeout_s)
     worker = RolloutWorker(
         service_generator(service),
         lambda: (service.version, service.checksum),
         reward_scorer(reward),
-        RunQueue(client, options.run),
-        ReplicaRegistry(client, options.run, ttl_s=options.registry_ttl_s),
+        RunQueue(client, settings.run),
+        ReplicaRegistry(client, settings.run, ttl_s=settings.registry_ttl_s),
         replica_id=settings.replica_id,
         address=f"{settings.advertise_host}:{service.grpc_port or settings.grpc_port}",
-        options=options,
+        options=settings,
         stats=WorkerStats(service.metrics.registry),
         on_written=service.record_task,
     )
     log.info(
         "worker %s: run %s on %s, reward service %s",
         settings.replica_id,
-        options.run,
+        settings.run,
         redacted(settings.redis_url),
         settings.reward_addr,
     )

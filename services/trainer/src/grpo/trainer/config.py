@@ -39,7 +39,7 @@ ALGO_FIELDS = (
 class TrainerSettings(BaseSettings):
     """grpo-trainer: owns a GRPO run (data, publishing, updates, weight push, checkpoints)."""
 
-    model_config = {**service_config("GRPO_TRAINER_", "grpo-trainer"), "use_attribute_docstrings": True}
+    model_config = service_config("GRPO_TRAINER_", "grpo-trainer")
 
     mode: Literal["grpo", "sft"] = "grpo"
     """`grpo`: the RL loop through Redis and the rollout service; `sft`: cold-start SFT on (prompt, response) pairs."""

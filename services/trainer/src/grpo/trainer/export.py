@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from grpo.trainer.learner import Learner
 
 log = logging.getLogger(__name__)
 
@@ -18,12 +21,12 @@ def load_tokenizer(model: str) -> Any:
     return AutoTokenizer.from_pretrained(resolve_model(model))
 
 
-def save_final_model(learner: Any, model: str, folder: Path) -> None:
+def save_final_model(learner: Learner, model: str, folder: Path) -> None:
     """save_pretrained of the trained weights and the original tokenizer into `folder` (rank 0 only)."""
-    if getattr(learner.backend, "rank", 0) != 0:
+    if learner.backend.rank != 0:
         return
     folder.mkdir(parents=True, exist_ok=True)
-    target = learner.model.module if hasattr(learner.model, "module") else learner.model
+    target: Any = learner.model.module if hasattr(learner.model, "module") else learner.model
     target.save_pretrained(folder, state_dict=learner.state_dict_for_push(), safe_serialization=True)
     load_tokenizer(model).save_pretrained(folder)
     log.info("final model written to %s", folder)

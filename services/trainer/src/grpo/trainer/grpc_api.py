@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import grpc
@@ -66,7 +67,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         return trainer_pb2.StopResponse(step=self.control.status().step)
 
 
-def register(control: RunControl):
+def register(control: RunControl) -> Callable[[grpc.Server], None]:
     def add(server: grpc.Server) -> None:
         trainer_pb2_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(control), server)
 

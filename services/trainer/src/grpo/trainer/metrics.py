@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 log = logging.getLogger(__name__)
 
 _PROM_BAD = re.compile(r"[^a-zA-Z0-9_]")
@@ -33,7 +35,7 @@ class MetricsSink:
         *,
         tensorboard_dir: Path | str | None = None,
         jsonl_path: Path | str | None = None,
-        prometheus_registry: Any = None,
+        prometheus_registry: CollectorRegistry | None = None,
         wandb_project: str | None = None,
         wandb_run_name: str | None = None,
         run_config: dict[str, Any] | None = None,

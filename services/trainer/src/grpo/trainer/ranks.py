@@ -10,10 +10,13 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo.trainer.checkpoint import CheckpointInfo, load_checkpoint, save_checkpoint
 from grpo.trainer.export import save_final_model
+
+if TYPE_CHECKING:
+    from grpo.trainer.learner import Learner, SftPair, TrainableSample
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +38,10 @@ def _broadcast(command: tuple[Any, ...] | None) -> tuple[Any, ...]:
 class RankDriver:
     """Rank 0's handle on the learner: announces each collective operation, then takes part in it."""
 
-    def __init__(self, learner: Any, model: str) -> None:
+    def __init__(self, learner: Learner, model: str) -> None:
         self.learner = learner
         self.model = model
-        self.world = int(getattr(learner.backend, "world_size", 1))
+        self.world = learner.backend.world_size
 
     def _announce(self, *command: Any) -> None:
         if self.world > 1:
@@ -52,11 +55,11 @@ class RankDriver:
         self._announce("version", version)
         self.learner.version = version
 
-    def step(self, samples: list[Any]) -> dict[str, float]:
+    def step(self, samples: list[TrainableSample]) -> dict[str, float]:
         self._announce("step", samples)
         return self.learner.step(samples)
 
-    def sft_step(self, pairs: list[Any]) -> dict[str, float]:
+    def sft_step(self, pairs: list[SftPair]) -> dict[str, float]:
         self._announce("sft_step", pairs)
         return self.learner.sft_step(pairs)
 
@@ -83,7 +86,7 @@ class RankDriver:
             self.world = 1
 
 
-def follow(learner: Any, model: str) -> None:
+def follow(learner: Learner, model: str) -> None:
     """Ranks > 0: run rank 0's announced operations until it says exit."""
     log.info("rank %d following rank 0", env_rank())
     while True:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
+from prometheus_client import CollectorRegistry
 
 from grpo.algo import group_advantages
 from grpo.common.queue import QueueUnavailable, RunQueue, connect
@@ -42,7 +43,9 @@ T = TypeVar("T")
 class GrpoRun:
     """One GRPO run; `run()` blocks until the last step, a stop request or a fatal error."""
 
-    def __init__(self, settings: TrainerSettings, control: RunControl, prometheus_registry: Any = None) -> None:
+    def __init__(
+        self, settings: TrainerSettings, control: RunControl, prometheus_registry: CollectorRegistry | None = None
+    ) -> None:
         s = self.s = settings
         self.control = control
         self.algo = resolve_algo(s)

@@ -6,14 +6,16 @@ import logging
 import os
 import signal
 from types import FrameType
-from typing import Any
+
+from prometheus_client import CollectorRegistry
 
 from grpo.common.grpc_server import GrpcServer
+from grpo.common.http_server import HttpServer
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
 from grpo.trainer.data import DataError
 from grpo.trainer.grpc_api import register
-from grpo.trainer.http_api import HttpServer
+from grpo.trainer.http_api import http_routes
 from grpo.trainer.ranks import env_rank
 
 log = logging.getLogger(__name__)
@@ -36,7 +38,6 @@ def install_signal_handlers(control: RunControl) -> None:
 def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
     """Run the configured mode with the gRPC and HTTP APIs up; returns the process exit code."""
     import torch
-    from prometheus_client import CollectorRegistry
 
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
@@ -47,7 +48,7 @@ def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
     grpc_server = GrpcServer(
         register(control), ["grpo.v1.TrainerService"], settings.host, settings.grpc_port, token=settings.token
     )
-    http = HttpServer(control, registry, settings.host, settings.http_port)
+    http = HttpServer(http_routes(control, registry), settings.host, settings.http_port, name="trainer-http")
     grpc_server.start()
     http.start()
     log.info("trainer %s: mode %s, preset %s, gRPC %d, HTTP %d", settings.run_id, settings.mode, settings.preset,
@@ -70,7 +71,7 @@ def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
     return code
 
 
-def run_mode(settings: TrainerSettings, control: RunControl, registry: Any) -> None:
+def run_mode(settings: TrainerSettings, control: RunControl, registry: CollectorRegistry) -> None:
     if settings.mode == "sft":
         from grpo.trainer.sft import run_sft
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from grpo.trainer.assemble import build_learner
 from grpo.trainer.checkpoint import latest_checkpoint
 from grpo.trainer.config import TrainerSettings
@@ -36,7 +38,9 @@ def to_pair(tokenizer: Any, row: PromptRow, apply_chat_template: bool) -> SftPai
     return SftPair(encode_prompt(tokenizer, row, apply_chat_template), response)
 
 
-def run_sft(settings: TrainerSettings, control: RunControl, prometheus_registry: Any = None) -> None:
+def run_sft(
+    settings: TrainerSettings, control: RunControl, prometheus_registry: CollectorRegistry | None = None
+) -> None:
     """`steps` SFT updates of `prompts_per_step` pairs each; checkpoints and resume as in GRPO."""
     assert settings.train_data is not None
     rows = load_rows(settings.train_data, need_response=True)
@@ -49,7 +53,13 @@ def run_sft(settings: TrainerSettings, control: RunControl, prometheus_registry:
         learner.close()  # releases the follower ranks, also after a failure
 
 
-def _train(s: TrainerSettings, control: RunControl, learner: RankDriver, pairs: list[SftPair], registry: Any) -> None:
+def _train(
+    s: TrainerSettings,
+    control: RunControl,
+    learner: RankDriver,
+    pairs: list[SftPair],
+    registry: CollectorRegistry | None,
+) -> None:
     root = s.output_dir / "checkpoints"
     cursor, step = DataCursor(seed=s.seed), 0
     path = None if s.resume == "never" else latest_checkpoint(root) if s.resume == "auto" else s.resume

@@ -127,8 +127,3 @@ def verify_math(answer: str, gold: str) -> MathVerdict:
     except Exception as exc:  # a verifier bug is an error verdict, never "incorrect"
         log.debug("math verification failed", exc_info=True)
         return MathVerdict("error", None, detail=f"{type(exc).__name__}: {exc}"[:500])
-
-
-def verify_math_batch(pairs: list[tuple[str, str]]) -> list[MathVerdict]:
-    """Several (answer, gold) pairs in one worker round trip."""
-    return [verify_math(answer, gold) for answer, gold in pairs]

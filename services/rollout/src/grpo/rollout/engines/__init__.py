@@ -1,0 +1,1 @@
+"""Generation engines behind one interface (`base.Engine`): `hf` (transformers) and `vllm`."""

@@ -93,14 +93,15 @@ def push_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     """
     base = _lora_base(model)
     if base is not None:
-        return _merged_lora_state(model, base)
+        return _merged_lora_state(base)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    if _tied(model):
+    if tied_embeddings(model):
         state.pop("lm_head.weight", None)
     return state
 
 
-def _tied(model: torch.nn.Module) -> bool:
+def tied_embeddings(model: torch.nn.Module) -> bool:
+    """Whether lm_head shares the embedding matrix (then it is neither pushed nor required in a checkpoint)."""
     config: Any = getattr(model, "config", None)
     return bool(getattr(config, "tie_word_embeddings", False))
 
@@ -114,7 +115,7 @@ def _lora_base(model: torch.nn.Module) -> torch.nn.Module | None:
 
 
 @torch.no_grad()
-def _merged_lora_state(model: torch.nn.Module, base: torch.nn.Module) -> dict[str, Tensor]:
+def _merged_lora_state(base: torch.nn.Module) -> dict[str, Tensor]:
     from peft.tuners.lora import LoraLayer
 
     deltas: dict[str, Tensor] = {}
@@ -131,6 +132,6 @@ def _merged_lora_state(model: torch.nn.Module, base: torch.nn.Module) -> dict[st
         if name in deltas:
             tensor = tensor + deltas[name].to(tensor.dtype)
         state[name] = tensor.contiguous()
-    if _tied(base):
+    if tied_embeddings(base):
         state.pop("lm_head.weight", None)
     return state

@@ -18,6 +18,7 @@ class Backend(ABC):
     device: torch.device
     rank: int = 0
     world_size: int = 1
+    bf16: bool = False  # autocast on GPU; DeepSpeed keeps it off (its own bf16 mode casts the model)
 
     @abstractmethod
     def backward(self, loss: Tensor, *, last_micro_batch: bool) -> None:
@@ -46,7 +47,7 @@ class Backend(ABC):
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
         """bf16 autocast on GPU when enabled; a no-op on CPU (fp32 there keeps ratios exact)."""
-        if self.device.type == "cuda" and getattr(self, "bf16", False):
+        if self.device.type == "cuda" and self.bf16:
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 yield
         else:

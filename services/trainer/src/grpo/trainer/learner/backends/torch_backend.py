@@ -10,7 +10,7 @@ from torch import Tensor
 
 from grpo.trainer.learner.backends.base import Backend
 from grpo.trainer.learner.optim import build_optimizer, build_scheduler
-from grpo.trainer.learner.policy import push_state_dict
+from grpo.trainer.learner.policy import push_state_dict, tied_embeddings
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +95,7 @@ def load_model_weights(model: torch.nn.Module, folder: Path) -> None:
             raise ValueError(f"checkpoint adapter has unexpected keys {result.unexpected_keys[:5]}")
         return
     missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
-    allowed_missing = {"lm_head.weight"} if tied else set()
+    allowed_missing = {"lm_head.weight"} if tied_embeddings(model) else set()
     if unexpected or set(missing) - allowed_missing:
         raise ValueError(
             f"checkpoint {folder} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"

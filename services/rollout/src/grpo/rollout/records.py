@@ -1,0 +1,111 @@
+"""The rollout worker's pure parts: score items, group records and engine batches from tasks and engine output."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from grpo.common.queue import Entry
+from grpo.v1 import queue_pb2, reward_pb2
+
+
+@dataclass
+class Generated:
+    """One engine call's output, as the worker needs it."""
+
+    prompt_token_ids: list[list[int]]
+    completions: list[list[Any]]  # per prompt: objects with text, token_ids, logprobs, finish_reason
+    weight_version: int
+    weight_checksum: str
+
+
+def score_items(tasks: Sequence[queue_pb2.PromptTask], generated: Generated) -> list[reward_pb2.ScoreItem]:
+    """One ScoreItem per completion, id "<task_id>/<i>"; overlong checks get the exact token count."""
+    items = []
+    for task, completions in zip(tasks, generated.completions, strict=True):
+        prompt = prompt_text(task)
+        for i, c in enumerate(completions):
+            checks = reward_pb2.Checks()
+            checks.CopyFrom(task.checks)
+            if checks.HasField("overlong") and not checks.overlong.HasField("completion_tokens"):
+                checks.overlong.completion_tokens = len(c.token_ids)
+            items.append(
+                reward_pb2.ScoreItem(
+                    id=f"{task.task_id}/{i}", prompt=prompt, completion=c.text, checks=checks, weights=task.weights
+                )
+            )
+    return items
+
+
+def prompt_text(task: queue_pb2.PromptTask) -> str:
+    """The prompt as text for the reward service (language detection reads it)."""
+    if task.prompt.HasField("messages"):
+        return "\n".join(m.content for m in task.prompt.messages.messages)
+    return task.prompt.text
+
+
+def base_record(task: queue_pb2.PromptTask, replica_id: str) -> queue_pb2.GroupRecord:
+    return queue_pb2.GroupRecord(
+        group_id=task.task_id,
+        task_id=task.task_id,
+        policy_version=task.policy_version,
+        replica_id=replica_id,
+        eval=task.eval,
+    )
+
+
+def failed_record(task: queue_pb2.PromptTask, replica_id: str, error: str) -> queue_pb2.GroupRecord:
+    record = base_record(task, replica_id)
+    record.status, record.error = "failed", error
+    return record
+
+
+def group_records(
+    tasks: Sequence[queue_pb2.PromptTask],
+    generated: Generated,
+    results: Sequence[reward_pb2.ScoreResult] | None,
+    *,
+    replica_id: str,
+    generate_s: float,
+    score_s: float,
+    reward_error: str = "",
+) -> list[queue_pb2.GroupRecord]:
+    """One group per task; without `results` (the reward service failed) every group is failed, unscored."""
+    by_id = {r.id: r for r in results or ()}
+    records = []
+    for t, task in enumerate(tasks):
+        record = base_record(task, replica_id)
+        record.weight_version, record.weight_checksum = generated.weight_version, generated.weight_checksum
+        record.prompt_token_ids.extend(generated.prompt_token_ids[t])
+        record.generate_s, record.score_s = generate_s, score_s
+        record.status, record.error = ("ok", "") if results is not None else ("failed", reward_error)
+        for i, c in enumerate(generated.completions[t]):
+            sample = record.samples.add()
+            sample.completion.text, sample.completion.finish_reason = c.text, c.finish_reason
+            sample.completion.token_ids.extend(c.token_ids)
+            sample.completion.logprobs.extend(c.logprobs)
+            result = by_id.get(f"{task.task_id}/{i}")
+            if result is None:
+                continue
+            if result.HasField("reward"):
+                sample.reward = result.reward
+            for name, component in result.components.items():
+                sample.components[name].CopyFrom(component)
+        if results is not None and any(f"{task.task_id}/{i}" not in by_id for i in range(len(record.samples))):
+            record.status, record.error = "failed", "reward service returned no result for some samples"
+        records.append(record)
+    return records
+
+
+def batches(entries: Sequence[Entry[queue_pb2.PromptTask]], size: int) -> list[list[Entry[queue_pb2.PromptTask]]]:
+    """Tasks with identical sampling params, in arrival order, at most `size` per engine call."""
+    by_params: dict[bytes, list[list[Entry[queue_pb2.PromptTask]]]] = {}
+    for entry in entries:
+        assert entry.message is not None
+        key = entry.message.sampling.SerializeToString(deterministic=True)
+        groups = by_params.setdefault(key, [[]])
+        if len(groups[-1]) == size:
+            groups.append([])
+        groups[-1].append(entry)
+    return [b for groups in by_params.values() for b in groups]
