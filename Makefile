@@ -46,11 +46,12 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# The fault-injection suite (kill any part mid-run, ~4 min) runs in `make test-faults`.
 test: $(STAMP) $(VLLM_STAMP) system-deps check-protos lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not faults"
 
 test-fast: $(STAMP) system-deps
-	$(PY) -m pytest -q -m "not slow and not vllm"
+	$(PY) -m pytest -q -m "not slow and not vllm and not faults"
 
 bench: $(STAMP) $(VLLM_STAMP) system-deps
 	$(PY) bench/run_all.py

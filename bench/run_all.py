@@ -14,7 +14,14 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ["bench_sandbox.py", "bench_reward.py", "bench_rollout.py", "bench_trainer.py", "bench_async.py"]
+BENCHES = [
+    "bench_sandbox.py",
+    "bench_reward.py",
+    "bench_rollout.py",
+    "bench_trainer.py",
+    "bench_async.py",
+    "bench_load.py",
+]
 log = logging.getLogger("bench")
 
 

@@ -7,6 +7,7 @@ bad value is reported with the field's name before any model is loaded.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
@@ -92,7 +93,7 @@ def load_settings(cls: type[S], argv: list[str] | None = None, env_file_var: str
             dotenv_settings: PydanticBaseSettingsSource,
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
-            cli = CliSettingsSource(settings_cls, cli_parse_args=rest)
+            cli: CliSettingsSource[argparse.ArgumentParser] = CliSettingsSource(settings_cls, cli_parse_args=rest)
             # Earlier sources win: CLI > env > file (init) > defaults.
             return (cli, env_settings, init_settings)
 

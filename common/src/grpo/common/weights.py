@@ -77,7 +77,8 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     import torch
 
     flat = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-    return memoryview(flat.numpy())
+    # ndarray.data is memoryview(ndarray); numpy types ndarray as a Buffer only for Python >= 3.12
+    return flat.numpy().data
 
 
 def model_weights(model: Any) -> dict[str, torch.Tensor]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -125,6 +126,18 @@ def create_app(core: RewardCore, token: str | None = None) -> FastAPI:
     return app
 
 
+def validation_details(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    """loc / msg / type of each validation error, without the offending input (always JSON-safe)."""
+    return [
+        {
+            "loc": [p if isinstance(p, int) else str(p) for p in e.get("loc", ())],
+            "msg": str(e.get("msg", "")),
+            "type": str(e.get("type", "")),
+        }
+        for e in errors
+    ]
+
+
 def _install_handlers(app: FastAPI) -> None:
     @app.middleware("http")
     async def count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -134,6 +147,12 @@ def _install_handlers(app: FastAPI) -> None:
         metrics.REQUESTS.labels(endpoint, str(response.status_code)).inc()
         metrics.REQUEST_SECONDS.labels(endpoint).observe(time.monotonic() - started)
         return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes each error's `input`, which cannot be rendered when it holds NaN or
+        # Infinity (Python's JSON parser accepts them): the 422 would become a 500.
+        return JSONResponse({"detail": validation_details(exc.errors())}, status_code=422)
 
     @app.exception_handler(InputError)
     async def bad_input(request: Request, exc: InputError) -> JSONResponse:

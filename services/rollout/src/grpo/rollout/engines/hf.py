@@ -48,7 +48,8 @@ class HFEngine(Engine):
         self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.model = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, DTYPES[dtype]))
-        self.model.to(self.device).eval()
+        # transformers wraps `to` with functools.wraps, which mypy does not bind as a method
+        self.model.to(self.device).eval()  # type: ignore[arg-type]
         config = self.model.config
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or self.tokenizer.model_max_length)
         self.eos_ids = self._eos_ids()

@@ -8,7 +8,7 @@ mode, so it depends only on torch and safetensors. The engine calls these method
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -37,7 +37,8 @@ def refresh_tied_modules(model: torch.nn.Module) -> int:
         if not isinstance(weight, torch.Tensor):
             continue
         if id(weight) in owners and hasattr(module, "quant_method"):
-            module.quant_method.process_weights_after_loading(module)
+            # a vLLM layer attribute; torch types every Module attribute as Tensor | Module
+            cast(Any, module.quant_method).process_weights_after_loading(module)
             refreshed += 1
         owners.setdefault(id(weight), module)
     return refreshed
@@ -55,7 +56,8 @@ class PreTruncationLogprobs(torch.nn.Module):
     def __init__(self, inner: torch.nn.Module) -> None:
         super().__init__()
         self.inner = inner
-        inner.logprobs_mode = "raw_logprobs"
+        # a plain attribute of vLLM's sampler; torch types Module.__setattr__ values as Tensor | Module
+        cast(Any, inner).logprobs_mode = "raw_logprobs"
 
     def forward(self, logits: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         # The logits arrive temperature-scaled; the inner sampler may mask them in place.
@@ -81,7 +83,7 @@ class GrpoWorkerExtension:
 
     def grpo_install_logprob_hook(self) -> bool:
         """Make sampled-token log-probs pre-truncation; False when this vLLM's sampler layout is unknown."""
-        sampler = getattr(self.model_runner, "sampler", None)
+        sampler: Any = getattr(self.model_runner, "sampler", None)  # not None whenever `inner` is found
         inner = getattr(sampler, "topk_topp_sampler", None)
         if inner is None:
             return False

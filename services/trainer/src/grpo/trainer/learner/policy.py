@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
 
 from grpo.algo.logprobs import entropy_from_logits, token_logprobs
 from grpo.trainer.learner.batch import MicroBatch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,8 @@ def import_model_code(path: str) -> type:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(path)
-    return AutoModelForCausalLM._model_mapping[type(config)]
+    # transformers types the lazy mapping's values as (slow, fast) tokenizer pairs; for models they are classes
+    return cast(type, AutoModelForCausalLM._model_mapping[type(config)])
 
 
 def add_lora(model: torch.nn.Module, options: LoraOptions) -> torch.nn.Module:
@@ -67,8 +71,9 @@ def prepare_model(model: torch.nn.Module, config: Any) -> None:
     """Training mode, gradient checkpointing when asked (non-reentrant: works with frozen LoRA bases)."""
     model.train()
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
+        hf_model = cast("PreTrainedModel", model)  # or a PeftModel, which forwards to its PreTrainedModel
+        hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        hf_model.config.use_cache = False
 
 
 def forward_logprobs(
@@ -121,8 +126,8 @@ def _merged_lora_state(base: torch.nn.Module) -> dict[str, Tensor]:
     deltas: dict[str, Tensor] = {}
     for name, module in base.named_modules():
         if isinstance(module, LoraLayer):
-            weight_name = f"{name}.weight"
-            deltas[weight_name] = sum(module.get_delta_weight(a) for a in module.active_adapters)  # type: ignore[assignment]
+            layer: Any = module  # every LoraLayer subclass defines get_delta_weight; the base class does not declare it
+            deltas[f"{name}.weight"] = sum(layer.get_delta_weight(a) for a in layer.active_adapters)
     state: dict[str, Tensor] = {}
     for key, value in base.state_dict().items():
         if "lora_" in key:

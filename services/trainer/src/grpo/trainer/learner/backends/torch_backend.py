@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor
@@ -11,6 +12,9 @@ from torch import Tensor
 from grpo.trainer.learner.backends.base import Backend
 from grpo.trainer.learner.optim import build_optimizer, build_scheduler
 from grpo.trainer.learner.policy import push_state_dict, tied_embeddings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +68,8 @@ class TorchBackend(Backend):
         return float(self.optimizer.param_groups[0]["lr"])
 
     def save(self, directory: Path) -> None:
-        self.model.save_pretrained(directory / "model", safe_serialization=True)
+        # a PreTrainedModel or a PeftModel (both save HF safetensors); torch types the attribute as Tensor | Module
+        cast("PreTrainedModel", self.model).save_pretrained(directory / "model", safe_serialization=True)
         torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), directory / "scheduler.pt")
 
@@ -90,9 +95,10 @@ def load_model_weights(model: torch.nn.Module, folder: Path) -> None:
     if (folder / "adapter_config.json").exists():
         from peft import set_peft_model_state_dict
 
-        result = set_peft_model_state_dict(model, state)
-        if result.unexpected_keys:
-            raise ValueError(f"checkpoint adapter has unexpected keys {result.unexpected_keys[:5]}")
+        # peft annotates the result as `namedtuple`; it is torch's load_state_dict (missing, unexpected) keys
+        _, unexpected_keys = cast("tuple[list[str], list[str]]", set_peft_model_state_dict(model, state))
+        if unexpected_keys:
+            raise ValueError(f"checkpoint adapter has unexpected keys {unexpected_keys[:5]}")
         return
     missing, unexpected = model.load_state_dict(state, strict=False)
     allowed_missing = {"lm_head.weight"} if tied_embeddings(model) else set()

@@ -1,0 +1,84 @@
+"""The config files and environment variables the deployments hand to the services are
+accepted by the services' own settings classes (a typo would fail at start-up in a pod)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+
+from grpo.reward.settings import parse_settings as reward_settings
+from grpo.rollout.settings import parse_settings as rollout_settings
+from grpo.trainer.config import parse_settings as trainer_settings
+
+ROOT = Path(__file__).resolve().parents[3]
+CHART = ROOT / "k8s" / "grpo"
+PARSERS = {"reward": reward_settings, "rollout": rollout_settings, "trainer": trainer_settings}
+PREFIXES = {"reward": "GRPO_REWARD_", "rollout": "GRPO_ROLLOUT_", "trainer": "GRPO_TRAINER_"}
+
+
+def parse(service: str, config: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str] | None = None) -> Any:
+    for name in list(os.environ):
+        if name.startswith("GRPO_"):
+            monkeypatch.delenv(name)
+    for name, value in (env or {}).items():
+        monkeypatch.setenv(name, value)
+    return PARSERS[service](["--config", str(config)])
+
+
+@pytest.mark.parametrize("service", list(PARSERS))
+def test_compose_config_files_are_valid_settings(service: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    environment = compose["services"][service].get("environment", {}).items()
+    # Compose substitutes ${VAR:-default}; with nothing set, the default.
+    env = {k: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(v)) for k, v in environment if k.startswith("GRPO_")}
+    env = {k: v for k, v in env.items() if v}
+    settings = parse(service, ROOT / "deploy" / "compose" / f"{service}.yaml", monkeypatch, env)
+    if service == "trainer":
+        assert str(settings.train_data) == "/data/train.jsonl"
+        assert settings.run_id == "compose"
+        shipped = ROOT / "k8s" / "grpo" / "files" / "train.jsonl"
+        assert shipped.stat().st_size > 10_000
+    if service == "rollout":
+        assert settings.run == "compose"
+        assert settings.reward_addr == "reward:50052"
+
+
+def rendered(values: dict[str, Any]) -> list[dict[str, Any]]:
+    files = helm_python.Chart.load(str(CHART)).render(values, name="demo", namespace="grpo")
+    return [d for path, text in files.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
+
+
+@pytest.mark.parametrize("values_file", [None, "values-cpu.yaml", "values-gpu.yaml"])
+def test_helm_config_and_env_are_valid_settings(
+    values_file: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    values = yaml.safe_load((CHART / values_file).read_text()) if values_file else {}
+    docs = rendered(values)
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "demo-grpo-config")
+    workloads = {
+        d["metadata"]["name"].rsplit("-", 1)[-1]: d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+    }
+    for service in PARSERS:
+        path = tmp_path / f"{service}.yaml"
+        path.write_text(config["data"][f"{service}.yaml"])
+        container = workloads[service]["spec"]["template"]["spec"]["containers"][0]
+        # Plain-value env vars the chart sets must be fields of the service's settings.
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e and e["name"].startswith("GRPO_")}
+        env = {k: v.replace("$(POD_IP)", "10.0.0.7") for k, v in env.items() if k.startswith(PREFIXES[service])}
+        settings = parse(service, path, monkeypatch, env)
+        assert settings is not None
+        args = container.get("args", [])
+        assert args[args.index("--config") + 1] == f"/etc/grpo/{service}.yaml"
+
+
+def test_a_typo_in_a_config_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = tmp_path / "trainer.yaml"
+    bad.write_text("train_data: /data/train.jsonl\nmax_stalenes: 1\n")
+    with pytest.raises((SystemExit, ValueError)):
+        parse("trainer", bad, monkeypatch)
