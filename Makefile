@@ -41,6 +41,7 @@ check-protos: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy common/src services/reward/src services/rollout/src services/trainer/src services/demo/src
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix .

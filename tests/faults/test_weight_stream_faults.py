@@ -7,6 +7,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -134,3 +135,44 @@ def test_slow_loris_without_deadline_does_not_wedge_updates(
     finally:
         loris.kill()
         loris.wait(10)
+
+
+def test_server_cuts_off_stalled_streams_at_its_limit(tmp_path: Path, weights: dict[str, torch.Tensor]) -> None:
+    """Two stalled pushers fill the receive slots: a third push is told to retry (ABORTED), never left hanging;
+    the server cancels both at `weights_stream_timeout_s`, and the next push is applied."""
+    limit = 8.0
+    rollout = start_rollout_service("--weights-stream-timeout-s", str(limit), log_dir=tmp_path)
+    lorises: list[subprocess.Popen[str]] = []
+    try:
+        version, checksum, tokens = _state(rollout.address)
+        lorises = [
+            subprocess.Popen(
+                [sys.executable, "-c", PUSHER, rollout.address, str(version + 1), "stall"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        for loris in lorises:  # started together: both stall within a second or two of each other
+            assert loris.stdout is not None and loris.stdout.readline().strip() == "mid-stream"
+        stalled = time.monotonic()
+        time.sleep(0.5)  # both streams are open on the server
+        with pytest.raises(grpc.RpcError) as info:
+            push_weights(rollout.address, _perturbed(weights, seed=11), version + 1, timeout_s=20)
+        assert info.value.code() == grpc.StatusCode.ABORTED, info.value
+        assert "already being received" in info.value.details()
+        assert time.monotonic() - stalled < limit - 1  # answered at once, not after the stalls ended
+        for loris in lorises:
+            _, err = loris.communicate(timeout=limit + 20)
+            assert loris.returncode != 0 and "CANCELLED" in err, err[-1500:]
+        assert time.monotonic() - stalled < limit + 10
+        assert _state(rollout.address) == (version, checksum, tokens)  # the partial streams were dropped
+        reply = push_weights(rollout.address, _perturbed(weights, seed=12), version + 1, timeout_s=20)
+        assert reply.version == version + 1
+        assert "not finished within 8s: cancelling it" in rollout.log_text()
+    finally:
+        for loris in lorises:
+            loris.kill()
+            loris.wait(10)
+        assert rollout.stop() == 0, rollout.log_text()[-2000:]

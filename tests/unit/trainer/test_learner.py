@@ -109,7 +109,7 @@ def test_reference_loaded_and_refreshed_at_beta_positive() -> None:
     assert all(torch.equal(ref[k], v) for k, v in learner.model.state_dict().items())  # refreshed at step 2
 
 
-def test_sampler_logprobs_used_only_when_exact() -> None:
+def test_exact_sampler_logprobs_are_pi_old_for_fresh_and_stale_samples() -> None:
     learner = make(sampler_exact=True)
     batch = synthetic_groups(1, 4)
     from grpo.trainer.learner.batch import build_micro_batches
@@ -130,8 +130,12 @@ def test_sampler_logprobs_used_only_when_exact() -> None:
         TrainableSample(s.prompt_token_ids, s.completion_token_ids, s.advantage, s.sampler_logprobs, weight_version=7)
         for s in shifted
     ]
-    assert learner.accumulate_gradients(stale)["ratio_mean"] == pytest.approx(1.0)
+    # A stale sample's ratio is against the policy that generated it, not the current one.
+    assert learner.accumulate_gradients(stale)["ratio_mean"] == pytest.approx(fresh["ratio_mean"], rel=1e-6)
     assert learner.step(shifted)["old_logp_from_sampler"] == 1.0
+    inexact = make(sampler_exact=False)
+    inexact.model.load_state_dict(learner.model.state_dict())
+    assert inexact.accumulate_gradients(stale)["ratio_mean"] == pytest.approx(1.0)
 
 
 def test_ppo_epochs_recompute_old_logprobs() -> None:

@@ -58,14 +58,14 @@ def test_micro_batch_weights_sum_to_one(agg: str) -> None:
 
 
 def test_old_logprob_rule() -> None:
-    fresh = [sample(2, 2, sampler_logprobs=[-1.0, -1.0], weight_version=3)]
-    assert old_logprob_source(fresh, 3, ppo_epochs=1, sampler_exact=True) is OldLogprobSource.SAMPLER
-    assert old_logprob_source(fresh, 4, ppo_epochs=1, sampler_exact=True) is OldLogprobSource.CURRENT  # stale
-    assert old_logprob_source(fresh, 3, ppo_epochs=1, sampler_exact=False) is OldLogprobSource.CURRENT  # bf16/vLLM
-    assert old_logprob_source(fresh, 3, ppo_epochs=2, sampler_exact=True) is OldLogprobSource.RECOMPUTE
-    assert old_logprob_source([sample(2, 2, weight_version=3)], 3, ppo_epochs=1, sampler_exact=True) is (
-        OldLogprobSource.CURRENT
-    )
+    batch = [sample(2, 2, sampler_logprobs=[-1.0, -1.0], weight_version=3)]
+    # Exact sampler log-probs are the behaviour policy's: used for fresh and stale samples, any epochs.
+    assert old_logprob_source(batch, ppo_epochs=1, sampler_exact=True) is OldLogprobSource.SAMPLER
+    assert old_logprob_source(batch, ppo_epochs=2, sampler_exact=True) is OldLogprobSource.SAMPLER
+    assert old_logprob_source(batch, ppo_epochs=1, sampler_exact=False) is OldLogprobSource.CURRENT  # bf16/vLLM
+    assert old_logprob_source(batch, ppo_epochs=2, sampler_exact=False) is OldLogprobSource.RECOMPUTE
+    missing = [sample(2, 2, weight_version=3)]
+    assert old_logprob_source(missing, ppo_epochs=1, sampler_exact=True) is OldLogprobSource.CURRENT
 
 
 def test_lr_schedule_warmup_then_cosine() -> None:

@@ -76,7 +76,7 @@ class DemoConfig(BaseModel):
             "prompts_per_step": self.prompts_per_step, "group_size": self.group_size,
             "max_staleness": self.max_staleness, "temperature": self.temperature,
             "max_new_tokens": self.max_new_tokens, "lr": self.lr, "warmup_steps": self.warmup_steps,
-            "lr_schedule": self.lr_schedule,
+            "lr_schedule": self.lr_schedule, "sampler_exact": True,  # hf engine, fp32: exact behaviour log-probs
             "seed": self.seed, "micro_batch_size": 64, "eval_every": self.eval_every, "eval_size": self.eval_size,
             "eval_temperature": 0.0, "reward_weights": R1_REWARD_WEIGHTS, "overlong_soft_penalty": True,
             "overlong_buffer": self.overlong_buffer, "checkpoint_every": max(self.steps, 1), "resume": "never",

@@ -17,6 +17,7 @@ import grpc
 from pydantic import ValidationError
 
 from grpo.common.auth import bearer_metadata
+from grpo.common.channels import make_channel
 from grpo.reward.convert import model_to_proto, proto_to_model, validation_message
 from grpo.reward.schemas import ScoreItem, ScoreRequest, ScoreResult, VerifyMathRequest, VerifyMathResponse
 from grpo.v1 import reward_pb2 as pb
@@ -38,47 +39,47 @@ class RewardServiceError(RuntimeError):
 
 
 class RewardClient:
-    """Score completions over gRPC. Each attempt has a deadline; retryable failures back off exponentially."""
+    """Score completions over gRPC. Each attempt has a deadline; retryable failures back off exponentially,
+    with jitter, for up to `retry_budget_s` in all (long enough to ride out a restart of the service)."""
 
     def __init__(
         self,
         addr: str,
         token: str | None = None,
         timeout_s: float = 60.0,
-        retries: int = 4,
+        retry_budget_s: float = 30.0,
         backoff_s: float = 0.25,
-        max_backoff_s: float = 8.0,
+        max_backoff_s: float = 4.0,
         root_certificates: bytes | None = None,
+        ca_file: str | None = None,
     ) -> None:
-        options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
-        if root_certificates is not None:
-            creds = grpc.ssl_channel_credentials(root_certificates)
-            self.channel = grpc.secure_channel(addr, creds, options=options)
-        else:
-            self.channel = grpc.insecure_channel(addr, options=options)
+        self.channel = make_channel(addr, ca_file, root_certificates=root_certificates)
         self.stub = reward_pb2_grpc.RewardServiceStub(self.channel)
-        self.addr, self.timeout_s, self.retries = addr, timeout_s, retries
+        self.addr, self.timeout_s, self.retry_budget_s = addr, timeout_s, retry_budget_s
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self.metadata = bearer_metadata(token)
 
     def _call(self, method: Any, request: Any, name: str) -> Any:
-        last: grpc.RpcError | None = None
-        for attempt in range(self.retries + 1):
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 return method(request, timeout=self.timeout_s, metadata=self.metadata)
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code not in RETRYABLE:
                     raise RewardServiceError(f"{name} failed: {code}: {_details(exc)}", code) from exc
-                last = exc
-                if attempt < self.retries:
-                    delay = min(self.max_backoff_s, self.backoff_s * 2**attempt) * (0.5 + random.random())
-                    log.warning("%s to %s: %s; retry %d in %.2fs", name, self.addr, code, attempt + 1, delay)
-                    time.sleep(delay)
-        code = last.code() if last is not None else None
-        raise RewardServiceError(
-            f"{name} to {self.addr} failed after {self.retries + 1} attempts: {code}: {_details(last)}", code
-        )
+                elapsed = time.monotonic() - started
+                delay = backoff_delay(attempt, self.backoff_s, self.max_backoff_s)
+                if elapsed + delay > self.retry_budget_s:
+                    raise RewardServiceError(
+                        f"{name} to {self.addr} failed after {attempt} attempts in {elapsed:.1f}s "
+                        f"(retry budget {self.retry_budget_s:g}s): {code}: {_details(exc)}",
+                        code,
+                    ) from exc
+                log.warning("%s to %s: %s; retry %d in %.2fs", name, self.addr, code, attempt, delay)
+                time.sleep(delay)
 
     @staticmethod
     def _request(items: Sequence[ScoreItem | Mapping[str, Any]], timeout_s: float | None) -> pb.ScoreRequest:
@@ -96,7 +97,7 @@ class RewardClient:
         return [proto_to_model(ScoreResult, r) for r in response.results]
 
     def score_stream(self, items: Sequence[ScoreItem | Mapping[str, Any]]) -> Iterator[ScoreResult]:
-        """Results as they finish (no retries: a broken stream raises RewardServiceError)."""
+        """Results as they finish, in any order (no retries: a broken stream raises RewardServiceError)."""
         request = self._request(items, self.timeout_s)
         try:
             for r in self.stub.ScoreStream(request, timeout=self.timeout_s, metadata=self.metadata):
@@ -118,6 +119,11 @@ class RewardClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def backoff_delay(attempt: int, base_s: float, cap_s: float) -> float:
+    """Seconds to wait after failed attempt `attempt` (1-based): doubling, capped, with ±50 % jitter."""
+    return min(cap_s, base_s * 2 ** min(attempt - 1, 30)) * (0.5 + random.random())
 
 
 def _details(exc: grpc.RpcError | None) -> str:

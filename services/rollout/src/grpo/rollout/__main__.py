@@ -38,7 +38,7 @@ def build_engine(settings: RolloutSettings, model: str) -> Engine:
 
 def serve(settings: RolloutSettings, stop: threading.Event) -> None:
     # Heavy imports (torch, transformers) only after the settings are known to be valid.
-    from grpo.common.grpc_server import GrpcServer
+    from grpo.common.grpc_server import GrpcServer, server_credentials
     from grpo.common.http_server import HttpServer
     from grpo.common.tiny_model import resolve_model
     from grpo.rollout.grpc_api import SERVICE_NAME, UPDATE_METHOD, register
@@ -50,13 +50,14 @@ def serve(settings: RolloutSettings, stop: threading.Event) -> None:
     service = RolloutService(build_engine(settings, model), model, settings.replica_id, limits)
     method_tokens = {UPDATE_METHOD: settings.weights_token} if settings.weights_token else None
     grpc_server = GrpcServer(
-        register(service),
+        register(service, settings.weights_stream_timeout_s),
         [SERVICE_NAME],
         settings.host,
         settings.grpc_port,
         workers=settings.grpc_workers,
         token=settings.token,
         method_tokens=method_tokens,
+        credentials=server_credentials(settings.tls_cert_file, settings.tls_key_file),
     )
     service.grpc_port = grpc_server.port
     http = HttpServer(http_routes(service), settings.host, settings.http_port, name="rollout-http")

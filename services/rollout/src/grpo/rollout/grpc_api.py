@@ -3,21 +3,57 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 
 import grpc
 
 from grpo.common.weights import WeightUpdateError
 from grpo.rollout.engines.base import PromptOutput, SamplingParams
-from grpo.rollout.service import Limits, RolloutService
+from grpo.rollout.service import Limits, RolloutService, UpdateBusy
 from grpo.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
 UPDATE_METHOD = f"/{SERVICE_NAME}/UpdateWeights"
+
+
+class StreamLimit:
+    """Cancels an RPC whose request stream has not ended within `limit_s`, even if no message ever arrives."""
+
+    def __init__(self, context: grpc.ServicerContext, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self.expired = False
+        self._context = context
+        self._lock = threading.Lock()
+        self._done = False
+        # A timer rather than a per-chunk clock check: a stalled stream sends no chunk to check on.
+        self._timer = threading.Timer(limit_s, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.expired = True
+        log.warning("weight stream not finished within %.0fs: cancelling it", self.limit_s)
+        self._context.cancel()  # the blocked read of the stream raises; the partial stream is dropped
+
+    def wrap(self, chunks: Iterable[rollout_pb2.WeightChunk]) -> Iterator[rollout_pb2.WeightChunk]:
+        """`chunks`, and the limit stops once the last one has arrived (the apply is not cut off)."""
+        yield from chunks
+        self.finish()
+        if self.expired:  # lost the race with the timer: the caller has been told CANCELLED, so do not apply
+            raise WeightUpdateError(f"the stream did not finish within {self.limit_s:.0f}s")
+
+    def finish(self) -> None:
+        with self._lock:
+            self._done = True
+        self._timer.cancel()
 
 
 class BadRequest(ValueError):
@@ -104,8 +140,9 @@ def to_response(
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
-    def __init__(self, service: RolloutService) -> None:
+    def __init__(self, service: RolloutService, weights_stream_timeout_s: float = 300.0) -> None:
         self.service = service
+        self.weights_stream_timeout_s = weights_stream_timeout_s
 
     def Generate(
         self, request: rollout_pb2.GenerateRequest, context: grpc.ServicerContext
@@ -122,11 +159,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def UpdateWeights(
         self, request_iterator: Iterator[rollout_pb2.WeightChunk], context: grpc.ServicerContext
     ) -> rollout_pb2.UpdateWeightsResponse:
+        # Bounded on the server: a pusher that sets no deadline and stops sending must not hold a stream forever.
+        limit = StreamLimit(context, self.weights_stream_timeout_s)
         try:
-            result = self.service.update_weights(request_iterator)
+            result = self.service.update_weights(limit.wrap(request_iterator), lock_timeout_s=limit.limit_s)
         except WeightUpdateError as exc:
             code = grpc.StatusCode.FAILED_PRECONDITION if exc.precondition else grpc.StatusCode.INVALID_ARGUMENT
             context.abort(code, f"weight update rejected, version {self.service.version} keeps serving: {exc}")
+        except UpdateBusy as exc:
+            context.abort(grpc.StatusCode.ABORTED, f"{exc}; version {self.service.version} keeps serving")
+        finally:
+            limit.finish()
         return rollout_pb2.UpdateWeightsResponse(**asdict(result))
 
     def GetStatus(
@@ -135,8 +178,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         return rollout_pb2.RolloutStatus(**asdict(self.service.status()))
 
 
-def register(service: RolloutService) -> Callable[[grpc.Server], None]:
+def register(service: RolloutService, weights_stream_timeout_s: float = 300.0) -> Callable[[grpc.Server], None]:
     def add(server: grpc.Server) -> None:
-        rollout_pb2_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(service), server)
+        servicer = RolloutServicer(service, weights_stream_timeout_s)
+        rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server)
 
     return add

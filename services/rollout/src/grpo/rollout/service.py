@@ -23,6 +23,12 @@ log = logging.getLogger(__name__)
 
 # Throughput is reported over the generation calls of the last minute.
 RATE_WINDOW_S = 60.0
+# Weight streams received at once: a stalled one must not block the next push, and memory stays bounded.
+MAX_WEIGHT_STREAMS = 2
+
+
+class UpdateBusy(RuntimeError):
+    """The update could not start or apply now (another one holds the slot or the lock); retrying may work."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,9 @@ class RolloutService:
         self.metrics = Metrics()
         self.grpc_port = 0  # set by __main__ once bound: the worker registers it
         self._gen_lock = threading.Lock()  # engine calls: generate / load_weights
-        self._update_lock = threading.Lock()  # one update stream at a time (bounds memory)
+        self._update_lock = threading.Lock()  # version check + apply, one update at a time
+        # Each stream being received holds a model-sized buffer: a few at once, never unbounded.
+        self._receive_slots = threading.BoundedSemaphore(MAX_WEIGHT_STREAMS)
         self._stats_lock = threading.Lock()
         self._recent: collections.deque[tuple[float, int, float]] = collections.deque()
         self.tokens_generated = 0
@@ -154,27 +162,39 @@ class RolloutService:
                 self.tasks_failed += 1
         self.metrics.tasks.labels("done" if ok else "failed").inc()
 
-    def update_weights(self, chunks: Iterable[rollout_pb2.WeightChunk]) -> UpdateResult:
+    def update_weights(self, chunks: Iterable[rollout_pb2.WeightChunk], lock_timeout_s: float = 60.0) -> UpdateResult:
         """Receive a whole stream, check it, then swap it in between generation calls.
 
-        Raises WeightUpdateError (the old weights keep serving) when the stream is bad.
+        The stream is received without the update lock, so a stalled pusher cannot block the next one (the
+        caller bounds the receive); only the version check and the apply are serialised. Raises
+        WeightUpdateError (the old weights keep serving) when the stream is bad, UpdateBusy when another
+        update keeps the lock past `lock_timeout_s` or too many streams are being received.
         """
-        with self._update_lock:
-            start = time.monotonic()
-            try:
-                assembler = WeightAssembler(self.specs, self.version)
-                for chunk in chunks:
-                    assembler.feed(chunk)
-                version, checksum, tensors = assembler.finish()
-            except WeightUpdateError as exc:
+        start = time.monotonic()
+        if not self._receive_slots.acquire(blocking=False):
+            self.metrics.updates.labels("busy").inc()
+            raise UpdateBusy(f"{MAX_WEIGHT_STREAMS} weight streams are already being received; retry later")
+        try:
+            version, checksum, tensors = self._receive(chunks)
+        finally:
+            self._receive_slots.release()
+        received = time.monotonic()
+        if not self._update_lock.acquire(timeout=lock_timeout_s):
+            self.metrics.updates.labels("busy").inc()
+            raise UpdateBusy(f"another weight update is in progress (waited {lock_timeout_s:.0f}s); retry later")
+        try:
+            # Checked again under the lock: a concurrent stream may have applied this version or a newer one.
+            if version <= self.version:
                 self.metrics.updates.labels("rejected").inc()
-                log.warning("weight update rejected: %s", exc)
-                raise
-            received = time.monotonic()
+                raise WeightUpdateError(
+                    f"version {version} is not newer than the loaded version {self.version}", precondition=True
+                )
             with self._gen_lock:
                 self.engine.load_weights(tensors)
                 self.version, self.checksum = version, checksum
-            applied = time.monotonic()
+        finally:
+            self._update_lock.release()
+        applied = time.monotonic()
         self.metrics.updates.labels("ok").inc()
         self.metrics.version.set(version)
         self.metrics.update_seconds.observe(applied - start)
@@ -186,6 +206,17 @@ class RolloutService:
             applied - received,
         )
         return UpdateResult(version, checksum, received - start, applied - received)
+
+    def _receive(self, chunks: Iterable[rollout_pb2.WeightChunk]) -> tuple[int, str, dict[str, Any]]:
+        try:
+            assembler = WeightAssembler(self.specs, self.version)  # an older version fails at the header
+            for chunk in chunks:
+                assembler.feed(chunk)
+            return assembler.finish()
+        except WeightUpdateError as exc:
+            self.metrics.updates.labels("rejected").inc()
+            log.warning("weight update rejected: %s", exc)
+            raise
 
     def status(self) -> Status:
         with self._stats_lock:
@@ -207,4 +238,4 @@ class RolloutService:
         self.engine.close()
 
 
-__all__ = ["Limits", "RolloutService", "Status", "UpdateResult", "WeightUpdateError"]
+__all__ = ["Limits", "RolloutService", "Status", "UpdateBusy", "UpdateResult", "WeightUpdateError"]

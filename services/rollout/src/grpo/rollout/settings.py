@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
 from grpo.common.settings import load_settings, service_config
@@ -52,6 +52,12 @@ class RolloutSettings(BaseSettings):
     """Bearer token every gRPC call must carry (health and reflection stay open)."""
     weights_token: str | None = None
     """Separate bearer token for UpdateWeights; defaults to `token`."""
+    weights_stream_timeout_s: float = Field(300.0, gt=0)
+    """Longest one UpdateWeights stream may take to arrive (whatever the pusher's deadline); then it is cancelled."""
+    tls_cert_file: str | None = None
+    """PEM certificate for gRPC TLS (with tls_key_file); plaintext when unset."""
+    tls_key_file: str | None = None
+    """PEM private key for gRPC TLS."""
     max_prompts: int = Field(256, ge=1)
     """Most prompts accepted in one Generate request."""
     max_n: int = Field(64, ge=1)
@@ -64,6 +70,10 @@ class RolloutSettings(BaseSettings):
     """Bearer token for the reward service."""
     reward_timeout_s: float = Field(60.0, gt=0)
     """Deadline of one Score call (retried with backoff before a group is marked failed)."""
+    reward_retry_budget_s: float = Field(30.0, ge=0)
+    """How long a Score call keeps retrying while the reward service is unavailable or overloaded (a restart)."""
+    reward_tls_ca_file: str | None = None
+    """PEM root certificates to verify the reward service's TLS certificate; plaintext when unset."""
     worker_batch_tasks: int = Field(4, ge=1)
     """Most tasks generated together in one engine call (the engine batches prompts × n)."""
     worker_block_ms: int = Field(1000, ge=1, le=5000)
@@ -82,6 +92,12 @@ class RolloutSettings(BaseSettings):
     """Logging level."""
     json_logs: bool = False
     """Log one JSON object per line."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RolloutSettings:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file must be set together")
+        return self
 
 
 def parse_settings(argv: list[str] | None = None) -> RolloutSettings:

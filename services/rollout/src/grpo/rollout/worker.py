@@ -305,7 +305,13 @@ def run_worker(service: RolloutService, settings: RolloutSettings, stop_event: t
 
     # Blocking reads wait worker_block_ms; the socket deadline must outlast them.
     client = connect(settings.redis_url, socket_timeout_s=settings.worker_block_ms / 1000 + 5.0)
-    reward = RewardClient(settings.reward_addr, token=settings.reward_token, timeout_s=settings.reward_timeout_s)
+    reward = RewardClient(
+        settings.reward_addr,
+        token=settings.reward_token,
+        timeout_s=settings.reward_timeout_s,
+        retry_budget_s=settings.reward_retry_budget_s,
+        ca_file=settings.reward_tls_ca_file,
+    )
     worker = RolloutWorker(
         service_generator(service),
         lambda: (service.version, service.checksum),

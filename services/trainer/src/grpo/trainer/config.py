@@ -131,7 +131,8 @@ class TrainerSettings(BaseSettings):
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each batch (>1: old log-probs from before the first pass)."""
     sampler_exact: bool = False
-    """The rollout computes fp32 log-probs exactly as the trainer does (hf engine, float32): reuse them as π_old."""
+    """The rollout computes fp32 log-probs exactly as the trainer does (hf engine, float32): use them as π_old,
+    which also corrects stale samples exactly (PPO's ratio against the policy that generated them)."""
     seed: int = 0
     """Seed for the data order and torch."""
     backend: Literal["torch", "deepspeed"] = "torch"

@@ -91,7 +91,7 @@ class Learner:
     ) -> tuple[OldLogprobSource, list[MicroBatch], list[Tensor] | None, list[Tensor] | None]:
         """Micro-batches plus the log-probs that stay fixed during the update (π_old when recomputed, reference)."""
         cfg = self.config
-        source = old_logprob_source(samples, self.version, ppo_epochs=cfg.ppo_epochs, sampler_exact=cfg.sampler_exact)
+        source = old_logprob_source(samples, ppo_epochs=cfg.ppo_epochs, sampler_exact=cfg.sampler_exact)
         batches = build_micro_batches(
             samples,
             micro_batch_size=cfg.micro_batch_size,
