@@ -39,19 +39,18 @@ def test_reward_sigkill_and_restart_mid_run(run: Harness) -> None:
     wait_until(lambda: _groups_done(run) >= 2, 60, "the run to be under way")
     run.reward.signal(signal.SIGKILL)
     killed_at = time.monotonic()
-    time.sleep(1.0)
+    time.sleep(6.0)  # a slow restart: longer than the old 5-attempt retry loop (~3.75 s) could ride out
     restart_s = run.reward.start()
     run.publish([math_task(i) for i in range(10, 14)])
     run.collect(timeout=120)
     counts = run.account()
     log.info("reward SIGKILL: restart %.1fs, back to scoring after %.1fs; %s", restart_s,
              time.monotonic() - killed_at, counts)  # fmt: skip
-    # Groups caught by the outage past the client's retry budget are explicit drops naming the reward service,
-    # never rewards (account() checked that); everything published after the restart scores normally.
-    for gid, records in run.groups.items():
-        if records[0].status == "failed":
-            assert "reward service" in records[0].error, (gid, records[0].error)
-    assert counts["ok"] >= 10 and all(run.groups[f"t{i}"][0].status == "ok" for i in range(10, 14))
+    # The client's retry budget (30 s) outlasts a restart: the batch in flight is scored once the service is back,
+    # nothing is dropped, and the outage is never a reward (account() checked that).
+    failed = {gid: records[0].error for gid, records in run.groups.items() if records[0].status == "failed"}
+    assert not failed, failed
+    assert counts["ok"] == 14
 
 
 def test_reward_hang_is_detected_within_its_deadline_and_the_run_goes_on(run: Harness) -> None:

@@ -1,4 +1,4 @@
-"""TLS on the reward service's gRPC port, with and without the bearer token; auth on the rollout's every method."""
+"""TLS on the reward, rollout and trainer-to-rollout gRPC paths, with and without tokens; auth on the rollout's methods."""
 
 from __future__ import annotations
 
@@ -11,11 +11,16 @@ import grpc
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from rollout_proc import start_rollout_service
+from rollout_proc import perturbed, start_rollout_service, tiny_model_weights
 from security_procs import start_reward_service, stop_reward_service
 
 from grpo.common.auth import bearer_metadata
-from grpo.reward.client import RewardClient
+from grpo.common.channels import make_channel
+from grpo.common.weights import push_weights, weights_checksum
+from grpo.reward.client import RewardClient, RewardServiceError
+from grpo.rollout.settings import RolloutSettings
+from grpo.rollout.worker import reward_client
+from grpo.trainer.pusher import ReplicaTarget, push_to_replicas, replica_status
 from grpo.v1 import reward_pb2 as rpb
 from grpo.v1 import reward_pb2_grpc, rollout_pb2_grpc
 from grpo.v1 import rollout_pb2 as pb
@@ -39,7 +44,7 @@ def tls_reward(tmp_path_factory: pytest.TempPathFactory) -> Any:
     cert, key = self_signed(tmp_path_factory.mktemp("tls"))
     env = {"GRPO_REWARD_TLS_CERT_FILE": str(cert), "GRPO_REWARD_TLS_KEY_FILE": str(key), "GRPO_REWARD_TOKEN": TOKEN}
     service = start_reward_service(workers=1, env=env)
-    service.cert = cert.read_bytes()
+    service.cert, service.cert_path = cert.read_bytes(), cert
     yield service
     service.assert_alive()
     stop_reward_service(service)
@@ -118,3 +123,56 @@ def test_rollout_token_guards_every_method(tmp_path: Path) -> None:
 
 def call_ok(call: Callable[[Any, Any], Any], stub: Any, metadata: Any) -> bool:
     return call(stub, metadata) is not None
+
+
+def test_rollout_worker_reward_client_over_tls(tls_reward: Any) -> None:
+    """The client the rollout worker builds from its settings talks TLS to a TLS reward service."""
+    settings = RolloutSettings(
+        reward_addr=tls_reward.grpc_addr, reward_token=TOKEN, reward_tls_ca_file=str(tls_reward.cert_path)
+    )
+    with reward_client(settings) as client:
+        results = client.score([{"id": "t", "completion": "\\boxed{6}", "checks": {"math": {"gold": "6"}}}])
+        assert results[0].reward == 1.0
+    plaintext = RolloutSettings(reward_addr=tls_reward.grpc_addr, reward_token=TOKEN, reward_retry_budget_s=0)
+    with reward_client(plaintext) as client, pytest.raises(RewardServiceError) as info:
+        client.score([{"id": "t", "completion": "x", "checks": {"math": {"gold": "6"}}}])
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_rollout_over_tls_generates_and_takes_weights_from_the_trainer(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    env = {"GRPO_ROLLOUT_TLS_CERT_FILE": str(cert), "GRPO_ROLLOUT_TLS_KEY_FILE": str(key)}
+    proc = start_rollout_service("--token", "t0k", log_dir=tmp_path, env=env, ca_file=cert)
+    try:
+        with make_channel(proc.address, cert) as channel:
+            reply = rollout_pb2_grpc.RolloutServiceStub(channel).Generate(
+                pb.GenerateRequest(prompts=[pb.Prompt(text="1+1=")], sampling=pb.SamplingParams(n=1, max_new_tokens=2)),
+                timeout=60,
+                metadata=bearer_metadata("t0k"),
+            )
+            assert len(reply.results[0].completions[0].token_ids) >= 1
+        with grpc.insecure_channel(proc.address) as channel, pytest.raises(grpc.RpcError) as info:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        # The trainer's path: push_weights directly, then the pusher it runs every step, and a status read.
+        base = tiny_model_weights()
+        first = perturbed(base, seed=1)
+        reply = push_weights(proc.address, first, 1, token="t0k", timeout_s=60, ca_file=str(cert))
+        assert (reply.version, reply.checksum) == (1, weights_checksum(first))
+        (result,) = push_to_replicas(
+            [ReplicaTarget("tls", proc.address)], perturbed(base, seed=2), 2, token="t0k", timeout_s=60,
+            ca_file=str(cert),
+        )  # fmt: skip
+        assert result.ok and result.version == 2, result
+        assert replica_status(proc.address, token="t0k", ca_file=str(cert)).weight_version == 2
+        with pytest.raises(grpc.RpcError) as info:  # the pusher never falls back to plaintext
+            push_weights(proc.address, perturbed(base, seed=3), 3, token="t0k", timeout_s=10)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        assert proc.stop() == 0, proc.log_text()[-2000:]
+
+
+def test_half_configured_tls_rollout_refuses_to_start(tmp_path: Path) -> None:
+    cert, _ = self_signed(tmp_path)
+    with pytest.raises(RuntimeError, match="tls_cert_file and tls_key_file"):
+        start_rollout_service(log_dir=tmp_path, env={"GRPO_ROLLOUT_TLS_CERT_FILE": str(cert)}, timeout=60)

@@ -40,10 +40,14 @@ class RewardService:
 
 
 def start_reward_service(
-    *extra_args: str, workers: int = 2, env: dict[str, str] | None = None, ready_timeout: float = 60.0
+    *extra_args: str,
+    workers: int = 2,
+    env: dict[str, str] | None = None,
+    ready_timeout: float = 60.0,
+    grpc_port: int | None = None,
 ) -> RewardService:
-    """Start `python -m grpo.reward` on free loopback ports and wait for /healthz."""
-    grpc_port, http_port = free_port(), free_port()
+    """Start `python -m grpo.reward` on free loopback ports (or the given gRPC port) and wait for /healthz."""
+    grpc_port, http_port = grpc_port or free_port(), free_port()
     while http_port == grpc_port:
         http_port = free_port()
     log_file = tempfile.NamedTemporaryFile(prefix="grpo-reward-", suffix=".log", delete=False)  # noqa: SIM115
@@ -112,8 +116,10 @@ def start_reward() -> Iterator[Callable[..., RewardService]]:
     """Start extra reward services with their own flags (e.g. a tiny queue, a token); stopped after the test."""
     started: list[RewardService] = []
 
-    def start(*extra_args: str, workers: int = 1, env: dict[str, str] | None = None) -> RewardService:
-        service = start_reward_service(*extra_args, workers=workers, env=env)
+    def start(
+        *extra_args: str, workers: int = 1, env: dict[str, str] | None = None, grpc_port: int | None = None
+    ) -> RewardService:
+        service = start_reward_service(*extra_args, workers=workers, env=env, grpc_port=grpc_port)
         started.append(service)
         return service
 

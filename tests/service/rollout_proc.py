@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from grpo.common.channels import make_channel
 from grpo.common.net import free_port
 
 if TYPE_CHECKING:
@@ -52,8 +53,8 @@ class RolloutProc:
         return self.proc.returncode
 
 
-def _serving(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
+def _serving(address: str, ca_file: Path | None = None) -> bool:
+    with make_channel(address, ca_file) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
         except grpc.RpcError:
@@ -62,9 +63,10 @@ def _serving(address: str) -> bool:
 
 
 def start_rollout_service(
-    *args: str, log_dir: Path, env: dict[str, str] | None = None, timeout: float = 120.0
+    *args: str, log_dir: Path, env: dict[str, str] | None = None, timeout: float = 120.0, ca_file: Path | None = None
 ) -> RolloutProc:
-    """`python -m grpo.rollout --grpc-port P --http-port Q *args` (hf engine, 1 torch thread), once it serves."""
+    """`python -m grpo.rollout --grpc-port P --http-port Q *args` (hf engine, 1 torch thread), once it serves
+    (over TLS trusting `ca_file` when given)."""
     grpc_port, http_port = free_port(), free_port()
     log_path = log_dir / f"rollout-{grpc_port}.log"
     cmd = [sys.executable, "-m", "grpo.rollout", "--host", "127.0.0.1", "--grpc-port", str(grpc_port)]
@@ -77,7 +79,7 @@ def start_rollout_service(
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"rollout exited with {proc.returncode}:\n{started.log_text()[-3000:]}")
-        if _serving(started.address):
+        if _serving(started.address, ca_file):
             return started
         time.sleep(0.2)
     started.stop()

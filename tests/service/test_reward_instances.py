@@ -115,5 +115,5 @@ def test_grpc_tls(start_reward: Callable[..., Any], tmp_path: Path) -> None:
     item = {"id": "a", "completion": "\\boxed{3}", "checks": {"math": {"gold": "3"}}}
     with RewardClient(service.grpc_addr, timeout_s=30, root_certificates=cert.read_bytes()) as client:
         assert client.score([item])[0].reward == 1.0
-    with RewardClient(service.grpc_addr, timeout_s=2, retries=0) as plaintext, pytest.raises(RewardServiceError):
+    with RewardClient(service.grpc_addr, timeout_s=2, retry_budget_s=0) as plaintext, pytest.raises(RewardServiceError):
         plaintext.score([item])

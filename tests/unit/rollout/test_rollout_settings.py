@@ -29,6 +29,19 @@ def test_env_and_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert (s.max_n, s.http_port, s.redis_url) == (4, 9002, "redis://x:1/0")
 
 
+def test_tls_weights_and_reward_retry_settings() -> None:
+    s = parse_settings([])
+    assert (s.weights_stream_timeout_s, s.reward_retry_budget_s, s.tls_cert_file, s.reward_tls_ca_file) == (
+        300.0, 30.0, None, None,
+    )  # fmt: skip
+    s = parse_settings(["--tls-cert-file", "c.pem", "--tls-key-file", "k.pem", "--reward-tls-ca-file", "ca.pem",
+                        "--weights-stream-timeout-s", "20", "--reward-retry-budget-s", "5"])  # fmt: skip
+    assert (s.tls_cert_file, s.tls_key_file, s.reward_tls_ca_file) == ("c.pem", "k.pem", "ca.pem")
+    assert (s.weights_stream_timeout_s, s.reward_retry_budget_s) == (20.0, 5.0)
+    with pytest.raises((SystemExit, ValueError), match="tls_cert_file and tls_key_file must be set together"):
+        parse_settings(["--tls-key-file", "k.pem"])
+
+
 @pytest.mark.parametrize(("argv", "field"), [(["--engine", "tgi"], "engine"), (["--max-n", "0"], "max_n")])
 def test_bad_values_name_the_field(argv: list[str], field: str) -> None:
     with pytest.raises((SystemExit, ValueError)) as info:

@@ -74,6 +74,14 @@ def test_bad_values_name_the_field(data: Path, argv: list[str], field: str) -> N
     assert field in str(exc.value)
 
 
+def test_tls_settings(data: Path) -> None:
+    s = parse_settings(["--train-data", str(data), "--tls-cert-file", "c.pem", "--tls-key-file", "k.pem",
+                        "--rollout-tls-ca-file", "ca.pem"])  # fmt: skip
+    assert (s.tls_cert_file, s.tls_key_file, s.rollout_tls_ca_file) == ("c.pem", "k.pem", "ca.pem")
+    with pytest.raises(ValidationError, match="tls_cert_file and tls_key_file must be set together"):
+        parse_settings(["--train-data", str(data), "--tls-cert-file", "c.pem"])
+
+
 def test_train_data_required() -> None:
     with pytest.raises(ValidationError, match="train_data is required"):
         parse_settings([])

@@ -10,10 +10,12 @@ import grpc
 
 from grpo.common.grpc_server import MAX_MESSAGE_BYTES
 
-# Large enough for a whole weight chunk or a big Score batch, the same as the servers accept.
+# Messages as large as the servers accept (a whole weight chunk, a big Score batch). Reconnect attempts to a
+# peer that went away back off to at most 2 s (gRPC's default is 120 s), so a restarted service is found soon.
 DEFAULT_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 )
 
 

@@ -14,10 +14,8 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-import grpc
-
 from grpo.common.auth import bearer_metadata
-from grpo.common.grpc_server import MAX_MESSAGE_BYTES
+from grpo.common.channels import make_channel
 from grpo.v1 import rollout_pb2, rollout_pb2_grpc
 
 if TYPE_CHECKING:
@@ -243,14 +241,12 @@ def push_weights(
     timeout_s: float = 120.0,
     chunk_bytes: int = CHUNK_BYTES,
     checksum: str | None = None,
+    ca_file: str | None = None,
 ) -> rollout_pb2.UpdateWeightsResponse:
-    """Stream `tensors` as `version` to the rollout replica at `address`; raises grpc.RpcError on rejection."""
-    options = [
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ]
+    """Stream `tensors` as `version` to the rollout replica at `address` (TLS when `ca_file` is set);
+    raises grpc.RpcError on rejection."""
     start = time.monotonic()
-    with grpc.insecure_channel(address, options=options) as channel:
+    with make_channel(address, ca_file) as channel:
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
         chunks = iter_weight_chunks(tensors, version, chunk_bytes, checksum)
         remaining = max(timeout_s - (time.monotonic() - start), 1.0)

@@ -49,7 +49,7 @@ class RewardClient:
         timeout_s: float = 60.0,
         retry_budget_s: float = 30.0,
         backoff_s: float = 0.25,
-        max_backoff_s: float = 4.0,
+        max_backoff_s: float = 2.0,
         root_certificates: bytes | None = None,
         ca_file: str | None = None,
     ) -> None:

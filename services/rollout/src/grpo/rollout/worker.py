@@ -297,21 +297,28 @@ def redacted(url: str) -> str:
     return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
-def run_worker(service: RolloutService, settings: RolloutSettings, stop_event: threading.Event) -> None:
-    """The service's worker thread: consume tasks from `settings.redis_url` until `stop_event` is set."""
-    if not settings.redis_url or not settings.reward_addr:
-        raise ValueError("the worker loop needs --redis-url and --reward-addr (host:port of the reward gRPC API)")
+def reward_client(settings: RolloutSettings) -> RewardClient:
+    """The worker's client of the reward service at `settings.reward_addr` (TLS when a CA file is set)."""
     from grpo.reward.client import RewardClient
 
-    # Blocking reads wait worker_block_ms; the socket deadline must outlast them.
-    client = connect(settings.redis_url, socket_timeout_s=settings.worker_block_ms / 1000 + 5.0)
-    reward = RewardClient(
+    if not settings.reward_addr:
+        raise ValueError("the worker loop needs --reward-addr (host:port of the reward gRPC API)")
+    return RewardClient(
         settings.reward_addr,
         token=settings.reward_token,
         timeout_s=settings.reward_timeout_s,
         retry_budget_s=settings.reward_retry_budget_s,
         ca_file=settings.reward_tls_ca_file,
     )
+
+
+def run_worker(service: RolloutService, settings: RolloutSettings, stop_event: threading.Event) -> None:
+    """The service's worker thread: consume tasks from `settings.redis_url` until `stop_event` is set."""
+    if not settings.redis_url or not settings.reward_addr:
+        raise ValueError("the worker loop needs --redis-url and --reward-addr (host:port of the reward gRPC API)")
+    # Blocking reads wait worker_block_ms; the socket deadline must outlast them.
+    client = connect(settings.redis_url, socket_timeout_s=settings.worker_block_ms / 1000 + 5.0)
+    reward = reward_client(settings)
     worker = RolloutWorker(
         service_generator(service),
         lambda: (service.version, service.checksum),

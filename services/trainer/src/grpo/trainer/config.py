@@ -169,6 +169,8 @@ class TrainerSettings(BaseSettings):
     """Extra attempts for a replica whose push failed before it is dropped from this step's set."""
     weights_token: str | None = None
     """Bearer token for the rollout's UpdateWeights (when it requires one)."""
+    rollout_tls_ca_file: str | None = None
+    """PEM root certificates to verify the rollout replicas' TLS certificates; plaintext when unset."""
     min_replicas: int = Field(1, ge=0)
     """Wait (up to replica_wait_s) for this many live rollout replicas before publishing."""
     replica_wait_s: float = Field(300.0, gt=0)
@@ -182,6 +184,10 @@ class TrainerSettings(BaseSettings):
     """HTTP port: /healthz, /metrics, /v1/status (0 = pick a free one)."""
     token: str | None = None
     """Bearer token required by the trainer's gRPC API (off when unset)."""
+    tls_cert_file: str | None = None
+    """PEM certificate for gRPC TLS (with tls_key_file); plaintext when unset."""
+    tls_key_file: str | None = None
+    """PEM private key for gRPC TLS."""
     log_level: str = "INFO"
     """Logging level."""
     json_logs: bool = False
@@ -207,6 +213,8 @@ class TrainerSettings(BaseSettings):
     def _needs_data(self) -> TrainerSettings:
         if self.train_data is None:
             raise ValueError("train_data is required: a JSONL or Parquet file of prompts (--train-data PATH)")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file must be set together")
         if self.clip_low is not None and self.clip_low >= 1:
             raise ValueError(f"clip_low={self.clip_low} must be < 1 (the ratio is clipped to [1 - clip_low, ...])")
         return self

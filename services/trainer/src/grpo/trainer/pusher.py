@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from grpo.common.auth import bearer_metadata
+from grpo.common.channels import make_channel
 from grpo.common.weights import push_weights, weights_checksum
 from grpo.v1 import rollout_pb2, rollout_pb2_grpc
 
@@ -60,6 +61,7 @@ def _push_one(
     token: str | None,
     deadline: float,
     retries: int,
+    ca_file: str | None = None,
 ) -> PushResult:
     start = time.monotonic()
     error = ""
@@ -71,13 +73,15 @@ def _push_one(
             break
         attempts += 1
         try:
-            reply = push_weights(target.address, tensors, version, token=token, timeout_s=remaining, checksum=checksum)
+            reply = push_weights(
+                target.address, tensors, version, token=token, timeout_s=remaining, checksum=checksum, ca_file=ca_file
+            )
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             error = f"{code.name if code else 'error'}: {exc.details() if hasattr(exc, 'details') else exc}"
             if code == grpc.StatusCode.FAILED_PRECONDITION:
                 break  # the replica holds a newer version: a retry cannot fix it
-            continue
+            continue  # ABORTED (another update in progress), UNAVAILABLE, ...: worth another attempt
         error = verify_reply(reply, version, checksum)
         if not error:
             return PushResult(target.replica_id, target.address, True, reply.version, reply.checksum, "",
@@ -94,6 +98,7 @@ def push_to_replicas(
     token: str | None = None,
     timeout_s: float = 120.0,
     retries: int = 1,
+    ca_file: str | None = None,
 ) -> list[PushResult]:
     """Push `tensors` as `version` to all `targets` at once; returns within ~timeout_s whatever happens."""
     if not targets:
@@ -101,7 +106,9 @@ def push_to_replicas(
     checksum = weights_checksum(tensors)
     deadline = time.monotonic() + timeout_s
     with ThreadPoolExecutor(max_workers=min(len(targets), 16), thread_name_prefix="push") as pool:
-        futures = [pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries) for t in targets]
+        futures = [
+            pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries, ca_file) for t in targets
+        ]
         results = [f.result() for f in futures]
     for r in results:
         if r.ok:
@@ -111,8 +118,10 @@ def push_to_replicas(
     return results
 
 
-def replica_status(address: str, timeout_s: float = 5.0, token: str | None = None) -> rollout_pb2.RolloutStatus:
+def replica_status(
+    address: str, timeout_s: float = 5.0, token: str | None = None, ca_file: str | None = None
+) -> rollout_pb2.RolloutStatus:
     """A replica's GetStatus (its loaded weight version and checksum)."""
-    with grpc.insecure_channel(address) as channel:
+    with make_channel(address, ca_file) as channel:
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
         return stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=timeout_s, metadata=bearer_metadata(token))

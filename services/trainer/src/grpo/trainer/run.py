@@ -176,7 +176,7 @@ class GrpoRun:
         tensors = self.learner.push_tensors()
         results = push_to_replicas(
             targets, tensors, self.version, token=self.s.weights_token, timeout_s=self.s.push_timeout_s,
-            retries=self.s.push_retries,
+            retries=self.s.push_retries, ca_file=self.s.rollout_tls_ca_file,
         )  # fmt: skip
         for r in results:
             if r.ok:

@@ -9,7 +9,7 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
-from grpo.common.grpc_server import GrpcServer
+from grpo.common.grpc_server import GrpcServer, server_credentials
 from grpo.common.http_server import HttpServer
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
@@ -46,7 +46,12 @@ def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
     control = control or RunControl(settings.run_id, settings.steps)
     registry = CollectorRegistry()
     grpc_server = GrpcServer(
-        register(control), ["grpo.v1.TrainerService"], settings.host, settings.grpc_port, token=settings.token
+        register(control),
+        ["grpo.v1.TrainerService"],
+        settings.host,
+        settings.grpc_port,
+        token=settings.token,
+        credentials=server_credentials(settings.tls_cert_file, settings.tls_key_file),
     )
     http = HttpServer(http_routes(control, registry), settings.host, settings.http_port, name="trainer-http")
     grpc_server.start()
