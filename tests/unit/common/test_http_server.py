@@ -53,3 +53,32 @@ def test_metrics_render_the_given_registry(server: HttpServer) -> None:
     code, content_type, body = get(server, "/metrics")
     assert code == 200 and content_type.startswith("text/plain")
     assert b"grpo_test_hits_total 3.0" in body
+
+
+def test_token_guards_status_routes_but_not_probes() -> None:
+    routes = {
+        "/healthz": lambda: json_response({"status": "ok"}),
+        "/metrics": lambda: metrics_response(CollectorRegistry()),
+        "/v1/status": lambda: json_response({"step": 3}),
+    }
+    http = HttpServer(routes, "127.0.0.1", 0, name="auth-http", token="s3cret")
+    http.start()
+    try:
+        assert get(http, "/healthz")[0] == 200
+        assert get(http, "/metrics")[0] == 200
+        code, _, body = get(http, "/v1/status")
+        assert code == 401 and "Bearer" in json.loads(body)["detail"]
+        for wrong in ("Bearer nope", "s3cret", "Basic s3cret"):
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{http.port}/v1/status", headers={"Authorization": wrong}
+            )
+            with pytest.raises(urllib.error.HTTPError) as denied:
+                urllib.request.urlopen(request, timeout=5)
+            assert denied.value.code == 401
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{http.port}/v1/status", headers={"Authorization": "Bearer s3cret"}
+        )
+        with urllib.request.urlopen(request, timeout=5) as r:
+            assert json.loads(r.read()) == {"step": 3}
+    finally:
+        http.stop()

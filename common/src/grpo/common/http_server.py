@@ -12,6 +12,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from grpo.common.auth import token_matches
+
 log = logging.getLogger(__name__)
 
 
@@ -32,18 +34,24 @@ def metrics_response(registry: CollectorRegistry) -> Response:
 
 
 Routes = Mapping[str, Callable[[], Response]]
+# Probes and scrapers cannot send a token: these stay open when auth is on.
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 
 
-def _handler(routes: Routes) -> type[BaseHTTPRequestHandler]:
+def _handler(routes: Routes, token: str | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             route = routes.get(path)
             if route is None:
                 response = json_response({"detail": f"no route {path}; try {sorted(routes)}"}, 404)
+            elif token and path not in OPEN_PATHS and not token_matches(self.headers.get("Authorization"), token):
+                response = json_response({"detail": f"{path} needs 'Authorization: Bearer <token>'"}, 401)
             else:
                 response = route()
             self.send_response(response.code)
+            if response.code == 401:
+                self.send_header("WWW-Authenticate", "Bearer")
             self.send_header("Content-Type", response.content_type)
             self.send_header("Content-Length", str(len(response.body)))
             self.end_headers()
@@ -57,11 +65,14 @@ def _handler(routes: Routes) -> type[BaseHTTPRequestHandler]:
 
 
 class HttpServer:
-    """Serves `routes` (path → response builder) in a daemon thread; `port` is the bound one (useful with port 0)."""
+    """Serves `routes` (path → response builder) in a daemon thread; `port` is the bound one (useful with port 0).
 
-    def __init__(self, routes: Routes, host: str, port: int, name: str = "http") -> None:
+    With a `token`, every route but /healthz and /metrics needs `Authorization: Bearer <token>` (401 without).
+    """
+
+    def __init__(self, routes: Routes, host: str, port: int, name: str = "http", token: str | None = None) -> None:
         self.routes = routes
-        self.server = ThreadingHTTPServer((host, port), _handler(routes))
+        self.server = ThreadingHTTPServer((host, port), _handler(routes, token))
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
         self.thread = threading.Thread(target=self.server.serve_forever, name=name, daemon=True)

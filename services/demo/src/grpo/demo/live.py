@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -13,10 +14,16 @@ from rich.live import Live
 from rich.table import Table
 
 
-def fetch_status(port: int, timeout_s: float = 2.0) -> dict[str, Any] | None:
-    """The trainer's /v1/status JSON, or None when it does not answer."""
+def fetch_status(port: int, timeout_s: float = 2.0, token: str | None = None) -> dict[str, Any] | None:
+    """The trainer's /v1/status JSON, or None when it does not answer.
+
+    The trainer's token (when it runs with one) comes from GRPO_TRAINER_TOKEN, as for the trainer itself.
+    """
+    token = token or os.environ.get("GRPO_TRAINER_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/status", headers=headers)
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/status", timeout=timeout_s) as resp:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             return dict(json.loads(resp.read()))
     except (OSError, ValueError):
         return None

@@ -7,6 +7,7 @@ them together (Redis URL, reward address, run name, ports). Used by `grpo demo` 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
@@ -120,7 +121,7 @@ def start_services(sup: Supervisor, spec: StackSpec, *, with_trainer: bool = Tru
         trainer_http = int(values["http_port"])
         waits.append((child, f"http://127.0.0.1:{trainer_http}/healthz"))
     for child, url in waits:
-        sup.wait_ready(child, lambda url=url: http_ok(url), timeout)
+        sup.wait_ready(child, functools.partial(http_ok, url), timeout)
     state = StackState(
         run_id=spec.run_id, run_dir=str(run_dir), redis_url=redis_url, reward_addr=reward_addr,
         reward_http=int(reward["http_port"]), trainer_http=trainer_http,

@@ -60,7 +60,9 @@ def serve(settings: RolloutSettings, stop: threading.Event) -> None:
         credentials=server_credentials(settings.tls_cert_file, settings.tls_key_file),
     )
     service.grpc_port = grpc_server.port
-    http = HttpServer(http_routes(service), settings.host, settings.http_port, name="rollout-http")
+    http = HttpServer(
+        http_routes(service), settings.host, settings.http_port, name="rollout-http", token=settings.token
+    )
     grpc_server.start()
     http.start()
     worker = None

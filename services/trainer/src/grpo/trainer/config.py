@@ -183,7 +183,7 @@ class TrainerSettings(BaseSettings):
     http_port: int = Field(8003, ge=0, le=65535)
     """HTTP port: /healthz, /metrics, /v1/status (0 = pick a free one)."""
     token: str | None = None
-    """Bearer token required by the trainer's gRPC API (off when unset)."""
+    """Bearer token required by the trainer's gRPC API and HTTP /v1/status (off when unset; /healthz, /metrics open)."""
     tls_cert_file: str | None = None
     """PEM certificate for gRPC TLS (with tls_key_file); plaintext when unset."""
     tls_key_file: str | None = None

@@ -53,7 +53,9 @@ def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
         token=settings.token,
         credentials=server_credentials(settings.tls_cert_file, settings.tls_key_file),
     )
-    http = HttpServer(http_routes(control, registry), settings.host, settings.http_port, name="trainer-http")
+    http = HttpServer(
+        http_routes(control, registry), settings.host, settings.http_port, name="trainer-http", token=settings.token
+    )
     grpc_server.start()
     http.start()
     log.info("trainer %s: mode %s, preset %s, gRPC %d, HTTP %d", settings.run_id, settings.mode, settings.preset,
