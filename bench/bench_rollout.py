@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests" / "service"))
 from rollout_proc import start_rollout_service  # noqa: E402
 
 from grpo.common.tiny_model import ensure_tiny_model  # noqa: E402
-from grpo.common.weights import model_weights, push_weights  # noqa: E402
+from grpo.common.weights import model_weights, push_weights, weights_checksum  # noqa: E402
 from grpo.rollout.engines.base import SamplingParams  # noqa: E402
 from grpo.rollout.engines.hf import HFEngine  # noqa: E402
 from grpo.v1 import rollout_pb2 as pb  # noqa: E402
@@ -106,7 +106,7 @@ def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
     params = sum(t.numel() for t in live.values())
     size = sum(t.numel() * t.element_size() for t in live.values())
     proc = start_rollout_service("--model", str(path), log_dir=log_dir)
-    push_s, ref_s, replies = [], [], []
+    push_s, ref_s, replies, checksum_s, transfer_s = [], [], [], [], []
     try:
         for version in range(1, reps + 1):
             new = {k: v + 0.01 * version for k, v in live.items()}
@@ -114,7 +114,18 @@ def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
             replies.append(push_weights(proc.address, new, version, timeout_s=300))
             push_s.append(time.perf_counter() - start)
             ref_s.append(reference_reload(new, {k: v.clone() for k, v in live.items()}))
-        pause = generation_pause(proc.address, live, reps + 1)
+        # The trainer hashes each version once for all replicas (it verifies their replies with
+        # it): time that hash and the per-replica transfer + verify + apply separately.
+        for version in range(reps + 1, 2 * reps + 1):
+            new = {k: v + 0.01 * version for k, v in live.items()}
+            start = time.perf_counter()
+            checksum = weights_checksum(new)
+            hashed = time.perf_counter()
+            push_weights(proc.address, new, version, timeout_s=300, checksum=checksum)
+            checksum_s.append(hashed - start)
+            transfer_s.append(time.perf_counter() - hashed)
+        version = 2 * reps
+        pause = generation_pause(proc.address, live, version + 1)
     finally:
         proc.stop()
     push, ref = statistics.median(push_s), statistics.median(ref_s)
@@ -129,6 +140,9 @@ def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
         "ratio": round(push / ref, 3),
         "target": "<= 2.0",
         "ok": push / ref <= 2.0,
+        "sender_checksum_s": round(statistics.median(checksum_s), 4),
+        "per_replica_push_s": round(statistics.median(transfer_s), 4),
+        "per_replica_ratio": round(statistics.median(transfer_s) / ref, 3),
     }
     return update, pause
 

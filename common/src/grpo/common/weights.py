@@ -10,6 +10,8 @@ order, so sender and receiver compute the same value from the same weights.
 from __future__ import annotations
 
 import hashlib
+import queue
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -145,6 +147,38 @@ def iter_weight_chunks(
         yield rollout_pb2.WeightChunk(data=b"".join(pending))
 
 
+class PipelinedSha256:
+    """sha256 of the bytes as they arrive, computed in a worker thread.
+
+    hashlib releases the GIL on large buffers, so hashing chunk k overlaps with receiving
+    chunk k+1: one core receives, the other hashes, and the digest is ready when the last
+    chunk is. Views must stay valid until `hexdigest` (they point into the assembly buffer).
+    """
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self._queue: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="weights-sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (view := self._queue.get()) is not None:
+            self._hash.update(view)
+
+    def update(self, view: memoryview) -> None:
+        self._queue.put(view)
+
+    def hexdigest(self) -> str:
+        self.close()
+        self._thread.join()
+        return self._hash.hexdigest()
+
+    def close(self) -> None:
+        """Stop the worker (idempotent); an abandoned stream leaves no thread behind."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+
+
 class WeightAssembler:
     """Receives a weight stream and checks it against the engine's specs before anything is applied."""
 
@@ -154,7 +188,7 @@ class WeightAssembler:
         self.header: rollout_pb2.WeightHeader | None = None
         self.buffer = bytearray()
         self.offset = 0
-        self.hash = hashlib.sha256()
+        self.hash: PipelinedSha256 | None = None
 
     def feed(self, chunk: rollout_pb2.WeightChunk) -> None:
         kind = chunk.WhichOneof("kind")
@@ -191,13 +225,15 @@ class WeightAssembler:
             raise WeightUpdateError("header sha256 must be a 64-character hex digest")
         self.header = header
         self.buffer = bytearray(expected)
+        self.hash = PipelinedSha256()
 
     def _accept_data(self, data: bytes) -> None:
         end = self.offset + len(data)
         if end > len(self.buffer):
             raise WeightUpdateError(f"stream is longer than the header's total_bytes {len(self.buffer)}")
         self.buffer[self.offset : end] = data
-        self.hash.update(data)
+        assert self.hash is not None  # set with the header
+        self.hash.update(memoryview(self.buffer)[self.offset : end])
         self.offset = end
 
     def finish(self) -> tuple[int, str, dict[str, torch.Tensor]]:
@@ -208,6 +244,7 @@ class WeightAssembler:
             raise WeightUpdateError("the stream had no header")
         if self.offset != len(self.buffer):
             raise WeightUpdateError(f"stream truncated: got {self.offset} of {len(self.buffer)} bytes")
+        assert self.hash is not None  # set with the header
         digest = self.hash.hexdigest()
         if digest != self.header.sha256:
             raise WeightUpdateError(
@@ -226,11 +263,20 @@ class WeightAssembler:
         return self.header.version, digest, tensors
 
 
+    def close(self) -> None:
+        """Release the hashing thread of a stream that will not be finished (rejected, cancelled)."""
+        if self.hash is not None:
+            self.hash.close()
+
+
 def assemble(chunks: Iterable[rollout_pb2.WeightChunk], specs: Specs, loaded_version: int) -> tuple[int, str, dict]:
     assembler = WeightAssembler(specs, loaded_version)
-    for chunk in chunks:
-        assembler.feed(chunk)
-    return assembler.finish()
+    try:
+        for chunk in chunks:
+            assembler.feed(chunk)
+        return assembler.finish()
+    finally:
+        assembler.close()
 
 
 def push_weights(

@@ -67,7 +67,7 @@ class RewardSettings(BaseSettings):
     """Default memory limit per code run."""
     max_code_memory_mb: int = Field(default=4096, ge=16)
     """Cap on a requested memory limit."""
-    math_batch: int = Field(default=4, ge=1, le=64)
+    math_batch: int = Field(default=16, ge=1, le=64)
     """Most math verifications sent to a worker per round trip (a fair share of the queue; keeps workers busy)."""
     grpc_threads: int = Field(default=32, ge=1)
     """gRPC handler threads (each waits on the core; the work itself runs in the pools)."""

@@ -208,8 +208,8 @@ class RolloutService:
         return UpdateResult(version, checksum, received - start, applied - received)
 
     def _receive(self, chunks: Iterable[rollout_pb2.WeightChunk]) -> tuple[int, str, dict[str, Any]]:
+        assembler = WeightAssembler(self.specs, self.version)  # an older version fails at the header
         try:
-            assembler = WeightAssembler(self.specs, self.version)  # an older version fails at the header
             for chunk in chunks:
                 assembler.feed(chunk)
             return assembler.finish()
@@ -217,6 +217,8 @@ class RolloutService:
             self.metrics.updates.labels("rejected").inc()
             log.warning("weight update rejected: %s", exc)
             raise
+        finally:
+            assembler.close()
 
     def status(self) -> Status:
         with self._stats_lock:
