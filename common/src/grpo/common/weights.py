@@ -262,7 +262,6 @@ class WeightAssembler:
             offset += size
         return self.header.version, digest, tensors
 
-
     def close(self) -> None:
         """Release the hashing thread of a stream that will not be finished (rejected, cancelled)."""
         if self.hash is not None:
