@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 PKGS := common services/reward services/rollout services/trainer services/demo
-PKGS_EXTRAS := common[model] services/reward services/rollout services/trainer[deepspeed,lora] services/demo
+PKGS_EXTRAS := common[model] services/reward services/rollout services/trainer[deepspeed,lora,wandb] services/demo
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PKGS))
 
 VLLM_VENV := .venv-vllm

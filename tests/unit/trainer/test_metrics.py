@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from grpo.trainer.metrics import MetricsSink, prometheus_name
@@ -31,3 +32,19 @@ def test_sink_fans_out(tmp_path: Path) -> None:
     exposed = generate_latest(registry).decode()
     assert "grpo_trainer_loss 0.25" in exposed and "grpo_trainer_reward_mean 0.25" in exposed
     assert prometheus_name("clip-frac/high") == "grpo_trainer_clip_frac_high"
+
+
+def test_wandb_offline_run_records_the_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B in offline mode (no network): the run directory holds the logged history."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    sink = MetricsSink(wandb_project="grpo-test", wandb_run_name="unit", run_config={"lr": 0.1})
+    sink.log(1, {"loss": 0.5, "reward/mean": 1.0})
+    sink.log(2, {"loss": 0.25, "reward/mean": 1.5})
+    sink.close()
+    logs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(logs) == 1
+    # The offline log holds the history items as (key, value_json) records.
+    record = logs[0].read_bytes()
+    assert b"reward/mean" in record and b"0.25" in record and b"1.5" in record

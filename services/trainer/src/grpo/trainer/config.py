@@ -182,6 +182,9 @@ class TrainerSettings(BaseSettings):
     """TrainerService gRPC port (0 = pick a free one)."""
     http_port: int = Field(8003, ge=0, le=65535)
     """HTTP port: /healthz, /metrics, /v1/status (0 = pick a free one)."""
+    wandb_project: str | None = None
+    """Also log every step's metrics to this Weights & Biases project (needs the `wandb` extra; the
+    usual WANDB_API_KEY / WANDB_MODE / WANDB_DIR environment applies). Unset: no W&B."""
     token: str | None = None
     """Bearer token required by the trainer's gRPC API and HTTP /v1/status (off when unset; /healthz, /metrics open)."""
     tls_cert_file: str | None = None

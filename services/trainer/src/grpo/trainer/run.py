@@ -83,6 +83,9 @@ class GrpoRun:
             tensorboard_dir=s.output_dir / "tensorboard",
             jsonl_path=s.output_dir / "metrics.jsonl",
             prometheus_registry=prometheus_registry,
+            wandb_project=s.wandb_project,
+            wandb_run_name=s.run_id,
+            run_config=s.model_dump(mode="json", exclude={"token", "weights_token"}),
         )
         self.confirmed: dict[str, int] = {}  # replica id -> version it confirmed (push reply)
         self.push_stats: dict[str, float] = {}
