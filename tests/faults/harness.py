@@ -10,10 +10,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 from rollout_proc import RolloutProc, start_rollout_service
@@ -46,16 +44,6 @@ ROLLOUT_ENV = {
 }
 # Component statuses that mean "could not judge": such a component must never carry a score.
 INFRA_STATUSES = {"error", "timeout", "sandbox_error", "unavailable"}
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @dataclass

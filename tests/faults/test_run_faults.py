@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Harness, math_task, wait_until
+from harness import Harness, math_task
+from rollout_proc import wait_until
 
 from grpo.common.queue import TASKS_GROUP
 

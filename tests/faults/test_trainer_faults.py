@@ -144,9 +144,13 @@ def test_hung_engine_is_reclaimed_and_the_run_finishes(stack: dict[str, Any]) ->
 
 
 def _run_with_fault(
-    stack: dict[str, Any], run: str, inject: Any, steps: int = 8, holder: bytes | None = None
+    stack: dict[str, Any], run: str, inject: Any, steps: int = 24, holder: bytes | None = None
 ) -> dict[str, Any]:
-    """A short GRPO run on two replicas; `inject(replicas)` is called once `holder` (or any replica) holds a task."""
+    """A short GRPO run on two replicas; `inject(replicas)` is called once `holder` (or any replica) holds a task.
+
+    24 steps: on an idle machine a step takes ~0.25 s, and 8 steps could end before the test saw
+    the replica holding a task (the fault must land mid-run, not after it).
+    """
     tmp = stack["tmp"]
     replicas = [stack["replica"](run, f"{run}-r1"), stack["replica"](run, f"{run}-r2")]
     config = trainer_config(tmp, run, stack["redis"].url, steps=steps, checkpoint_every=4, push_timeout_s=5,

@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.unit.reward.helpers import descendants
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -129,7 +131,7 @@ def test_symlink_escapes_lead_nowhere(api: httpx.Client) -> None:
 
 
 def test_kill_every_visible_process_leaves_the_service_alive(api: httpx.Client, tight_reward: Any) -> None:
-    before = _descendants(tight_reward.proc.pid)
+    before = descendants(tight_reward.proc.pid)
     code = (
         "import os, signal\nsent = []\n"
         f"for pid in [int(p) for p in os.listdir('/proc') if p.isdigit()] + [1, os.getppid(), {tight_reward.proc.pid}]"
@@ -166,17 +168,6 @@ def test_filling_the_scratch_is_contained(api: httpx.Client) -> None:
     assert why == "ENOSPC" and 1 <= int(written) <= 1024, result["stdout"]  # size-capped, far below the host's disk
     fresh = execute(api, "import os\nprint(sorted(os.listdir('.')), open('new', 'w').write('ok'))")
     assert fresh["status"] == "ok" and "'f0'" not in fresh["stdout"], fresh  # the next run starts empty and can write
-
-
-def _descendants(pid: int) -> set[int]:
-    found: set[int] = set()
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return found
-    for child in map(int, children):
-        found |= {child, *_descendants(child)}
-    return found
 
 
 def _state(pid: int) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,24 +23,14 @@ from grpo.trainer.pusher import ReplicaTarget, push_to_replicas, replica_status
 from grpo.v1 import reward_pb2 as rpb
 from grpo.v1 import reward_pb2_grpc, rollout_pb2_grpc
 from grpo.v1 import rollout_pb2 as pb
+from tests.unit.reward.helpers import self_signed_cert
 
 TOKEN = "tls-s3cret"
 
 
-def self_signed(tmp: Path) -> tuple[Path, Path]:
-    """A throwaway certificate for 127.0.0.1 and localhost (openssl CLI)."""
-    cert, key = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    return cert, key
-
-
 @pytest.fixture(scope="module")
 def tls_reward(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    cert, key = self_signed(tmp_path_factory.mktemp("tls"))
+    cert, key = self_signed_cert(tmp_path_factory.mktemp("tls"))
     env = {"GRPO_REWARD_TLS_CERT_FILE": str(cert), "GRPO_REWARD_TLS_KEY_FILE": str(key), "GRPO_REWARD_TOKEN": TOKEN}
     service = start_reward_service(workers=1, env=env)
     service.cert, service.cert_path = cert.read_bytes(), cert
@@ -73,7 +62,7 @@ def test_plaintext_and_untrusted_clients_cannot_talk_to_tls(tls_reward: Any, tmp
         with pytest.raises(grpc.RpcError) as info:
             health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-    other_cert, _ = self_signed(tmp_path)  # a client trusting someone else's certificate: handshake fails
+    other_cert, _ = self_signed_cert(tmp_path)  # a client trusting someone else's certificate: handshake fails
     with grpc.secure_channel(tls_reward.grpc_addr, grpc.ssl_channel_credentials(other_cert.read_bytes())) as channel:
         with pytest.raises(grpc.RpcError) as info:
             health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
@@ -83,7 +72,7 @@ def test_plaintext_and_untrusted_clients_cannot_talk_to_tls(tls_reward: Any, tmp
 
 
 def test_half_configured_tls_refuses_to_start(tmp_path: Path) -> None:
-    cert, _ = self_signed(tmp_path)
+    cert, _ = self_signed_cert(tmp_path)
     with pytest.raises(RuntimeError, match="tls_cert_file and tls_key_file"):
         start_reward_service(workers=1, env={"GRPO_REWARD_TLS_CERT_FILE": str(cert)}, ready_timeout=30)
 
@@ -140,7 +129,7 @@ def test_rollout_worker_reward_client_over_tls(tls_reward: Any) -> None:
 
 
 def test_rollout_over_tls_generates_and_takes_weights_from_the_trainer(tmp_path: Path) -> None:
-    cert, key = self_signed(tmp_path)
+    cert, key = self_signed_cert(tmp_path)
     env = {"GRPO_ROLLOUT_TLS_CERT_FILE": str(cert), "GRPO_ROLLOUT_TLS_KEY_FILE": str(key)}
     proc = start_rollout_service("--token", "t0k", log_dir=tmp_path, env=env, ca_file=cert)
     try:
@@ -173,6 +162,6 @@ def test_rollout_over_tls_generates_and_takes_weights_from_the_trainer(tmp_path:
 
 
 def test_half_configured_tls_rollout_refuses_to_start(tmp_path: Path) -> None:
-    cert, _ = self_signed(tmp_path)
+    cert, _ = self_signed_cert(tmp_path)
     with pytest.raises(RuntimeError, match="tls_cert_file and tls_key_file"):
         start_rollout_service(log_dir=tmp_path, env={"GRPO_ROLLOUT_TLS_CERT_FILE": str(cert)}, timeout=60)
