@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import json
 import logging
-import subprocess
 import sys
 import threading
 import time
@@ -21,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from grpo.common.net import free_port
+from reward_proc import start_reward_service
 
 RESULTS = Path(__file__).parent / "results" / "load.json"
 CODE = "x = 0\nfor i in range(400_000):\n    x += i\nprint(x)"  # ~50 ms of sandboxed CPU per call
@@ -41,22 +39,6 @@ def rss_mb(pid: int) -> float:
         except (OSError, IndexError):
             continue
     return total
-
-
-def start_service(queue: int) -> tuple[subprocess.Popen[bytes], str]:
-    http_port = free_port()
-    cmd = [sys.executable, "-m", "grpo.reward", "--host", "127.0.0.1", "--grpc-port", str(free_port()),
-           "--http-port", str(http_port), "--workers", "1", "--max-queue", str(queue), "--log-level", "WARNING"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{http_port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise TimeoutError("reward service did not start")
 
 
 def capacity(url: str, seconds: float, clients: int = 4) -> float:
@@ -105,7 +87,7 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    proc, url = start_service(args.queue)
+    proc, url = start_reward_service("--workers", "1", "--max-queue", str(args.queue))
     try:
         cap = capacity(url, 3.0)
         rss0 = rss_mb(proc.pid)

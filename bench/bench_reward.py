@@ -12,7 +12,6 @@ import logging
 import os
 import platform
 import random
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from grpo.common.net import free_port
+from reward_proc import start_reward_service
 
 RESULTS = Path(__file__).parent / "results" / "reward.json"
 
@@ -75,25 +73,6 @@ def reference_ours_inline(pairs: list[tuple[str, str, bool]]) -> tuple[float, in
     return time.perf_counter() - started, correct
 
 
-def start_service(workers: int, math_batch: int) -> tuple[subprocess.Popen[bytes], str]:
-    http_port, grpc_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "grpo.reward", "--host", "127.0.0.1", "--http-port", str(http_port)]
-    cmd += ["--grpc-port", str(grpc_port), "--workers", str(workers), "--math-batch", str(math_batch)]
-    cmd += ["--log-level", "WARNING"]
-    proc = subprocess.Popen(cmd)
-    url = f"http://127.0.0.1:{http_port}"
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise RuntimeError(f"service exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise TimeoutError("service did not become healthy")
-
-
 def via_service(url: str, pairs: list[tuple[str, str, bool]], batch: int, concurrency: int) -> tuple[float, int, int]:
     """Send the pairs as /v1/score batches, `concurrency` requests in flight; returns (seconds, correct, errors)."""
     chunks = [pairs[i : i + batch] for i in range(0, len(pairs), batch)]
@@ -132,7 +111,7 @@ def main() -> int:
 
     pairs = make_pairs(args.n)
     expected = sum(right for _, _, right in pairs)
-    proc, url = start_service(args.workers, args.math_batch)
+    proc, url = start_reward_service("--workers", str(args.workers), "--math-batch", str(args.math_batch))
     try:
         via_service(url, make_pairs(40, seed=99), args.batch, 1)  # warm-up: workers import sympy paths
         service_s, service_correct, service_errors = via_service(url, pairs, args.batch, args.concurrency)
