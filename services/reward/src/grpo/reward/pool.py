@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import os
 import queue
 import signal
 import threading
@@ -78,8 +77,9 @@ class _Worker:
         child.close()
 
     def kill(self) -> None:
-        if self.proc.pid is not None and self.proc.is_alive():
-            os.kill(self.proc.pid, signal.SIGKILL)
+        # Process.kill tolerates a process that another thread has already killed and reaped.
+        if self.proc.pid is not None:
+            self.proc.kill()
         self.proc.join(5)
         self.conn.close()
 
@@ -261,8 +261,8 @@ class WorkerPool:
                 task.future.set_exception(RuntimeError("pool closed"))
         # Kill busy workers too: a slot waiting on a sympy blow-up would otherwise hold shutdown until its deadline.
         for worker in list(self._workers):
-            if worker is not None and worker.proc.pid is not None and worker.proc.is_alive():
-                os.kill(worker.proc.pid, signal.SIGKILL)  # its slot thread sees EOF and stops waiting
+            if worker is not None and worker.proc.pid is not None:
+                worker.proc.kill()  # its slot thread sees EOF and stops waiting
         for _ in self._threads:
             self._queue.put(None)
         for thread in self._threads:
