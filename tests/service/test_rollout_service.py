@@ -122,6 +122,25 @@ def test_update_weights_changes_outputs_version_and_checksum(
     assert rollout.healthz()["version"] == version
 
 
+def test_bf16_replica_takes_fp32_weights(tmp_path: Path, weights: dict[str, torch.Tensor]) -> None:
+    """The GPU setup: an fp32 trainer pushes to a bf16 replica, which casts on apply."""
+    proc = start_rollout_service("--dtype", "bfloat16", log_dir=tmp_path)
+    try:
+        with grpc.insecure_channel(proc.address) as channel:
+            stub = pb_grpc.RolloutServiceStub(channel)
+            original = _greedy(stub)
+            new = perturbed(weights, seed=77)
+            reply = push_weights(proc.address, new, 1, timeout_s=60)
+            assert (reply.version, reply.checksum) == (1, weights_checksum(new))
+            assert _greedy(stub) != original
+            # The fp32 originals, cast on apply, are exactly the bf16 weights the replica started with.
+            push_weights(proc.address, weights, 2, timeout_s=60)
+            assert _greedy(stub) == original
+            assert stub.GetStatus(pb.GetStatusRequest(), timeout=10).weight_version == 2
+    finally:
+        assert proc.stop() == 0, proc.log_text()[-2000:]
+
+
 def _chunks_with(weights: dict[str, torch.Tensor], version: int, how: str) -> list[pb.WeightChunk]:
     chunks = list(iter_weight_chunks(weights, version, chunk_bytes=64 * 1024))
     if how == "corrupt":
@@ -144,7 +163,7 @@ def _chunks_with(weights: dict[str, torch.Tensor], version: int, how: str) -> li
         ("truncate", grpc.StatusCode.INVALID_ARGUMENT, "truncated"),
         ("oversize", grpc.StatusCode.INVALID_ARGUMENT, "longer than"),
         ("no_header", grpc.StatusCode.INVALID_ARGUMENT, "before the header"),
-        ("wrong_shape", grpc.StatusCode.INVALID_ARGUMENT, "model.norm.weight: got dtype/shape"),
+        ("wrong_shape", grpc.StatusCode.INVALID_ARGUMENT, "model.norm.weight: got shape [64]"),
         ("old_version", grpc.StatusCode.FAILED_PRECONDITION, "not newer than the loaded version"),
     ],
 )

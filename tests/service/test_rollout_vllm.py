@@ -30,13 +30,13 @@ SAMPLED = pb.SamplingParams(n=4, temperature=0.8, top_k=20, top_p=0.9, max_new_t
 LOGPROB_TOLERANCE = 1e-3  # fp32 measures ~1e-6 here
 
 
-def start_vllm_rollout(log_dir: Path, timeout: float = 180.0) -> RolloutProc:
+def start_vllm_rollout(log_dir: Path, timeout: float = 180.0, dtype: str = "float32") -> RolloutProc:
     """`.venv-vllm/bin/python -m grpo.rollout --engine vllm` on free ports, once it serves."""
     if not VLLM_PYTHON.exists():
         pytest.fail(f"{VLLM_PYTHON} is missing: run scripts/setup_vllm_venv.sh (or `make test`, which runs it)")
     grpc_port, http_port = free_port(), free_port()
     log_path = log_dir / f"rollout-vllm-{grpc_port}.log"
-    cmd = [str(VLLM_PYTHON), "-m", "grpo.rollout", "--engine", "vllm", "--dtype", "float32"]
+    cmd = [str(VLLM_PYTHON), "-m", "grpo.rollout", "--engine", "vllm", "--dtype", dtype]
     cmd += ["--model", str(ensure_tiny_model()), "--host", "127.0.0.1"]
     cmd += ["--grpc-port", str(grpc_port), "--http-port", str(http_port)]
     # In-process engine core (the fast start) and one compute thread: the machine is shared.
@@ -163,3 +163,21 @@ def test_corrupted_stream_is_rejected_and_old_weights_serve(
     after = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
     assert (after.weight_version, after.weight_checksum) == (loaded.weight_version, loaded.weight_checksum)
     assert _tokens(_generate(stub, GREEDY)) == _tokens(before)
+
+
+def test_bf16_replica_takes_fp32_weights(tmp_path: Path, weights: dict[str, torch.Tensor]) -> None:
+    """The GPU setup: an fp32 trainer pushes to a bf16 vLLM replica, which casts on reload."""
+    proc = start_vllm_rollout(tmp_path, dtype="bfloat16")
+    try:
+        with grpc.insecure_channel(proc.address) as channel:
+            stub = pb_grpc.RolloutServiceStub(channel)
+            original = _tokens(_generate(stub, GREEDY))
+            new = perturbed(weights, seed=78)
+            reply = push_weights(proc.address, new, 1, timeout_s=60)
+            assert (reply.version, reply.checksum) == (1, weights_checksum(new))
+            assert _tokens(_generate(stub, GREEDY)) != original
+            # The fp32 originals, cast on reload, are exactly the bf16 weights the replica started with.
+            push_weights(proc.address, weights, 2, timeout_s=60)
+            assert _tokens(_generate(stub, GREEDY)) == original
+    finally:
+        assert proc.stop() == 0, proc.log_text()[-2000:]

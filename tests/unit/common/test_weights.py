@@ -98,11 +98,20 @@ def test_header_must_match_the_model() -> None:
     tensors = _tensors()
     specs = specs_of(tensors)
     wrong_shape = {**tensors, "b.weight": torch.zeros(17, 33)}
-    _reject(_chunks(wrong_shape), specs, r"b\.weight: got dtype/shape .*\(17, 33\)")
-    wrong_dtype = {**tensors, "b.weight": tensors["b.weight"].double()}
-    _reject(_chunks(wrong_dtype), specs, "F64")
+    _reject(_chunks(wrong_shape), specs, r"b\.weight: got shape \[17, 33\], the model has \[33, 17\]")
+    wrong_dtype = {**tensors, "b.weight": tensors["b.weight"].to(torch.int32)}
+    _reject(_chunks(wrong_dtype), specs, "b.weight: got dtype I32, the model has F32")
     renamed = {("z.weight" if k == "b.weight" else k): v for k, v in tensors.items()}
     _reject(_chunks(renamed), specs, r"missing \['b\.weight'\], unknown \['z\.weight'\]")
+
+
+def test_float_weights_of_another_precision_are_accepted() -> None:
+    """An fp32 trainer pushes to a bf16 replica: the bytes arrive as sent, the engine casts on apply."""
+    tensors = _tensors()
+    replica = specs_of({k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in tensors.items()})
+    _, checksum, out = assemble(_chunks(tensors), replica, loaded_version=0)
+    assert checksum == weights_checksum(tensors)  # the version's identity is what the trainer sent
+    assert out["b.weight"].dtype == torch.float32 and torch.equal(out["b.weight"], tensors["b.weight"])
 
 
 def test_missing_header_second_header_and_older_version() -> None:

@@ -9,15 +9,14 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from grpo.common.weights import WeightAssembler, WeightUpdateError
+from grpo.common.weights import StagingBuffers, StreamMessage, WeightAssembler, WeightUpdateError
 from grpo.rollout.engines.base import Engine, PromptOutput, SamplingParams
-from grpo.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +96,7 @@ class RolloutService:
         self._update_lock = threading.Lock()  # version check + apply, one update at a time
         # Each stream being received holds a model-sized buffer: a few at once, never unbounded.
         self._receive_slots = threading.BoundedSemaphore(MAX_WEIGHT_STREAMS)
+        self._staging = StagingBuffers(keep=MAX_WEIGHT_STREAMS)
         self._stats_lock = threading.Lock()
         self._recent: collections.deque[tuple[float, int, float]] = collections.deque()
         self.tokens_generated = 0
@@ -162,7 +162,7 @@ class RolloutService:
                 self.tasks_failed += 1
         self.metrics.tasks.labels("done" if ok else "failed").inc()
 
-    def update_weights(self, chunks: Iterable[rollout_pb2.WeightChunk], lock_timeout_s: float = 60.0) -> UpdateResult:
+    def update_weights(self, chunks: Iterable[StreamMessage], lock_timeout_s: float = 60.0) -> UpdateResult:
         """Receive a whole stream, check it, then swap it in between generation calls.
 
         The stream is received without the update lock, so a stalled pusher cannot block the next one (the
@@ -174,11 +174,28 @@ class RolloutService:
         if not self._receive_slots.acquire(blocking=False):
             self.metrics.updates.labels("busy").inc()
             raise UpdateBusy(f"{MAX_WEIGHT_STREAMS} weight streams are already being received; retry later")
-        try:
-            version, checksum, tensors = self._receive(chunks)
-        finally:
-            self._receive_slots.release()
-        received = time.monotonic()
+        with self._staging.borrow() as allocate:  # the received tensors are views into its buffer until applied
+            try:
+                version, checksum, tensors = self._receive(chunks, allocate)
+            finally:
+                self._receive_slots.release()
+            received = time.monotonic()
+            self._apply(version, checksum, tensors, lock_timeout_s)
+            del tensors
+        applied = time.monotonic()
+        self.metrics.updates.labels("ok").inc()
+        self.metrics.version.set(version)
+        self.metrics.update_seconds.observe(applied - start)
+        log.info(
+            "weights v%d loaded (%s): receive %.3fs, apply %.3fs",
+            version,
+            checksum[:12],
+            received - start,
+            applied - received,
+        )
+        return UpdateResult(version, checksum, received - start, applied - received)
+
+    def _apply(self, version: int, checksum: str, tensors: dict[str, Any], lock_timeout_s: float) -> None:
         if not self._update_lock.acquire(timeout=lock_timeout_s):
             self.metrics.updates.labels("busy").inc()
             raise UpdateBusy(f"another weight update is in progress (waited {lock_timeout_s:.0f}s); retry later")
@@ -194,21 +211,11 @@ class RolloutService:
                 self.version, self.checksum = version, checksum
         finally:
             self._update_lock.release()
-        applied = time.monotonic()
-        self.metrics.updates.labels("ok").inc()
-        self.metrics.version.set(version)
-        self.metrics.update_seconds.observe(applied - start)
-        log.info(
-            "weights v%d loaded (%s): receive %.3fs, apply %.3fs",
-            version,
-            checksum[:12],
-            received - start,
-            applied - received,
-        )
-        return UpdateResult(version, checksum, received - start, applied - received)
 
-    def _receive(self, chunks: Iterable[rollout_pb2.WeightChunk]) -> tuple[int, str, dict[str, Any]]:
-        assembler = WeightAssembler(self.specs, self.version)  # an older version fails at the header
+    def _receive(
+        self, chunks: Iterable[StreamMessage], allocate: Callable[[int], bytearray]
+    ) -> tuple[int, str, dict[str, Any]]:
+        assembler = WeightAssembler(self.specs, self.version, allocate)  # an older version fails at the header
         try:
             for chunk in chunks:
                 assembler.feed(chunk)

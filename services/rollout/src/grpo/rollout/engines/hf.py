@@ -50,6 +50,12 @@ class HFEngine(Engine):
         self.model = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, DTYPES[dtype]))
         # transformers wraps `to` with functools.wraps, which mypy does not bind as a method
         self.model.to(self.device).eval()  # type: ignore[arg-type]
+        if self.device.type == "cpu":
+            # from_pretrained maps the checkpoint file: the first weight update would pay a copy-on-write
+            # fault per page (6x a later update, measured at 190 MB). Private memory now, at start-up.
+            with torch.no_grad():
+                for param in self.model.parameters():  # tied parameters are listed once
+                    param.data = param.data.clone()
         config = self.model.config
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or self.tokenizer.model_max_length)
         self.eos_ids = self._eos_ids()
