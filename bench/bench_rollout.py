@@ -145,8 +145,9 @@ def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
     proc = start_rollout_service("--model", str(path), log_dir=log_dir)
     ref_s, replies, checksum_s, replica_s = [], [], [], []
     try:
+        new = {k: v + 0.01 for k, v in live.items()}
         first = time.perf_counter()
-        push_weights(proc.address, {k: v + 0.01 for k, v in live.items()}, 1, timeout_s=300)
+        push_weights(proc.address, new, 1, timeout_s=300)
         first_s = time.perf_counter() - first
         for version in range(2, reps + 2):
             new = {k: v + 0.01 * version for k, v in live.items()}
@@ -167,14 +168,15 @@ def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
         "params": params,
         "bytes": size,
         "reference_shm_save_load_copy_s": round(ref, 4),
-        "per_replica_update_s": round(replica, 4),
-        "per_replica_ratio": round(replica / ref, 3),
-        "target": "<= 2.0 (per replica)",
-        "ok": replica / ref <= 2.0,
-        "sender_sha256_s": round(sha, 4),
         "end_to_end_s": round(end_to_end, 4),
         "end_to_end_ratio": round(end_to_end / ref, 3),
-        "first_update_s": round(first_s, 4),
+        "target": "<= 2.0",
+        "ok": end_to_end / ref <= 2.0,
+        "sender_sha256_s": round(sha, 4),
+        "per_replica_update_s": round(replica, 4),
+        "per_replica_ratio": round(replica / ref, 3),
+        "per_replica_ok": replica / ref <= 2.0,
+        "first_update_end_to_end_s": round(first_s, 4),
         "bare_grpc_stream_s": round(bare, 4),
         "bare_grpc_ratio": round(bare / ref, 3),
         "server_receive_s": round(statistics.median(r.receive_s for r in replies), 4),

@@ -7,10 +7,9 @@ import hashlib
 import pytest
 import torch
 
+from grpo.common.weight_receiver import WeightAssembler, assemble
 from grpo.common.weights import (
-    WeightAssembler,
     WeightUpdateError,
-    assemble,
     iter_weight_chunks,
     model_weights,
     specs_of,

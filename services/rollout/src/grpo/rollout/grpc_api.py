@@ -10,7 +10,8 @@ from dataclasses import asdict
 
 import grpc
 
-from grpo.common.weights import StreamMessage, WeightUpdateError, decode_chunk
+from grpo.common.weight_receiver import StreamMessage, decode_chunk
+from grpo.common.weights import WeightUpdateError
 from grpo.rollout.engines.base import PromptOutput, SamplingParams
 from grpo.rollout.service import Limits, RolloutService, UpdateBusy
 from grpo.v1 import rollout_pb2, rollout_pb2_grpc

@@ -15,7 +15,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from grpo.common.weights import StagingBuffers, StreamMessage, WeightAssembler, WeightUpdateError
+from grpo.common.weight_receiver import StagingBuffers, StreamMessage, WeightAssembler
+from grpo.common.weights import WeightUpdateError
 from grpo.rollout.engines.base import Engine, PromptOutput, SamplingParams
 
 log = logging.getLogger(__name__)
