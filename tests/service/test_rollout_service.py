@@ -119,7 +119,7 @@ def test_update_weights_changes_outputs_version_and_checksum(
     assert status.engine == "hf" and status.tokens_generated > 0
     generated = stub.Generate(pb.GenerateRequest(prompts=PROMPTS[:1], sampling=GREEDY), timeout=60)
     assert (generated.weight_version, generated.weight_checksum) == (version, reply.checksum)
-    assert rollout.healthz()["version"] == version
+    assert (rollout.healthz()["weight_version"], rollout.healthz()["weight_checksum"]) == (version, reply.checksum)
 
 
 def test_bf16_replica_takes_fp32_weights(tmp_path: Path, weights: dict[str, torch.Tensor]) -> None:

@@ -30,6 +30,9 @@ def test_tokenizer_round_trips_and_splits_digits(tiny_path: Path) -> None:
         assert tag in pieces, f"{tag} is not a single token"
     # The tags survive decoders that skip special tokens (vLLM's default).
     assert "<answer>36</answer>" in tok.decode(ids, skip_special_tokens=True)
+    # transformers loads the folder with Qwen2's pre-tokenizer, not the one saved: still byte-level, lossless.
+    for odd in ("  two  spaces \t tab\n\nlines", "ünïcödé ✓ 中文", "x=1234567e-3"):
+        assert tok.decode(tok.encode(odd, add_special_tokens=False)) == odd
 
 
 def test_chat_template_adds_generation_prompt(tiny_path: Path) -> None:

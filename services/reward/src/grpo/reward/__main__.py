@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 import threading
-from types import FrameType
 
 from grpo.common.logs import setup_logging
 from grpo.common.settings import exit_on_invalid_settings
@@ -21,18 +19,12 @@ def serve(settings: RewardSettings) -> int:
     import uvicorn
 
     from grpo.common.grpc_server import GrpcServer, server_credentials
+    from grpo.common.signals import stop_on_signals
     from grpo.reward.core import RewardCore
     from grpo.reward.grpc_api import SERVICE_NAME, register
     from grpo.reward.http_api import create_app
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: shutting down", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals()
 
     core = RewardCore(settings)
     credentials = server_credentials(settings.tls_cert_file, settings.tls_key_file)

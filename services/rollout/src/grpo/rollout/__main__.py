@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 import threading
 from typing import TYPE_CHECKING
 
 from grpo.common.logs import setup_logging
 from grpo.common.settings import exit_on_invalid_settings
+from grpo.common.signals import stop_on_signals
 from grpo.rollout.settings import RolloutSettings, parse_settings
 
 if TYPE_CHECKING:
@@ -91,15 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     with exit_on_invalid_settings("grpo-rollout"):
         settings = parse_settings(argv)
     setup_logging(settings.log_level, settings.json_logs)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        log.info("signal %d: stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    serve(settings, stop)
+    serve(settings, stop_on_signals())
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ def http_routes(service: RolloutService) -> Routes:
                 "status": "ok",
                 "engine": service.engine.name,
                 "model": service.model,
-                "version": service.version,
-                "checksum": service.checksum,
+                # `weight_*`: the reward service's `version` is its package version; these are the loaded weights.
+                "weight_version": service.version,
+                "weight_checksum": service.checksum,
             }
         )
 
