@@ -49,7 +49,7 @@ fmt: $(STAMP)
 
 # The fault-injection suite (kill any part mid-run, ~4 min) runs in `make test-faults`.
 test: $(STAMP) $(VLLM_STAMP) system-deps check-protos lint
-	$(PY) -m pytest -q -m "not faults"
+	$(PY) -m pytest -q -m "not faults" --durations=15  # the slowest, for whoever keeps the suite short
 
 test-fast: $(STAMP) system-deps
 	$(PY) -m pytest -q -m "not slow and not vllm and not faults"
