@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from reward_proc import start_reward_service
+
+from grpo.reward.demo import start_service
 
 RESULTS = Path(__file__).parent / "results" / "load.json"
 CODE = "x = 0\nfor i in range(400_000):\n    x += i\nprint(x)"  # ~50 ms of sandboxed CPU per call
@@ -87,7 +88,7 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    proc, url = start_reward_service("--workers", "1", "--max-queue", str(args.queue))
+    proc, url = start_service("--max-queue", str(args.queue), workers=1, quiet=True)
     try:
         cap = capacity(url, 3.0)
         rss0 = rss_mb(proc.pid)

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from reward_proc import start_reward_service
+
+from grpo.reward.demo import start_service
 
 RESULTS = Path(__file__).parent / "results" / "reward.json"
 
@@ -111,7 +112,7 @@ def main() -> int:
 
     pairs = make_pairs(args.n)
     expected = sum(right for _, _, right in pairs)
-    proc, url = start_reward_service("--workers", str(args.workers), "--math-batch", str(args.math_batch))
+    proc, url = start_service("--math-batch", str(args.math_batch), workers=args.workers, quiet=True)
     try:
         via_service(url, make_pairs(40, seed=99), args.batch, 1)  # warm-up: workers import sympy paths
         service_s, service_correct, service_errors = via_service(url, pairs, args.batch, args.concurrency)

@@ -48,12 +48,16 @@ EXAMPLES: list[dict[str, Any]] = [
 ]
 
 
-def start_service(workers: int = 2, timeout_s: float = 60.0) -> tuple[subprocess.Popen[bytes], str]:
-    """The reward service as a child process on free loopback ports; returns (process, base URL)."""
+def start_service(
+    *flags: str, workers: int = 2, timeout_s: float = 60.0, quiet: bool = False
+) -> tuple[subprocess.Popen[bytes], str]:
+    """The reward service (with extra `flags`) as a child process on free loopback ports, once /healthz
+    answers; returns (process, base URL). `quiet` discards its output (benchmarks)."""
     http_port, grpc_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "grpo.reward", "--host", "127.0.0.1", "--http-port", str(http_port)]
-    cmd += ["--grpc-port", str(grpc_port), "--workers", str(workers), "--log-level", "WARNING"]
-    proc = subprocess.Popen(cmd)
+    cmd += ["--grpc-port", str(grpc_port), "--workers", str(workers), "--log-level", "WARNING", *flags]
+    output = subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen(cmd, stdout=output, stderr=output)
     url = f"http://127.0.0.1:{http_port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
