@@ -2,7 +2,8 @@
 
 (a) tokens/s through gRPC Generate vs the same engine in-process (target >= 0.9x);
 (b) UpdateWeights of a ~200 MB model vs safetensors save + load + copy through /dev/shm (target <= 2x),
-    per replica and end to end (with the sender's sha256), next to a bare gRPC stream of the same bytes;
+    per replica and end to end (with the sender's sha256), with the bytes on the weights data port (the
+    default) and in the gRPC stream (the fallback), next to a bare gRPC stream of the same bytes;
 (c) how long a Generate waits while an update is applied.
 """
 
@@ -133,7 +134,8 @@ def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
     Timed two ways. Per replica: the RPC with the checksum given, as the trainer sends it (it
     hashes each version once, for every replica, and checks their replies against it). End to
     end: the sender's sha256 of the version on top. The first update is reported on its own:
-    it also maps the replica's staging buffer.
+    it also maps the replica's staging buffer. Each repetition pushes once over the data port
+    and once with the bytes in the gRPC stream.
     """
     from transformers import AutoModelForCausalLM
 
@@ -143,27 +145,34 @@ def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
     params = sum(t.numel() for t in live.values())
     size = sum(t.numel() * t.element_size() for t in live.values())
     proc = start_rollout_service("--model", str(path), log_dir=log_dir)
-    ref_s, replies, checksum_s, replica_s = [], [], [], []
+    ref_s, replies, checksum_s, replica_s, grpc_s = [], [], [], [], []
     try:
         new = {k: v + 0.01 for k, v in live.items()}
         first = time.perf_counter()
-        push_weights(proc.address, new, 1, timeout_s=300)
+        push_weights(proc.address, new, 1, timeout_s=300, data_port=proc.data_port)
         first_s = time.perf_counter() - first
-        for version in range(2, reps + 2):
+        for rep in range(reps):
+            version = 2 * rep + 2
             new = {k: v + 0.01 * version for k, v in live.items()}
             start = time.perf_counter()
             checksum = weights_checksum(new)
             hashed = time.perf_counter()
-            replies.append(push_weights(proc.address, new, version, timeout_s=300, checksum=checksum))
+            replies.append(
+                push_weights(proc.address, new, version, timeout_s=300, checksum=checksum, data_port=proc.data_port)
+            )
             checksum_s.append(hashed - start)
             replica_s.append(time.perf_counter() - hashed)
+            start = time.perf_counter()
+            push_weights(proc.address, new, version + 1, timeout_s=300, checksum=checksum)
+            grpc_s.append(time.perf_counter() - start)
             ref_s.append(reference_reload(new, {k: v.clone() for k, v in live.items()}))
-        pause = generation_pause(proc.address, live, reps + 2)
+        pause = generation_pause(proc.address, live, 2 * reps + 2, proc.data_port)
     finally:
         proc.stop()
     bare = bare_grpc_stream(live, reps)
     ref, replica, sha = statistics.median(ref_s), statistics.median(replica_s), statistics.median(checksum_s)
     end_to_end = statistics.median(c + r for c, r in zip(checksum_s, replica_s, strict=True))
+    grpc_end_to_end = statistics.median(c + g for c, g in zip(checksum_s, grpc_s, strict=True))
     update = {
         "params": params,
         "bytes": size,
@@ -177,18 +186,21 @@ def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
         "per_replica_ratio": round(replica / ref, 3),
         "per_replica_ok": replica / ref <= 2.0,
         "first_update_end_to_end_s": round(first_s, 4),
+        "grpc_stream_end_to_end_s": round(grpc_end_to_end, 4),
+        "grpc_stream_end_to_end_ratio": round(grpc_end_to_end / ref, 3),
         "bare_grpc_stream_s": round(bare, 4),
         "bare_grpc_ratio": round(bare / ref, 3),
         "server_receive_s": round(statistics.median(r.receive_s for r in replies), 4),
         "server_apply_s": round(statistics.median(r.apply_s for r in replies), 4),
         "per_replica_gb_per_s": round(size / replica / 1e9, 3),
-        "note": "receive = transfer + sha256 verify (overlapped) into a reused staging buffer; "
-        "bare_grpc_stream is the same bytes through a handler that only counts them",
+        "note": "the bytes over the weights data port; receive = transfer + sha256 verify (overlapped) into a "
+        "reused staging buffer. grpc_stream = the same update with the bytes in the gRPC stream (the fallback); "
+        "bare_grpc_stream = those gRPC messages through a handler that only counts them",
     }
     return update, pause
 
 
-def generation_pause(address: str, live: dict[str, torch.Tensor], version: int) -> dict:
+def generation_pause(address: str, live: dict[str, torch.Tensor], version: int, data_port: int) -> dict:
     """(c) short Generate calls in a loop while an update streams in: how much longer does the slowest wait?"""
     request = pb.GenerateRequest(
         prompts=[pb.Prompt(text=QUESTIONS[0], apply_chat_template=True)],
@@ -210,7 +222,7 @@ def generation_pause(address: str, live: dict[str, torch.Tensor], version: int) 
     time.sleep(1.0)
     new = {k: v - 0.01 for k, v in live.items()}
     begin = time.perf_counter()
-    reply = push_weights(address, new, version, timeout_s=300)
+    reply = push_weights(address, new, version, timeout_s=300, data_port=data_port)
     end = time.perf_counter()
     time.sleep(0.5)
     stop.set()

@@ -78,9 +78,45 @@ PUSHER = textwrap.dedent(
 )
 
 
-def _pusher(address: str, version: int, mode: str) -> subprocess.Popen[str]:
+# The same over the weights data port: the header on gRPC, then half the bytes on the socket.
+DATA_PUSHER = textwrap.dedent(
+    """
+    import os, sys, time, grpc
+    from grpo.common.tiny_model import ensure_tiny_model
+    from grpo.common.weight_data_port import connect, new_token
+    from grpo.common.weights import make_header, model_weights, tensor_bytes
+    from grpo.v1 import rollout_pb2, rollout_pb2_grpc
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model())
+    tensors = {k: v.detach() + 0.1 for k, v in model_weights(model).items()}
+    address, version, mode, port = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    token = new_token()
+    conn = connect("127.0.0.1", port, token)
+    header = rollout_pb2.WeightChunk(header=make_header(tensors, version, data_token=token))
+    stub = rollout_pb2_grpc.RolloutServiceStub(grpc.insecure_channel(address))
+    call = stub.UpdateWeights.future(iter([header]))  # no deadline
+    data = b"".join(tensor_bytes(tensors[n]) for n in sorted(tensors))
+    conn.sendall(data[: len(data) // 2])
+    time.sleep(0.5)
+    print("mid-stream", flush=True)
+    if mode == "die":
+        os.kill(os.getpid(), 9)
+    try:
+        call.result()  # stall: the socket stays open, nothing more is sent
+    except grpc.RpcError as exc:
+        print(exc.code().name, exc.details(), file=sys.stderr, flush=True)
+        sys.exit(1)
+    """
+)
+
+
+def _pusher(address: str, version: int, mode: str, data_port: int = 0) -> subprocess.Popen[str]:
+    script, args = (DATA_PUSHER, [str(data_port)]) if data_port else (PUSHER, [])
     proc = subprocess.Popen(
-        [sys.executable, "-c", PUSHER, address, str(version), mode], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script, address, str(version), mode, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until the stream is half sent
@@ -88,16 +124,19 @@ def _pusher(address: str, version: int, mode: str) -> subprocess.Popen[str]:
     return proc
 
 
-def test_pusher_killed_mid_stream_leaves_old_weights(rollout: RolloutProc, weights: dict[str, torch.Tensor]) -> None:
+@pytest.mark.parametrize("via", ["stream", "data_port"])
+def test_pusher_killed_mid_stream_leaves_old_weights(
+    rollout: RolloutProc, weights: dict[str, torch.Tensor], via: str
+) -> None:
     version, checksum, tokens = _state(rollout.address)
-    pusher = _pusher(rollout.address, version + 1, "die")
+    pusher = _pusher(rollout.address, version + 1, "die", rollout.data_port if via == "data_port" else 0)
     assert pusher.wait(30) == -9
     time.sleep(0.5)
     assert _state(rollout.address) == (version, checksum, tokens)
     # The replica is not wedged: the next, complete push is accepted at once.
     new = _perturbed(weights, seed=7)
     started = time.monotonic()
-    reply = push_weights(rollout.address, new, version + 1, timeout_s=60)
+    reply = push_weights(rollout.address, new, version + 1, timeout_s=60, data_port=rollout.data_port)
     assert (reply.version, reply.checksum) == (version + 1, weights_checksum(new))
     assert time.monotonic() - started < 30
 
@@ -175,4 +214,28 @@ def test_server_cuts_off_stalled_streams_at_its_limit(tmp_path: Path, weights: d
         for loris in lorises:
             loris.kill()
             loris.wait(10)
+        assert rollout.stop() == 0, rollout.log_text()[-2000:]
+
+
+def test_server_cuts_off_a_stalled_data_port_sender_at_its_limit(
+    tmp_path: Path, weights: dict[str, torch.Tensor]
+) -> None:
+    """Half the bytes on the data port, then silence with the socket open: rejected at weights_stream_timeout_s,
+    while other pushes go through; the old weights serve until a complete push."""
+    limit = 6.0
+    rollout = start_rollout_service("--weights-stream-timeout-s", str(limit), log_dir=tmp_path)
+    try:
+        version, checksum, tokens = _state(rollout.address)
+        loris = _pusher(rollout.address, version + 1, "stall", rollout.data_port)
+        stalled = time.monotonic()
+        assert _state(rollout.address) == (version, checksum, tokens)  # Generate is not blocked by it
+        _, err = loris.communicate(timeout=limit + 20)
+        assert loris.returncode == 1 and "did not arrive in time" in err, err[-1500:]
+        assert time.monotonic() - stalled < limit + 10
+        assert _state(rollout.address) == (version, checksum, tokens)
+        reply = push_weights(
+            rollout.address, _perturbed(weights, seed=13), version + 1, timeout_s=20, data_port=rollout.data_port
+        )
+        assert reply.version == version + 1
+    finally:
         assert rollout.stop() == 0, rollout.log_text()[-2000:]

@@ -10,7 +10,7 @@ import grpc
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from rollout_proc import perturbed, start_rollout_service, tiny_model_weights
+from rollout_proc import perturbed, start_rollout_service, tiny_model_weights, update_bytes
 from security_procs import start_reward_service, stop_reward_service
 
 from grpo.common.auth import bearer_metadata
@@ -19,7 +19,7 @@ from grpo.common.weights import push_weights, weights_checksum
 from grpo.reward.client import RewardClient, RewardServiceError
 from grpo.rollout.settings import RolloutSettings
 from grpo.rollout.worker import reward_client
-from grpo.trainer.pusher import ReplicaTarget, push_to_replicas, replica_status
+from grpo.trainer.pusher import push_to_replicas, replica_status
 from grpo.v1 import reward_pb2 as rpb
 from grpo.v1 import reward_pb2_grpc, rollout_pb2_grpc
 from grpo.v1 import rollout_pb2 as pb
@@ -148,11 +148,12 @@ def test_rollout_over_tls_generates_and_takes_weights_from_the_trainer(tmp_path:
         first = perturbed(base, seed=1)
         reply = push_weights(proc.address, first, 1, token="t0k", timeout_s=60, ca_file=str(cert))
         assert (reply.version, reply.checksum) == (1, weights_checksum(first))
+        # The pusher sends the bytes to the data port, over TLS with the same certificate.
         (result,) = push_to_replicas(
-            [ReplicaTarget("tls", proc.address)], perturbed(base, seed=2), 2, token="t0k", timeout_s=60,
-            ca_file=str(cert),
-        )  # fmt: skip
+            [proc.target], perturbed(base, seed=2), 2, token="t0k", timeout_s=60, ca_file=str(cert)
+        )
         assert result.ok and result.version == 2, result
+        assert update_bytes(proc, "data_port") > 0 and update_bytes(proc, "stream") > 0
         assert replica_status(proc.address, token="t0k", ca_file=str(cert)).weight_version == 2
         with pytest.raises(grpc.RpcError) as info:  # the pusher never falls back to plaintext
             push_weights(proc.address, perturbed(base, seed=3), 3, token="t0k", timeout_s=10)

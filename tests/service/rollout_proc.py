@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from grpo.common.channels import make_channel
 from grpo.common.net import free_port
+from grpo.trainer.pusher import ReplicaTarget
 
 if TYPE_CHECKING:
     import torch
@@ -29,6 +30,12 @@ class RolloutProc:
     grpc_port: int
     http_port: int
     log_path: Path
+    data_port: int = 0  # the weights data port; 0 when turned off
+
+    @property
+    def target(self) -> ReplicaTarget:
+        """How the trainer's pusher reaches this replica (the registry's view of it)."""
+        return ReplicaTarget(f"replica-{self.grpc_port}", self.address, self.data_port)
 
     @property
     def address(self) -> str:
@@ -68,13 +75,19 @@ def start_rollout_service(
     """`python -m grpo.rollout --grpc-port P --http-port Q *args` (hf engine, 1 torch thread), once it serves
     (over TLS trusting `ca_file` when given)."""
     grpc_port, http_port = free_port(), free_port()
+    if "--weights-data-port" in args:
+        data_port = max(int(args[args.index("--weights-data-port") + 1]), 0)
+        ports = []
+    else:
+        data_port = free_port()
+        ports = ["--weights-data-port", str(data_port)]
     log_path = log_dir / f"rollout-{grpc_port}.log"
     cmd = [sys.executable, "-m", "grpo.rollout", "--host", "127.0.0.1", "--grpc-port", str(grpc_port)]
-    cmd += ["--http-port", str(http_port), "--torch-threads", "1", *args]
+    cmd += ["--http-port", str(http_port), "--torch-threads", "1", *ports, *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     with log_path.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
-    started = RolloutProc(proc, grpc_port, http_port, log_path)
+    started = RolloutProc(proc, grpc_port, http_port, log_path, data_port)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -84,6 +97,14 @@ def start_rollout_service(
         time.sleep(0.2)
     started.stop()
     raise TimeoutError(f"rollout did not serve within {timeout}s:\n{started.log_text()[-3000:]}")
+
+
+def update_bytes(proc: RolloutProc, via: str) -> float:
+    """The replica's grpo_rollout_weight_update_bytes_total for `via` ("data_port" or "stream")."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{proc.http_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    prefix = f'grpo_rollout_weight_update_bytes_total{{via="{via}"}} '
+    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
 
 
 def tiny_model_weights() -> dict[str, torch.Tensor]:

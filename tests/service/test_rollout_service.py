@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,10 +12,12 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-from rollout_proc import RolloutProc, perturbed, start_rollout_service, tiny_model_weights
+from rollout_proc import RolloutProc, perturbed, start_rollout_service, tiny_model_weights, update_bytes
 
+from grpo.common.net import free_port
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.common.weights import iter_weight_chunks, push_weights, weights_checksum
+from grpo.common.weight_data_port import connect, new_token
+from grpo.common.weights import iter_weight_chunks, make_header, push_weights, tensor_bytes, weights_checksum
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
 
@@ -104,18 +107,29 @@ def test_bad_requests_are_invalid_argument(
     assert message in info.value.details()
 
 
+@pytest.mark.parametrize("transport", ["data_port", "grpc_stream"])
 def test_update_weights_changes_outputs_version_and_checksum(
-    rollout: RolloutProc, stub: pb_grpc.RolloutServiceStub, weights: dict[str, torch.Tensor]
+    rollout: RolloutProc,
+    stub: pb_grpc.RolloutServiceStub,
+    weights: dict[str, torch.Tensor],
+    transport: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     before = _greedy(stub)
     version = _version(stub) + 1
     new = perturbed(weights, seed=version)
-    reply = push_weights(rollout.address, new, version, timeout_s=60, chunk_bytes=64 * 1024)
+    data_port = rollout.data_port if transport == "data_port" else 0
+    via = "data_port" if data_port else "stream"
+    bytes_before = update_bytes(rollout, via)
+    reply = push_weights(rollout.address, new, version, timeout_s=60, chunk_bytes=64 * 1024, data_port=data_port)
+    assert "sending the weights over gRPC" not in caplog.text
+    assert update_bytes(rollout, via) - bytes_before == sum(t.numel() * 4 for t in new.values())
     assert (reply.version, reply.checksum) == (version, weights_checksum(new))
     assert reply.receive_s >= 0 and reply.apply_s >= 0
     assert _greedy(stub) != before
     status = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
     assert (status.weight_version, status.weight_checksum) == (version, reply.checksum)
+    assert status.weights_data_port == rollout.data_port
     assert status.engine == "hf" and status.tokens_generated > 0
     generated = stub.Generate(pb.GenerateRequest(prompts=PROMPTS[:1], sampling=GREEDY), timeout=60)
     assert (generated.weight_version, generated.weight_checksum) == (version, reply.checksum)
@@ -184,6 +198,89 @@ def test_bad_weight_streams_are_rejected_and_old_weights_serve(
     after = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
     assert (after.weight_version, after.weight_checksum) == (loaded.weight_version, loaded.weight_checksum)
     assert _greedy(stub) == before
+
+
+def _push_over_data_port(
+    rollout: RolloutProc, stub: pb_grpc.RolloutServiceStub, new: dict[str, torch.Tensor], version: int, how: str
+) -> None:
+    """An update whose bytes go to the data port, spoiled as `how` says; raises the reply's RpcError."""
+    token = new_token()
+    conn = connect("127.0.0.1", rollout.data_port, token)
+    assert conn is not None
+    with conn:
+        messages = [pb.WeightChunk(header=make_header(new, version, data_token=token))]
+        if how == "data_in_stream":
+            messages.append(pb.WeightChunk(data=b"\0" * 8))
+        call = stub.UpdateWeights.future(iter(messages), timeout=60)
+        data = bytearray(b"".join(tensor_bytes(new[n]) for n in sorted(new)))
+        if how == "corrupt":
+            data[5000] ^= 0x01
+        elif how == "truncate":
+            del data[-100:]
+        elif how == "oversize":
+            data += b"\0" * 8
+        try:
+            conn.sendall(data)
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the replica rejected the header and closed the connection: the reply says why
+        call.result()
+
+
+@pytest.mark.parametrize(
+    ("how", "code", "message"),
+    [
+        ("corrupt", grpc.StatusCode.INVALID_ARGUMENT, "sha256 mismatch"),
+        ("truncate", grpc.StatusCode.INVALID_ARGUMENT, "truncated"),
+        ("oversize", grpc.StatusCode.INVALID_ARGUMENT, "longer than"),
+        ("data_in_stream", grpc.StatusCode.INVALID_ARGUMENT, "the stream must end"),
+        ("old_version", grpc.StatusCode.FAILED_PRECONDITION, "not newer than the loaded version"),
+    ],
+)
+def test_bad_data_port_updates_are_rejected_and_old_weights_serve(
+    rollout: RolloutProc,
+    stub: pb_grpc.RolloutServiceStub,
+    weights: dict[str, torch.Tensor],
+    how: str,
+    code: grpc.StatusCode,
+    message: str,
+) -> None:
+    before, loaded = _greedy(stub), stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+    version = loaded.weight_version if how == "old_version" else loaded.weight_version + 1
+    with pytest.raises(grpc.RpcError) as info:
+        _push_over_data_port(rollout, stub, perturbed(weights, seed=2000), version, how)
+    assert info.value.code() == code, info.value.details()
+    assert message in info.value.details() and "keeps serving" in info.value.details()
+    after = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+    assert (after.weight_version, after.weight_checksum) == (loaded.weight_version, loaded.weight_checksum)
+    assert _greedy(stub) == before
+    # The replica is not left waiting on the spoiled update: the next one goes through at once.
+    good = perturbed(weights, seed=2001)
+    reply = push_weights(rollout.address, good, loaded.weight_version + 1, timeout_s=60, data_port=rollout.data_port)
+    assert reply.checksum == weights_checksum(good)
+
+
+def test_without_a_data_port_updates_come_in_the_stream(
+    tmp_path: Path, weights: dict[str, torch.Tensor], caplog: pytest.LogCaptureFixture
+) -> None:
+    proc = start_rollout_service("--weights-data-port", "-1", log_dir=tmp_path)
+    try:
+        with grpc.insecure_channel(proc.address) as channel:
+            stub = pb_grpc.RolloutServiceStub(channel)
+            assert stub.GetStatus(pb.GetStatusRequest(), timeout=10).weights_data_port == 0
+            # A pusher told of a port that does not answer falls back to the stream, and says so.
+            new = perturbed(weights, seed=5)
+            reply = push_weights(proc.address, new, 1, timeout_s=60, data_port=free_port())
+            assert (reply.version, reply.checksum) == (1, weights_checksum(new))
+            assert "unreachable" in caplog.text and "sending the weights over gRPC" in caplog.text
+            # A header that asks for the data port anyway is refused with the reason.
+            header = pb.WeightChunk(header=make_header(new, 2, data_token=new_token()))
+            with pytest.raises(grpc.RpcError) as info:
+                stub.UpdateWeights(iter([header]), timeout=30)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "no weights data port" in info.value.details()
+    finally:
+        assert proc.stop() == 0, proc.log_text()[-2000:]
 
 
 def test_health_reflection_and_metrics(rollout: RolloutProc) -> None:

@@ -12,7 +12,7 @@ import grpc
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from rollout_proc import RolloutProc, perturbed, tiny_model_weights
+from rollout_proc import RolloutProc, perturbed, tiny_model_weights, update_bytes
 
 from grpo.common.net import free_port
 from grpo.common.tiny_model import ensure_tiny_model
@@ -34,16 +34,16 @@ def start_vllm_rollout(log_dir: Path, timeout: float = 180.0, dtype: str = "floa
     """`.venv-vllm/bin/python -m grpo.rollout --engine vllm` on free ports, once it serves."""
     if not VLLM_PYTHON.exists():
         pytest.fail(f"{VLLM_PYTHON} is missing: run scripts/setup_vllm_venv.sh (or `make test`, which runs it)")
-    grpc_port, http_port = free_port(), free_port()
+    grpc_port, http_port, data_port = free_port(), free_port(), free_port()
     log_path = log_dir / f"rollout-vllm-{grpc_port}.log"
     cmd = [str(VLLM_PYTHON), "-m", "grpo.rollout", "--engine", "vllm", "--dtype", dtype]
     cmd += ["--model", str(ensure_tiny_model()), "--host", "127.0.0.1"]
-    cmd += ["--grpc-port", str(grpc_port), "--http-port", str(http_port)]
+    cmd += ["--grpc-port", str(grpc_port), "--http-port", str(http_port), "--weights-data-port", str(data_port)]
     # In-process engine core (the fast start) and one compute thread: the machine is shared.
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
     with log_path.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    started = RolloutProc(proc, grpc_port, http_port, log_path)
+    started = RolloutProc(proc, grpc_port, http_port, log_path, data_port)
     deadline = time.monotonic() + timeout
     with grpc.insecure_channel(started.address) as channel:
         health = health_pb2_grpc.HealthStub(channel)
@@ -136,8 +136,12 @@ def test_update_weights_changes_outputs_version_and_checksum(
     before = _generate(stub, GREEDY)
     version = stub.GetStatus(pb.GetStatusRequest(), timeout=10).weight_version + 1
     new = perturbed(weights, seed=version)
-    reply = push_weights(rollout.address, new, version, timeout_s=60, chunk_bytes=64 * 1024)
+    # The bytes over the weights data port (the trainer's default); the bf16 test below sends them in the stream.
+    reply = push_weights(
+        rollout.address, new, version, timeout_s=60, chunk_bytes=64 * 1024, data_port=rollout.data_port
+    )
     assert (reply.version, reply.checksum) == (version, weights_checksum(new))
+    assert update_bytes(rollout, "data_port") == sum(t.numel() * 4 for t in new.values())
     after = _generate(stub, GREEDY)
     assert (after.weight_version, after.weight_checksum) == (version, reply.checksum)
     assert _tokens(after) != _tokens(before)

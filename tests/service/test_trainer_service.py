@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 import pytest
 import redis
-from rollout_proc import RolloutProc, start_rollout_service
+from rollout_proc import RolloutProc, start_rollout_service, update_bytes
 
 from grpo.common.net import free_port
 from grpo.common.queue import GROUPS_GROUP, stream_keys
@@ -158,6 +158,8 @@ def test_grpo_steps_update_push_and_log(tmp_path: Path, redis_url: str, rollout_
     assert updates >= 2, rows
     assert status.weight_version == rows[-1]["policy_version"] == 1 + updates  # the initial push, then one per update
     assert status.weight_checksum == weights_checksum(after)
+    # The trainer found the replica's weights data port in the registry and sent every update's bytes there.
+    assert update_bytes(rollout, "data_port") > 0 and update_bytes(rollout, "stream") == 0
     # metrics
     trained_row = next(r for r in reversed(rows) if "train/loss" in r)
     for key in ("rollout/reward_mean", "rollout/reward_std", "rollout/reward/overlong_mean", "rollout/response_len_mean",

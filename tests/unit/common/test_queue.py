@@ -152,11 +152,14 @@ def test_groups_are_recreated_after_a_redis_restart_without_persistence() -> Non
 def test_registry_lists_live_replicas_until_their_ttl_expires(redis_url: str) -> None:
     registry = ReplicaRegistry(connect(redis_url), "test", ttl_s=0.4)
     for rid, version in (("r1", 3), ("r2", 4)):
-        registry.heartbeat(ReplicaInfo(rid, f"127.0.0.1:{50050 + version}", version, f"sha-{version}", time.time()))
+        registry.heartbeat(
+            ReplicaInfo(rid, f"127.0.0.1:{50050 + version}", version, f"sha-{version}", time.time(),
+                        weights_data_port=60000 + version)
+        )  # fmt: skip
     live = registry.live_replicas()
-    assert [(r.replica_id, r.weight_version, r.weight_checksum) for r in live] == [
-        ("r1", 3, "sha-3"),
-        ("r2", 4, "sha-4"),
+    assert [(r.replica_id, r.weight_version, r.weight_checksum, r.weights_data_port) for r in live] == [
+        ("r1", 3, "sha-3", 60003),
+        ("r2", 4, "sha-4", 60004),
     ]
     assert live[0].address == "127.0.0.1:50053"
     for _ in range(4):  # r1 keeps beating, r2 went silent

@@ -109,6 +109,15 @@ def test_network_policies_isolate_sandbox_and_weight_endpoint(manifests: tuple[s
     rollout = policies["demo-grpo-rollout"]["spec"]
     weights_rule = next(r for r in rollout["ingress"] if r["ports"][0]["port"] == 50051)
     assert weights_rule["from"] == [{"podSelector": {"matchLabels": selector("trainer")}}]
+    # The weights data port: open to the trainer only, and the trainer may reach it.
+    assert {"port": 50054, "protocol": "TCP"} in weights_rule["ports"]
+    assert not any(p["port"] == 50054 for r in rollout["ingress"] if r is not weights_rule for p in r["ports"])
+    trainer_egress = policies["demo-grpo-trainer"]["spec"]["egress"]
+    to_rollout = next(r for r in trainer_egress if r.get("to") == [{"podSelector": {"matchLabels": selector("rollout")}}])
+    assert {"port": 50054, "protocol": "TCP"} in to_rollout["ports"]
+    pod = by_kind(docs, "Deployment")["demo-grpo-rollout"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "weights", "containerPort": 50054} in pod["ports"]
+    assert pod["args"][pod["args"].index("--weights-data-port") + 1] == "50054"
 
 
 def selector(component: str) -> dict[str, str]:

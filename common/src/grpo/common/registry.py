@@ -30,6 +30,7 @@ class ReplicaInfo:
     heartbeat: float  # unix time of the last heartbeat, by the replica's clock (informational)
     tasks_done: int = 0
     tasks_failed: int = 0
+    weights_data_port: int = 0  # its weights data port on the same host; 0 = none
 
 
 def _registry_keys(run: str) -> tuple[str, str]:
@@ -48,6 +49,7 @@ def _parse(raw: dict[bytes, bytes]) -> ReplicaInfo:
         heartbeat=float(get.get("heartbeat", "0")),
         tasks_done=int(get.get("tasks_done", "0")),
         tasks_failed=int(get.get("tasks_failed", "0")),
+        weights_data_port=int(get.get("weights_data_port", "0")),
     )
 
 
@@ -76,6 +78,7 @@ class ReplicaRegistry:
             "heartbeat": info.heartbeat or time.time(),
             "tasks_done": info.tasks_done,
             "tasks_failed": info.tasks_failed,
+            "weights_data_port": info.weights_data_port,
         }
         pipe = self.client.pipeline(transaction=True)
         pipe.hset(key, mapping=fields)

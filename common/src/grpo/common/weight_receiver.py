@@ -13,12 +13,15 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from grpo.common.weight_data_port import valid_token
 from grpo.common.weights import DATA_TAG, FLOAT_DTYPES, Specs, WeightUpdateError, nbytes, to_torch_dtype
 from grpo.v1 import rollout_pb2
 
 if TYPE_CHECKING:
     import torch
 
+# Bytes read from the data port are handed to the hashing thread in pieces of this size.
+HASH_BYTES = 4 * 1024 * 1024
 # What a receiver reads from the stream: a parsed WeightChunk, or a data chunk's bytes (`decode_chunk`).
 StreamMessage = rollout_pb2.WeightChunk | memoryview
 
@@ -119,6 +122,9 @@ class WeightAssembler:
         self.buffer = bytearray()
         self.offset = 0
         self.hash: PipelinedSha256 | None = None
+        # Set when the header sends the bytes to the weights data port instead (also when it is rejected,
+        # so the receiver can drop that connection).
+        self.data_token = ""
 
     def feed(self, chunk: StreamMessage) -> None:
         """One message of the stream: a WeightChunk, or a data chunk's bytes as `decode_chunk` gives them."""
@@ -140,6 +146,7 @@ class WeightAssembler:
             raise WeightUpdateError("empty WeightChunk: set either header or data")
 
     def _accept_header(self, header: rollout_pb2.WeightHeader) -> None:
+        self.data_token = header.data_token
         if header.version <= self.loaded_version:
             raise WeightUpdateError(
                 f"version {header.version} is not newer than the loaded version {self.loaded_version}",
@@ -163,11 +170,15 @@ class WeightAssembler:
             raise WeightUpdateError(f"header total_bytes {header.total_bytes} != {expected} implied by the tensors")
         if len(header.sha256) != 64:
             raise WeightUpdateError("header sha256 must be a 64-character hex digest")
+        if header.data_token and not valid_token(header.data_token):
+            raise WeightUpdateError("header data_token must be 64 lowercase hex characters")
         self.header = header
         self.buffer = self._allocate(expected)
         self.hash = PipelinedSha256()
 
     def _accept_data(self, data: bytes | memoryview) -> None:
+        if self.data_token:
+            raise WeightUpdateError("this header sends its bytes to the data port (data_token): the stream must end")
         end = self.offset + len(data)
         if end > len(self.buffer):
             raise WeightUpdateError(f"stream is longer than the header's total_bytes {len(self.buffer)}")
@@ -175,6 +186,25 @@ class WeightAssembler:
         assert self.hash is not None  # set with the header
         self.hash.update(memoryview(self.buffer)[self.offset : end])
         self.offset = end
+
+    def receive(self, read_into: Callable[[memoryview], int]) -> None:
+        """The bytes read straight into the buffer by `read_into` (a socket's recv_into), hashed as they arrive.
+
+        Stops when the buffer is full or `read_into` returns 0 (end of stream: `finish` reports the truncation).
+        """
+        assert self.hash is not None  # set with the header
+        view = memoryview(self.buffer)
+        hashed = self.offset
+        while self.offset < len(self.buffer):
+            got = read_into(view[self.offset :])
+            if not got:
+                break
+            self.offset += got
+            if self.offset - hashed >= HASH_BYTES:
+                self.hash.update(view[hashed : self.offset])
+                hashed = self.offset
+        if hashed < self.offset:
+            self.hash.update(view[hashed : self.offset])
 
     def finish(self) -> tuple[int, str, dict[str, torch.Tensor]]:
         """(version, checksum, tensors) once the whole stream has arrived and checked out."""

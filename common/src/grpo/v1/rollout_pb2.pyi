@@ -99,16 +99,18 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WeightHeader(_message.Message):
-    __slots__ = ("version", "tensors", "sha256", "total_bytes")
+    __slots__ = ("version", "tensors", "sha256", "total_bytes", "data_token")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_TOKEN_FIELD_NUMBER: _ClassVar[int]
     version: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     sha256: str
     total_bytes: int
-    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., sha256: _Optional[str] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+    data_token: str
+    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., sha256: _Optional[str] = ..., total_bytes: _Optional[int] = ..., data_token: _Optional[str] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("header", "data")
@@ -135,7 +137,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("replica_id", "model", "engine", "weight_version", "weight_checksum", "tasks_done", "tasks_failed", "tokens_generated", "tokens_per_s", "busy")
+    __slots__ = ("replica_id", "model", "engine", "weight_version", "weight_checksum", "tasks_done", "tasks_failed", "tokens_generated", "tokens_per_s", "busy", "weights_data_port")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +148,7 @@ class RolloutStatus(_message.Message):
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     model: str
     engine: str
@@ -156,4 +159,5 @@ class RolloutStatus(_message.Message):
     tokens_generated: int
     tokens_per_s: float
     busy: int
-    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., weight_version: _Optional[int] = ..., weight_checksum: _Optional[str] = ..., tasks_done: _Optional[int] = ..., tasks_failed: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., busy: _Optional[int] = ...) -> None: ...
+    weights_data_port: int
+    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., weight_version: _Optional[int] = ..., weight_checksum: _Optional[str] = ..., tasks_done: _Optional[int] = ..., tasks_failed: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., busy: _Optional[int] = ..., weights_data_port: _Optional[int] = ...) -> None: ...

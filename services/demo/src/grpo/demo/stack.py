@@ -110,7 +110,7 @@ def start_services(sup: Supervisor, spec: StackSpec, *, with_trainer: bool = Tru
     reward_addr = f"127.0.0.1:{reward['grpc_port']}"
     for i in range(spec.replicas):
         values = _ports({"engine": "hf", "torch_threads": 1, "host": "127.0.0.1", "advertise_host": "127.0.0.1",
-                         **spec.rollout, "redis_url": redis_url, "reward_addr": reward_addr, "run": spec.run_id,
+                         "weights_data_port": 0, **spec.rollout, "redis_url": redis_url, "reward_addr": reward_addr, "run": spec.run_id,
                          "replica_id": f"{spec.run_id}-rollout-{i}"})  # fmt: skip
         child = _service(sup, f"rollout-{i}", "grpo.rollout", run_dir, values)
         waits.append((child, f"http://127.0.0.1:{values['http_port']}/healthz"))

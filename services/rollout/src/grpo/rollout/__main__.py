@@ -41,6 +41,7 @@ def serve(settings: RolloutSettings, stop: threading.Event) -> None:
     from grpo.common.grpc_server import GrpcServer, server_credentials
     from grpo.common.http_server import HttpServer
     from grpo.common.tiny_model import resolve_model
+    from grpo.common.weight_data_port import WeightDataPort, server_ssl_context
     from grpo.rollout.grpc_api import SERVICE_NAME, UPDATE_METHOD, register
     from grpo.rollout.http_api import http_routes
     from grpo.rollout.service import Limits, RolloutService
@@ -60,6 +61,12 @@ def serve(settings: RolloutSettings, stop: threading.Event) -> None:
         credentials=server_credentials(settings.tls_cert_file, settings.tls_key_file),
     )
     service.grpc_port = grpc_server.port
+    if settings.weights_data_port >= 0:
+        service.data_port = WeightDataPort(
+            settings.host,
+            settings.weights_data_port,
+            server_ssl_context(settings.tls_cert_file, settings.tls_key_file),
+        )
     http = HttpServer(
         http_routes(service), settings.host, settings.http_port, name="rollout-http", token=settings.token
     )
@@ -71,7 +78,13 @@ def serve(settings: RolloutSettings, stop: threading.Event) -> None:
 
         worker = threading.Thread(target=run_worker, args=(service, settings, stop), name="rollout-worker")
         worker.start()
-    log.info("rollout ready: grpc %d, http %d, replica %s", grpc_server.port, http.port, settings.replica_id)
+    log.info(
+        "rollout ready: grpc %d, http %d, weights data %d, replica %s",
+        grpc_server.port,
+        http.port,
+        service.data_port.port if service.data_port else 0,
+        settings.replica_id,
+    )
     try:
         while not stop.wait(0.5):
             if worker is not None and not worker.is_alive():

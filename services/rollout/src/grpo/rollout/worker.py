@@ -77,12 +77,14 @@ class RolloutWorker:
         replica_id: str,
         address: str,
         options: RolloutSettings,
+        data_port: int = 0,
         stats: WorkerStats | None = None,
         on_written: Callable[[bool], None] | None = None,
     ) -> None:
         self.generate, self.weight_info, self.score = generate, weight_info, score
         self.queue, self.registry = queue, registry
         self.replica_id, self.address, self.options = replica_id, address, options
+        self.data_port = data_port
         self.stats = stats or WorkerStats()
         self.on_written = on_written
         self._leases: set[str] = set()
@@ -93,7 +95,9 @@ class RolloutWorker:
     def heartbeat_once(self) -> None:
         version, checksum = self.weight_info()
         c = self.stats.counts
-        info = ReplicaInfo(self.replica_id, self.address, version, checksum, time.time(), c["done"], c["failed"])
+        info = ReplicaInfo(
+            self.replica_id, self.address, version, checksum, time.time(), c["done"], c["failed"], self.data_port
+        )
         self.registry.heartbeat(info)
         with self._lock:
             leased = sorted(self._leases)
@@ -328,6 +332,7 @@ def run_worker(service: RolloutService, settings: RolloutSettings, stop_event: t
         replica_id=settings.replica_id,
         address=f"{settings.advertise_host}:{service.grpc_port or settings.grpc_port}",
         options=settings,
+        data_port=service.data_port.port if service.data_port is not None else 0,
         stats=WorkerStats(service.metrics.registry),
         on_written=service.record_task,
     )

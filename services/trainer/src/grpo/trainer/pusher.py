@@ -28,6 +28,7 @@ class ReplicaTarget:
 
     replica_id: str
     address: str
+    data_port: int = 0  # its weights data port (the bytes go there when set)
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,9 @@ def _push_one(
         attempts += 1
         try:
             reply = push_weights(
-                target.address, tensors, version, token=token, timeout_s=remaining, checksum=checksum, ca_file=ca_file
-            )
+                target.address, tensors, version, token=token, timeout_s=remaining, checksum=checksum, ca_file=ca_file,
+                data_port=target.data_port,
+            )  # fmt: skip
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             error = f"{code.name if code else 'error'}: {exc.details() if hasattr(exc, 'details') else exc}"

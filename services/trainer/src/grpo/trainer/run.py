@@ -169,7 +169,7 @@ class GrpoRun:
         """Push the current weights to every live replica that does not hold them yet; seconds spent."""
         live = self._live() if live is None else live
         targets = [
-            ReplicaTarget(r.replica_id, r.address)
+            ReplicaTarget(r.replica_id, r.address, r.weights_data_port)
             for r in live
             if r.weight_version < self.version and self.confirmed.get(r.replica_id) != self.version
         ]

@@ -1,0 +1,235 @@
+"""The weights data port: a side TCP connection that carries the tensor bytes of a weight update.
+
+Python gRPC moves ~0.5 GB/s through a client stream here (each message is copied into and out
+of the C core); a plain socket moves the same bytes at ~1.5-2 GB/s straight into the replica's
+receive buffer. So an update keeps its control path on gRPC (the header is authenticated,
+validated and answered there) and sends the bytes here, on a connection that opens with a
+one-time token named in the header. A connection is only used once the authenticated
+UpdateWeights call claims its token, so the port needs no credentials of its own; when gRPC
+runs TLS, so does this port, with the same certificate. A pusher that cannot connect sends the
+bytes in the gRPC stream instead (grpo.common.weights.push_weights).
+
+Wire, pusher -> replica: MAGIC, the token as 64 hex characters, exactly header.total_bytes
+bytes, end of stream. Nothing comes back on the socket: the result is the UpdateWeights reply.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import secrets
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from grpo.common.weights import WeightUpdateError
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"GRPOWD1\n"
+TOKEN_CHARS = 64
+HELLO_BYTES = len(MAGIC) + TOKEN_CHARS
+READ_BYTES = 8 * 1024 * 1024
+
+
+def new_token() -> str:
+    return secrets.token_hex(TOKEN_CHARS // 2)
+
+
+def valid_token(token: str) -> bool:
+    return len(token) == TOKEN_CHARS and all(c in "0123456789abcdef" for c in token)
+
+
+def split_host(address: str) -> str:
+    """The host of a gRPC `host:port` address ("[::1]:50051" -> "::1")."""
+    host = address.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") else host
+
+
+def server_ssl_context(cert_file: str | None, key_file: str | None) -> ssl.SSLContext | None:
+    if not cert_file:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+def _read_exactly(conn: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        more = conn.recv(size - len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+class WeightDataPort:
+    """The replica's listener: accepts connections, reads their token, hands them to the update that claims it.
+
+    A connection and its claim may come in either order. One whose token nobody claims within
+    `hello_timeout_s` is closed, and at most `max_waiting` connections are held at once, so a
+    stranger can neither pile up sockets nor hold one for long.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None = None,
+        hello_timeout_s: float = 10.0,
+        max_waiting: int = 8,
+    ) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, port), family=family, backlog=16)
+        self.port: int = self._listener.getsockname()[1]
+        self._ssl = ssl_context
+        self._hello_timeout_s = hello_timeout_s
+        self._max_waiting = max_waiting
+        self._arrived: dict[str, socket.socket] = {}
+        self._discarded: collections.deque[str] = collections.deque(maxlen=64)
+        self._held = 0  # connections in their hello or waiting for a claim
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept_loop, name="weights-data-port", daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                conn, peer = self._listener.accept()
+            except OSError:
+                if self._closed:
+                    return
+                continue
+            with self._cond:
+                full = self._held >= self._max_waiting
+                if not full:
+                    self._held += 1
+            if full:
+                log.warning("weights data port: %d connections already waiting; refusing %s", self._max_waiting, peer)
+                conn.close()
+                continue
+            threading.Thread(target=self._hello, args=(conn, peer), name="weights-data-hello", daemon=True).start()
+
+    def _hello(self, conn: socket.socket, peer: object) -> None:
+        token = ""
+        try:
+            conn.settimeout(self._hello_timeout_s)
+            if self._ssl is not None:
+                conn = self._ssl.wrap_socket(conn, server_side=True)
+            hello = _read_exactly(conn, HELLO_BYTES)
+            token = hello[len(MAGIC) :].decode("ascii", "replace")
+            if not hello.startswith(MAGIC) or not valid_token(token):
+                raise ValueError("not a weight data connection (bad greeting)")
+        except (OSError, ValueError) as exc:
+            log.warning("weights data port: dropped a connection from %s: %s", peer, exc)
+            conn.close()
+            with self._cond:
+                self._held -= 1
+            return
+        with self._cond:
+            discarded = token in self._discarded
+            if not discarded:
+                self._arrived[token] = conn
+                self._cond.notify_all()
+                claimed = self._cond.wait_for(lambda: token not in self._arrived, self._hello_timeout_s)
+                if not claimed:
+                    del self._arrived[token]
+            self._held -= 1
+        if discarded:
+            conn.close()
+        elif not claimed:
+            log.warning("weights data port: no update claimed the connection from %s; closed", peer)
+            conn.close()
+
+    def claim(self, token: str, timeout_s: float) -> socket.socket:
+        """The connection that opened with `token`, once it has arrived; WeightUpdateError after `timeout_s`."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: token in self._arrived or self._closed, timeout_s):
+                raise WeightUpdateError(
+                    f"no connection with this update's data token reached the weights data port {self.port} "
+                    f"within {timeout_s:.0f}s (is the port reachable from the pusher?)"
+                )
+            if self._closed:
+                raise WeightUpdateError("the weights data port is shutting down")
+            return self._arrived.pop(token)
+
+    def discard(self, token: str) -> None:
+        """Drop the connection of a rejected update, now or as soon as it arrives."""
+        with self._cond:
+            conn = self._arrived.pop(token, None)
+            if conn is None:
+                self._discarded.append(token)
+            self._cond.notify_all()
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            waiting, self._arrived = list(self._arrived.values()), {}
+            self._cond.notify_all()
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        except OSError:
+            pass
+        self._listener.close()
+        for conn in waiting:
+            conn.close()
+        self._thread.join(timeout=5)
+
+
+def reader(conn: socket.socket, deadline: float) -> Callable[[memoryview], int]:
+    """`recv_into` for WeightAssembler.receive: a stall or a dropped connection is a WeightUpdateError."""
+
+    def read_into(view: memoryview) -> int:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise WeightUpdateError("the weight data did not arrive in time")
+        conn.settimeout(remaining)
+        try:
+            return conn.recv_into(view, min(len(view), READ_BYTES))
+        except TimeoutError:
+            raise WeightUpdateError("the weight data did not arrive in time") from None
+        except OSError as exc:
+            raise WeightUpdateError(f"the weight data connection failed: {exc}") from None
+
+    return read_into
+
+
+def expect_end(conn: socket.socket, timeout_s: float = 5.0) -> None:
+    """After total_bytes, the pusher must end the stream: a longer one is as wrong as a shorter one."""
+    conn.settimeout(timeout_s)
+    try:
+        extra = conn.recv(1)
+    except OSError as exc:
+        raise WeightUpdateError(f"the weight data connection did not end after total_bytes: {exc}") from None
+    if extra:
+        raise WeightUpdateError("the weight data is longer than the header's total_bytes")
+
+
+def connect(
+    host: str, port: int, token: str, ca_file: str | Path | None = None, timeout_s: float = 5.0
+) -> socket.socket | None:
+    """A pusher's connection to a replica's data port with the greeting sent; None (logged) when it cannot
+    connect, so the caller sends the bytes in the gRPC stream instead. TLS verified against `ca_file` when set."""
+    try:
+        conn = socket.create_connection((host, port), timeout=timeout_s)
+    except OSError as exc:
+        log.warning("weights data port %s:%d unreachable (%s); sending the weights over gRPC", host, port, exc)
+        return None
+    try:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ca_file:
+            context = ssl.create_default_context(cafile=str(ca_file))
+            conn = context.wrap_socket(conn, server_hostname=host)
+        conn.sendall(MAGIC + token.encode("ascii"))
+    except (OSError, ssl.SSLError) as exc:
+        conn.close()
+        log.warning("weights data port %s:%d failed (%s); sending the weights over gRPC", host, port, exc)
+        return None
+    return conn

@@ -1,0 +1,209 @@
+"""The weights data port over real loopback sockets: the rendezvous, the framing checks, TLS, and strangers."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo.common import weight_data_port as wdp
+from grpo.common.net import free_port
+from grpo.common.weight_receiver import WeightAssembler
+from grpo.common.weights import WeightUpdateError, make_header, specs_of, tensor_bytes, weights_checksum
+from grpo.v1 import rollout_pb2
+from tests.unit.reward.helpers import self_signed_cert
+
+
+@pytest.fixture
+def port() -> Iterator[wdp.WeightDataPort]:
+    listener = wdp.WeightDataPort("127.0.0.1", 0, hello_timeout_s=1.0, max_waiting=2)
+    yield listener
+    listener.close()
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return {"a": torch.randn(1000, 300, generator=g), "b": torch.randn(7, generator=g)}  # ~1.2 MB
+
+
+def _payload(tensors: dict[str, torch.Tensor]) -> bytes:
+    return b"".join(tensor_bytes(tensors[n]) for n in sorted(tensors))
+
+
+def _receive(listener: wdp.WeightDataPort, tensors: dict[str, torch.Tensor], token: str) -> WeightAssembler:
+    """What the rollout service does with a header that names `token`: claim, read, check the end."""
+    assembler = WeightAssembler(specs_of(tensors), loaded_version=0)
+    assembler.feed(_header_chunk(tensors, token))
+    conn = listener.claim(token, timeout_s=5)
+    with conn:
+        assembler.receive(wdp.reader(conn, time.monotonic() + 10))
+        if assembler.offset == len(assembler.buffer):
+            wdp.expect_end(conn)
+    return assembler
+
+
+def _header_chunk(tensors: dict[str, torch.Tensor], token: str) -> rollout_pb2.WeightChunk:
+    return rollout_pb2.WeightChunk(header=make_header(tensors, 1, data_token=token))
+
+
+def _send(conn: socket.socket, data: bytes) -> None:
+    conn.sendall(data)
+    conn.shutdown(socket.SHUT_WR)
+
+
+@pytest.mark.parametrize("connect_first", [True, False])
+def test_bytes_arrive_whole_whichever_side_comes_first(port: wdp.WeightDataPort, connect_first: bool) -> None:
+    tensors, token = _tensors(), wdp.new_token()
+    sender = threading.Thread(target=lambda: None)
+    if connect_first:
+        conn = wdp.connect("127.0.0.1", port.port, token)
+        assert conn is not None
+        sender = threading.Thread(target=_send, args=(conn, _payload(tensors)))
+        sender.start()
+    else:
+        conns: list[socket.socket] = []
+
+        def late() -> None:
+            time.sleep(0.3)  # the claim is already waiting
+            c = wdp.connect("127.0.0.1", port.port, token)
+            assert c is not None
+            conns.append(c)
+            _send(c, _payload(tensors))
+
+        sender = threading.Thread(target=late)
+        sender.start()
+    version, checksum, got = _receive(port, tensors, token).finish()
+    sender.join()
+    assert (version, checksum) == (1, weights_checksum(tensors))
+    assert all(torch.equal(got[n], tensors[n]) for n in tensors)
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [("corrupt", "sha256 mismatch"), ("short", "truncated"), ("long", "longer than the header's total_bytes")],
+)
+def test_bad_data_is_rejected(port: wdp.WeightDataPort, how: str, message: str) -> None:
+    tensors, token = _tensors(), wdp.new_token()
+    data = bytearray(_payload(tensors))
+    if how == "corrupt":
+        data[12345] ^= 0x10
+    elif how == "short":
+        del data[-3:]
+    else:
+        data += b"\0"
+    conn = wdp.connect("127.0.0.1", port.port, token)
+    assert conn is not None
+    with conn:
+        sender = threading.Thread(target=_send, args=(conn, bytes(data)))
+        sender.start()
+        with pytest.raises(WeightUpdateError, match=message):
+            _receive(port, tensors, token).finish()
+        sender.join()
+
+
+def test_a_claim_without_a_connection_times_out_naming_the_port(port: wdp.WeightDataPort) -> None:
+    with pytest.raises(WeightUpdateError, match=f"weights data port {port.port} within"):
+        port.claim(wdp.new_token(), timeout_s=0.2)
+
+
+def test_a_stalled_sender_fails_at_the_deadline(port: wdp.WeightDataPort) -> None:
+    tensors, token = _tensors(), wdp.new_token()
+    conn = wdp.connect("127.0.0.1", port.port, token)
+    assert conn is not None
+    with conn:
+        conn.sendall(_payload(tensors)[:1000])  # then nothing
+        assembler = WeightAssembler(specs_of(tensors), loaded_version=0)
+        assembler.feed(_header_chunk(tensors, token))
+        with port.claim(token, timeout_s=5) as server_side, pytest.raises(WeightUpdateError, match="in time"):
+            assembler.receive(wdp.reader(server_side, time.monotonic() + 0.5))
+        assembler.close()
+
+
+def _closed_by_server(conn: socket.socket, within_s: float) -> bool:
+    conn.settimeout(within_s)
+    try:
+        return conn.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_strangers_and_unclaimed_connections_are_dropped(port: wdp.WeightDataPort) -> None:
+    stranger = socket.create_connection(("127.0.0.1", port.port))
+    stranger.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"x" * 64)
+    assert _closed_by_server(stranger, 5), "a wrong greeting is closed at once"
+    silent = socket.create_connection(("127.0.0.1", port.port))
+    assert _closed_by_server(silent, 5), "a connection that says nothing is closed after the hello timeout"
+    unclaimed = wdp.connect("127.0.0.1", port.port, wdp.new_token())
+    assert unclaimed is not None
+    started = time.monotonic()
+    assert _closed_by_server(unclaimed, 5) and time.monotonic() - started < 4, "closed after the hello timeout"
+    for conn in (stranger, silent, unclaimed):
+        conn.close()
+
+
+def test_at_most_max_waiting_connections_are_held(port: wdp.WeightDataPort) -> None:
+    held = [wdp.connect("127.0.0.1", port.port, wdp.new_token()) for _ in range(2)]
+    time.sleep(0.2)  # both greeted and waiting for a claim
+    extra = socket.create_connection(("127.0.0.1", port.port))
+    assert _closed_by_server(extra, 0.8), "a third connection is refused at once"
+    for conn in [*held, extra]:
+        assert conn is not None
+        conn.close()
+
+
+def test_a_discarded_token_is_dropped_before_and_after_it_arrives(port: wdp.WeightDataPort) -> None:
+    early = wdp.new_token()
+    port.discard(early)  # the header was rejected before its connection came
+    conn = wdp.connect("127.0.0.1", port.port, early)
+    assert conn is not None and _closed_by_server(conn, 0.5)
+    waiting = wdp.new_token()
+    conn2 = wdp.connect("127.0.0.1", port.port, waiting)
+    assert conn2 is not None
+    time.sleep(0.2)
+    port.discard(waiting)
+    assert _closed_by_server(conn2, 0.5)
+    conn.close()
+    conn2.close()
+
+
+def test_connect_returns_none_when_the_port_is_closed(caplog: pytest.LogCaptureFixture) -> None:
+    assert wdp.connect("127.0.0.1", free_port(), wdp.new_token(), timeout_s=2) is None
+    assert "sending the weights over gRPC" in caplog.text
+
+
+def test_tls_round_trip_and_plaintext_refused(tmp_path: Path) -> None:
+    cert, key = self_signed_cert(tmp_path)
+    listener = wdp.WeightDataPort("127.0.0.1", 0, wdp.server_ssl_context(str(cert), str(key)), hello_timeout_s=1)
+    try:
+        tensors, token = _tensors(), wdp.new_token()
+        conn = wdp.connect("127.0.0.1", listener.port, token, ca_file=cert)
+        assert conn is not None
+        sender = threading.Thread(target=_send, args=(conn, _payload(tensors)))
+        sender.start()
+        _, checksum, _ = _receive(listener, tensors, token).finish()
+        sender.join()
+        conn.close()
+        assert checksum == weights_checksum(tensors)
+        plain_token = wdp.new_token()
+        plain = wdp.connect("127.0.0.1", listener.port, plain_token)  # no CA: plaintext greeting to a TLS port
+        assert plain is not None
+        with pytest.raises(WeightUpdateError, match="within"):
+            listener.claim(plain_token, timeout_s=1.5)
+        plain.close()
+    finally:
+        listener.close()
+
+
+def test_split_host_and_token_shape() -> None:
+    assert wdp.split_host("10.0.0.7:50051") == "10.0.0.7"
+    assert wdp.split_host("[::1]:50051") == "::1"
+    assert wdp.split_host("rollout-0.rollout:50051") == "rollout-0.rollout"
+    token = wdp.new_token()
+    assert wdp.valid_token(token) and not wdp.valid_token(token.upper()) and not wdp.valid_token(token[:-1])
