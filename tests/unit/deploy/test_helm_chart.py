@@ -113,7 +113,9 @@ def test_network_policies_isolate_sandbox_and_weight_endpoint(manifests: tuple[s
     assert {"port": 50054, "protocol": "TCP"} in weights_rule["ports"]
     assert not any(p["port"] == 50054 for r in rollout["ingress"] if r is not weights_rule for p in r["ports"])
     trainer_egress = policies["demo-grpo-trainer"]["spec"]["egress"]
-    to_rollout = next(r for r in trainer_egress if r.get("to") == [{"podSelector": {"matchLabels": selector("rollout")}}])
+    to_rollout = next(
+        r for r in trainer_egress if r.get("to") == [{"podSelector": {"matchLabels": selector("rollout")}}]
+    )
     assert {"port": 50054, "protocol": "TCP"} in to_rollout["ports"]
     pod = by_kind(docs, "Deployment")["demo-grpo-rollout"]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "weights", "containerPort": 50054} in pod["ports"]
