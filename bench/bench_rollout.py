@@ -25,6 +25,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "service"))
+sys.path.insert(0, str(ROOT))
 
 from rollout_proc import start_rollout_service  # noqa: E402
 
@@ -131,11 +132,12 @@ def bare_grpc_stream(tensors: dict[str, torch.Tensor], reps: int) -> float:
 def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
     """(b) UpdateWeights vs the /dev/shm reload, and (c) the pause it causes to Generate.
 
-    Timed two ways. Per replica: the RPC with the checksum given, as the trainer sends it (it
-    hashes each version once, for every replica, and checks their replies against it). End to
-    end: the sender's sha256 of the version on top. The first update is reported on its own:
-    it also maps the replica's staging buffer. Each repetition pushes once over the data port
-    and once with the bytes in the gRPC stream.
+    Each repetition pushes a new version three times. End to end: push_weights as it is, the
+    pusher computing the sha256 while the bytes go out over the data port. Per replica: the
+    same with the checksum already known (the trainer hashes a version once for all replicas).
+    The gRPC stream fallback: the header (hence the hash) must go first, so its end-to-end time
+    is the hash plus the push. The first update is reported on its own: it also maps the
+    replica's staging buffer.
     """
     from transformers import AutoModelForCausalLM
 
@@ -145,15 +147,19 @@ def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
     params = sum(t.numel() for t in live.values())
     size = sum(t.numel() * t.element_size() for t in live.values())
     proc = start_rollout_service("--model", str(path), log_dir=log_dir)
-    ref_s, replies, checksum_s, replica_s, grpc_s = [], [], [], [], []
+    ref_s, replies, checksum_s, replica_s, grpc_s, end_to_end_s = [], [], [], [], [], []
     try:
         new = {k: v + 0.01 for k, v in live.items()}
         first = time.perf_counter()
         push_weights(proc.address, new, 1, timeout_s=300, data_port=proc.data_port)
         first_s = time.perf_counter() - first
         for rep in range(reps):
-            version = 2 * rep + 2
+            version = 3 * rep + 2
             new = {k: v + 0.01 * version for k, v in live.items()}
+            start = time.perf_counter()  # end to end: the pusher hashes the new version as it sends it
+            push_weights(proc.address, new, version, timeout_s=300, data_port=proc.data_port)
+            end_to_end_s.append(time.perf_counter() - start)
+            version += 1
             start = time.perf_counter()
             checksum = weights_checksum(new)
             hashed = time.perf_counter()
@@ -166,12 +172,13 @@ def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
             push_weights(proc.address, new, version + 1, timeout_s=300, checksum=checksum)
             grpc_s.append(time.perf_counter() - start)
             ref_s.append(reference_reload(new, {k: v.clone() for k, v in live.items()}))
-        pause = generation_pause(proc.address, live, 2 * reps + 2, proc.data_port)
+        pause = generation_pause(proc.address, live, 3 * reps + 2, proc.data_port)
     finally:
         proc.stop()
     bare = bare_grpc_stream(live, reps)
+    tls = tls_updates(path, live, log_dir, reps)
     ref, replica, sha = statistics.median(ref_s), statistics.median(replica_s), statistics.median(checksum_s)
-    end_to_end = statistics.median(c + r for c, r in zip(checksum_s, replica_s, strict=True))
+    end_to_end = statistics.median(end_to_end_s)
     grpc_end_to_end = statistics.median(c + g for c, g in zip(checksum_s, grpc_s, strict=True))
     update = {
         "params": params,
@@ -190,6 +197,7 @@ def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
         "grpc_stream_end_to_end_ratio": round(grpc_end_to_end / ref, 3),
         "bare_grpc_stream_s": round(bare, 4),
         "bare_grpc_ratio": round(bare / ref, 3),
+        "tls": tls,
         "server_receive_s": round(statistics.median(r.receive_s for r in replies), 4),
         "server_apply_s": round(statistics.median(r.apply_s for r in replies), 4),
         "per_replica_gb_per_s": round(size / replica / 1e9, 3),
@@ -198,6 +206,36 @@ def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
         "bare_grpc_stream = those gRPC messages through a handler that only counts them",
     }
     return update, pause
+
+
+def tls_updates(path: Path, live: dict[str, torch.Tensor], log_dir: Path, reps: int) -> dict:
+    """The same update to a replica serving TLS: the data port encrypts too (with gRPC's certificate)."""
+    from tests.unit.reward.helpers import self_signed_cert
+
+    cert, key = self_signed_cert(log_dir)
+    env = {"GRPO_ROLLOUT_TLS_CERT_FILE": str(cert), "GRPO_ROLLOUT_TLS_KEY_FILE": str(key)}
+    proc = start_rollout_service("--model", str(path), log_dir=log_dir, env=env, ca_file=cert)
+    data_port_s, grpc_s = [], []
+    try:
+        new = {k: v + 0.5 for k, v in live.items()}
+        checksum = weights_checksum(new)
+        push_weights(
+            proc.address, new, 1, timeout_s=300, checksum=checksum, ca_file=str(cert), data_port=proc.data_port
+        )
+        for rep in range(reps):
+            start = time.perf_counter()
+            push_weights(proc.address, new, 2 * rep + 2, timeout_s=300, checksum=checksum, ca_file=str(cert),
+                         data_port=proc.data_port)  # fmt: skip
+            data_port_s.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            push_weights(proc.address, new, 2 * rep + 3, timeout_s=300, checksum=checksum, ca_file=str(cert))
+            grpc_s.append(time.perf_counter() - start)
+    finally:
+        proc.stop()
+    return {
+        "per_replica_update_s": round(statistics.median(data_port_s), 4),
+        "grpc_stream_per_replica_update_s": round(statistics.median(grpc_s), 4),
+    }
 
 
 def generation_pause(address: str, live: dict[str, torch.Tensor], version: int, data_port: int) -> dict:

@@ -16,7 +16,7 @@ from rollout_proc import RolloutProc, perturbed, start_rollout_service, tiny_mod
 
 from grpo.common.net import free_port
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.common.weight_data_port import connect, new_token
+from grpo.common.weight_data_port import DATA_TOKEN_KEY, connect, new_token
 from grpo.common.weights import iter_weight_chunks, make_header, push_weights, tensor_bytes, weights_checksum
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
@@ -205,20 +205,23 @@ def _push_over_data_port(
 ) -> None:
     """An update whose bytes go to the data port, spoiled as `how` says; raises the reply's RpcError."""
     token = new_token()
-    conn = connect("127.0.0.1", rollout.data_port, token)
+    data = bytearray(b"".join(tensor_bytes(new[n]) for n in sorted(new)))
+    announced = {"oversize": len(data) * 3, "size_mismatch": len(data) - 8}.get(how, len(data))
+    conn = connect("127.0.0.1", rollout.data_port, token, announced)
     assert conn is not None
     with conn:
-        messages = [pb.WeightChunk(header=make_header(new, version, data_token=token))]
+        messages = [pb.WeightChunk(header=make_header(new, version))]
         if how == "data_in_stream":
             messages.append(pb.WeightChunk(data=b"\0" * 8))
-        call = stub.UpdateWeights.future(iter(messages), timeout=60)
-        data = bytearray(b"".join(tensor_bytes(new[n]) for n in sorted(new)))
+        call = stub.UpdateWeights.future(iter(messages), timeout=60, metadata=[(DATA_TOKEN_KEY, token)])
         if how == "corrupt":
             data[5000] ^= 0x01
         elif how == "truncate":
             del data[-100:]
-        elif how == "oversize":
+        elif how == "longer":
             data += b"\0" * 8
+        elif how == "size_mismatch":
+            del data[-8:]
         try:
             conn.sendall(data)
             conn.shutdown(socket.SHUT_WR)
@@ -232,8 +235,10 @@ def _push_over_data_port(
     [
         ("corrupt", grpc.StatusCode.INVALID_ARGUMENT, "sha256 mismatch"),
         ("truncate", grpc.StatusCode.INVALID_ARGUMENT, "truncated"),
-        ("oversize", grpc.StatusCode.INVALID_ARGUMENT, "longer than"),
-        ("data_in_stream", grpc.StatusCode.INVALID_ARGUMENT, "the stream must end"),
+        ("longer", grpc.StatusCode.INVALID_ARGUMENT, "longer than the byte count it announced"),
+        ("oversize", grpc.StatusCode.INVALID_ARGUMENT, "this model's weights are 1 to"),
+        ("size_mismatch", grpc.StatusCode.INVALID_ARGUMENT, "bytes sent to the data port"),
+        ("data_in_stream", grpc.StatusCode.INVALID_ARGUMENT, "the stream must hold only the header"),
         ("old_version", grpc.StatusCode.FAILED_PRECONDITION, "not newer than the loaded version"),
     ],
 )
@@ -260,6 +265,16 @@ def test_bad_data_port_updates_are_rejected_and_old_weights_serve(
     assert reply.checksum == weights_checksum(good)
 
 
+def test_a_malformed_data_token_is_invalid_argument(
+    stub: pb_grpc.RolloutServiceStub, weights: dict[str, torch.Tensor]
+) -> None:
+    header = pb.WeightChunk(header=make_header(weights, _version(stub) + 1))
+    with pytest.raises(grpc.RpcError) as info:
+        stub.UpdateWeights(iter([header]), timeout=30, metadata=[(DATA_TOKEN_KEY, "not-a-token")])
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "grpo-data-token metadata must be 64 lowercase hex characters" in info.value.details()
+
+
 def test_without_a_data_port_updates_come_in_the_stream(
     tmp_path: Path, weights: dict[str, torch.Tensor], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -273,10 +288,10 @@ def test_without_a_data_port_updates_come_in_the_stream(
             reply = push_weights(proc.address, new, 1, timeout_s=60, data_port=free_port())
             assert (reply.version, reply.checksum) == (1, weights_checksum(new))
             assert "unreachable" in caplog.text and "sending the weights over gRPC" in caplog.text
-            # A header that asks for the data port anyway is refused with the reason.
-            header = pb.WeightChunk(header=make_header(new, 2, data_token=new_token()))
+            # A call that asks for the data port anyway is refused with the reason.
+            header = pb.WeightChunk(header=make_header(new, 2))
             with pytest.raises(grpc.RpcError) as info:
-                stub.UpdateWeights(iter([header]), timeout=30)
+                stub.UpdateWeights(iter([header]), timeout=30, metadata=[(DATA_TOKEN_KEY, new_token())])
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "no weights data port" in info.value.details()
     finally:

@@ -36,19 +36,23 @@ def _payload(tensors: dict[str, torch.Tensor]) -> bytes:
 
 
 def _receive(listener: wdp.WeightDataPort, tensors: dict[str, torch.Tensor], token: str) -> WeightAssembler:
-    """What the rollout service does with a header that names `token`: claim, read, check the end."""
+    """What the rollout service does for a call that names `token`: claim, read, check the end, then the header."""
     assembler = WeightAssembler(specs_of(tensors), loaded_version=0)
-    assembler.feed(_header_chunk(tensors, token))
-    conn = listener.claim(token, timeout_s=5)
+    conn, size = listener.claim(token, timeout_s=5)
     with conn:
-        assembler.receive(wdp.reader(conn, time.monotonic() + 10))
+        assembler.receive(size, wdp.reader(conn, time.monotonic() + 10))
         if assembler.offset == len(assembler.buffer):
             wdp.expect_end(conn)
+    assembler.feed(_header_chunk(tensors))
     return assembler
 
 
-def _header_chunk(tensors: dict[str, torch.Tensor], token: str) -> rollout_pb2.WeightChunk:
-    return rollout_pb2.WeightChunk(header=make_header(tensors, 1, data_token=token))
+def _header_chunk(tensors: dict[str, torch.Tensor]) -> rollout_pb2.WeightChunk:
+    return rollout_pb2.WeightChunk(header=make_header(tensors, 1))
+
+
+def _connect(port: int, token: str, ca_file: Path | None = None) -> socket.socket | None:
+    return wdp.connect("127.0.0.1", port, token, len(_payload(_tensors())), ca_file)
 
 
 def _send(conn: socket.socket, data: bytes) -> None:
@@ -61,7 +65,7 @@ def test_bytes_arrive_whole_whichever_side_comes_first(port: wdp.WeightDataPort,
     tensors, token = _tensors(), wdp.new_token()
     sender = threading.Thread(target=lambda: None)
     if connect_first:
-        conn = wdp.connect("127.0.0.1", port.port, token)
+        conn = _connect(port.port, token)
         assert conn is not None
         sender = threading.Thread(target=_send, args=(conn, _payload(tensors)))
         sender.start()
@@ -70,7 +74,7 @@ def test_bytes_arrive_whole_whichever_side_comes_first(port: wdp.WeightDataPort,
 
         def late() -> None:
             time.sleep(0.3)  # the claim is already waiting
-            c = wdp.connect("127.0.0.1", port.port, token)
+            c = _connect(port.port, token)
             assert c is not None
             conns.append(c)
             _send(c, _payload(tensors))
@@ -85,7 +89,7 @@ def test_bytes_arrive_whole_whichever_side_comes_first(port: wdp.WeightDataPort,
 
 @pytest.mark.parametrize(
     ("how", "message"),
-    [("corrupt", "sha256 mismatch"), ("short", "truncated"), ("long", "longer than the header's total_bytes")],
+    [("corrupt", "sha256 mismatch"), ("short", "truncated"), ("long", "longer than the byte count it announced")],
 )
 def test_bad_data_is_rejected(port: wdp.WeightDataPort, how: str, message: str) -> None:
     tensors, token = _tensors(), wdp.new_token()
@@ -96,7 +100,7 @@ def test_bad_data_is_rejected(port: wdp.WeightDataPort, how: str, message: str) 
         del data[-3:]
     else:
         data += b"\0"
-    conn = wdp.connect("127.0.0.1", port.port, token)
+    conn = _connect(port.port, token)
     assert conn is not None
     with conn:
         sender = threading.Thread(target=_send, args=(conn, bytes(data)))
@@ -113,14 +117,14 @@ def test_a_claim_without_a_connection_times_out_naming_the_port(port: wdp.Weight
 
 def test_a_stalled_sender_fails_at_the_deadline(port: wdp.WeightDataPort) -> None:
     tensors, token = _tensors(), wdp.new_token()
-    conn = wdp.connect("127.0.0.1", port.port, token)
+    conn = _connect(port.port, token)
     assert conn is not None
     with conn:
         conn.sendall(_payload(tensors)[:1000])  # then nothing
         assembler = WeightAssembler(specs_of(tensors), loaded_version=0)
-        assembler.feed(_header_chunk(tensors, token))
-        with port.claim(token, timeout_s=5) as server_side, pytest.raises(WeightUpdateError, match="in time"):
-            assembler.receive(wdp.reader(server_side, time.monotonic() + 0.5))
+        server_side, size = port.claim(token, timeout_s=5)
+        with server_side, pytest.raises(WeightUpdateError, match="in time"):
+            assembler.receive(size, wdp.reader(server_side, time.monotonic() + 0.5))
         assembler.close()
 
 
@@ -140,7 +144,7 @@ def test_strangers_and_unclaimed_connections_are_dropped(port: wdp.WeightDataPor
     assert _closed_by_server(stranger, 5), "a wrong greeting is closed at once"
     silent = socket.create_connection(("127.0.0.1", port.port))
     assert _closed_by_server(silent, 5), "a connection that says nothing is closed after the hello timeout"
-    unclaimed = wdp.connect("127.0.0.1", port.port, wdp.new_token())
+    unclaimed = _connect(port.port, wdp.new_token())
     assert unclaimed is not None
     started = time.monotonic()
     assert _closed_by_server(unclaimed, 5) and time.monotonic() - started < 4, "closed after the hello timeout"
@@ -149,7 +153,7 @@ def test_strangers_and_unclaimed_connections_are_dropped(port: wdp.WeightDataPor
 
 
 def test_at_most_max_waiting_connections_are_held(port: wdp.WeightDataPort) -> None:
-    held = [wdp.connect("127.0.0.1", port.port, wdp.new_token()) for _ in range(2)]
+    held = [_connect(port.port, wdp.new_token()) for _ in range(2)]
     time.sleep(0.2)  # both greeted and waiting for a claim
     extra = socket.create_connection(("127.0.0.1", port.port))
     assert _closed_by_server(extra, 0.8), "a third connection is refused at once"
@@ -161,10 +165,10 @@ def test_at_most_max_waiting_connections_are_held(port: wdp.WeightDataPort) -> N
 def test_a_discarded_token_is_dropped_before_and_after_it_arrives(port: wdp.WeightDataPort) -> None:
     early = wdp.new_token()
     port.discard(early)  # the header was rejected before its connection came
-    conn = wdp.connect("127.0.0.1", port.port, early)
+    conn = _connect(port.port, early)
     assert conn is not None and _closed_by_server(conn, 0.5)
     waiting = wdp.new_token()
-    conn2 = wdp.connect("127.0.0.1", port.port, waiting)
+    conn2 = _connect(port.port, waiting)
     assert conn2 is not None
     time.sleep(0.2)
     port.discard(waiting)
@@ -174,7 +178,7 @@ def test_a_discarded_token_is_dropped_before_and_after_it_arrives(port: wdp.Weig
 
 
 def test_connect_returns_none_when_the_port_is_closed(caplog: pytest.LogCaptureFixture) -> None:
-    assert wdp.connect("127.0.0.1", free_port(), wdp.new_token(), timeout_s=2) is None
+    assert wdp.connect("127.0.0.1", free_port(), wdp.new_token(), 10, timeout_s=2) is None
     assert "sending the weights over gRPC" in caplog.text
 
 
@@ -183,7 +187,7 @@ def test_tls_round_trip_and_plaintext_refused(tmp_path: Path) -> None:
     listener = wdp.WeightDataPort("127.0.0.1", 0, wdp.server_ssl_context(str(cert), str(key)), hello_timeout_s=1)
     try:
         tensors, token = _tensors(), wdp.new_token()
-        conn = wdp.connect("127.0.0.1", listener.port, token, ca_file=cert)
+        conn = _connect(listener.port, token, cert)
         assert conn is not None
         sender = threading.Thread(target=_send, args=(conn, _payload(tensors)))
         sender.start()
@@ -192,7 +196,7 @@ def test_tls_round_trip_and_plaintext_refused(tmp_path: Path) -> None:
         conn.close()
         assert checksum == weights_checksum(tensors)
         plain_token = wdp.new_token()
-        plain = wdp.connect("127.0.0.1", listener.port, plain_token)  # no CA: plaintext greeting to a TLS port
+        plain = _connect(listener.port, plain_token)  # no CA: plaintext greeting to a TLS port
         assert plain is not None
         with pytest.raises(WeightUpdateError, match="within"):
             listener.claim(plain_token, timeout_s=1.5)
@@ -207,3 +211,16 @@ def test_split_host_and_token_shape() -> None:
     assert wdp.split_host("rollout-0.rollout:50051") == "rollout-0.rollout"
     token = wdp.new_token()
     assert wdp.valid_token(token) and not wdp.valid_token(token.upper()) and not wdp.valid_token(token[:-1])
+
+
+def test_announced_size_is_checked_before_and_against_the_header(port: wdp.WeightDataPort) -> None:
+    tensors = _tensors()
+    size = len(_payload(tensors))
+    too_big = WeightAssembler(specs_of(tensors), loaded_version=0)
+    with pytest.raises(WeightUpdateError, match="this model's weights are 1 to"):
+        too_big.receive(size * 2 + 1, lambda view: 0)  # nothing is allocated for it
+    other = WeightAssembler(specs_of(tensors), loaded_version=0)
+    other.receive(size - 4, lambda view: len(view))
+    with pytest.raises(WeightUpdateError, match=f"header total_bytes {size} != the {size - 4} bytes"):
+        other.feed(_header_chunk(tensors))
+    other.close()

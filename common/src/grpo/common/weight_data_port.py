@@ -2,15 +2,21 @@
 
 Python gRPC moves ~0.5 GB/s through a client stream here (each message is copied into and out
 of the C core); a plain socket moves the same bytes at ~1.5-2 GB/s straight into the replica's
-receive buffer. So an update keeps its control path on gRPC (the header is authenticated,
-validated and answered there) and sends the bytes here, on a connection that opens with a
-one-time token named in the header. A connection is only used once the authenticated
-UpdateWeights call claims its token, so the port needs no credentials of its own; when gRPC
+receive buffer. So an update keeps its control path on gRPC (authenticated, validated and
+answered there) and sends the bytes here, on a connection that opens with a one-time token the
+UpdateWeights call names in its metadata (`DATA_TOKEN_KEY`). A connection is only read once an
+authenticated call claims its token, so the port needs no credentials of its own; when gRPC
 runs TLS, so does this port, with the same certificate. A pusher that cannot connect sends the
 bytes in the gRPC stream instead (grpo.common.weights.push_weights).
 
-Wire, pusher -> replica: MAGIC, the token as 64 hex characters, exactly header.total_bytes
-bytes, end of stream. Nothing comes back on the socket: the result is the UpdateWeights reply.
+Because the call, not the header, names the connection, the bytes can flow while the pusher
+is still hashing them: the header (with the sha256) follows when the hash is done, and the
+replica, hashing as the bytes arrive, compares the two. Two sha256 passes of the model then
+overlap instead of adding up.
+
+Wire, pusher -> replica: MAGIC, the token (64 hex characters), the byte count (16 hex
+characters), exactly that many bytes, end of stream. Nothing comes back on the socket: the
+result is the UpdateWeights reply.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"GRPOWD1\n"
 TOKEN_CHARS = 64
-HELLO_BYTES = len(MAGIC) + TOKEN_CHARS
+SIZE_CHARS = 16
+HELLO_BYTES = len(MAGIC) + TOKEN_CHARS + SIZE_CHARS
+DATA_TOKEN_KEY = "grpo-data-token"  # UpdateWeights call metadata
 READ_BYTES = 8 * 1024 * 1024
 
 
@@ -39,8 +47,12 @@ def new_token() -> str:
     return secrets.token_hex(TOKEN_CHARS // 2)
 
 
+def _is_hex(text: str, length: int) -> bool:
+    return len(text) == length and all(c in "0123456789abcdef" for c in text)
+
+
 def valid_token(token: str) -> bool:
-    return len(token) == TOKEN_CHARS and all(c in "0123456789abcdef" for c in token)
+    return _is_hex(token, TOKEN_CHARS)
 
 
 def split_host(address: str) -> str:
@@ -80,16 +92,16 @@ class WeightDataPort:
         host: str,
         port: int,
         ssl_context: ssl.SSLContext | None = None,
-        hello_timeout_s: float = 10.0,
+        hello_timeout_s: float = 30.0,
         max_waiting: int = 8,
     ) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, port), family=family, backlog=16)
         self.port: int = self._listener.getsockname()[1]
         self._ssl = ssl_context
-        self._hello_timeout_s = hello_timeout_s
+        self.hello_timeout_s = hello_timeout_s
         self._max_waiting = max_waiting
-        self._arrived: dict[str, socket.socket] = {}
+        self._arrived: dict[str, tuple[socket.socket, int]] = {}
         self._discarded: collections.deque[str] = collections.deque(maxlen=64)
         self._held = 0  # connections in their hello or waiting for a claim
         self._cond = threading.Condition()
@@ -118,12 +130,13 @@ class WeightDataPort:
     def _hello(self, conn: socket.socket, peer: object) -> None:
         token = ""
         try:
-            conn.settimeout(self._hello_timeout_s)
+            conn.settimeout(self.hello_timeout_s)
             if self._ssl is not None:
                 conn = self._ssl.wrap_socket(conn, server_side=True)
             hello = _read_exactly(conn, HELLO_BYTES)
-            token = hello[len(MAGIC) :].decode("ascii", "replace")
-            if not hello.startswith(MAGIC) or not valid_token(token):
+            token = hello[len(MAGIC) : len(MAGIC) + TOKEN_CHARS].decode("ascii", "replace")
+            size_hex = hello[len(MAGIC) + TOKEN_CHARS :].decode("ascii", "replace")
+            if not hello.startswith(MAGIC) or not valid_token(token) or not _is_hex(size_hex, SIZE_CHARS):
                 raise ValueError("not a weight data connection (bad greeting)")
         except (OSError, ValueError) as exc:
             log.warning("weights data port: dropped a connection from %s: %s", peer, exc)
@@ -134,9 +147,9 @@ class WeightDataPort:
         with self._cond:
             discarded = token in self._discarded
             if not discarded:
-                self._arrived[token] = conn
+                self._arrived[token] = (conn, int(size_hex, 16))
                 self._cond.notify_all()
-                claimed = self._cond.wait_for(lambda: token not in self._arrived, self._hello_timeout_s)
+                claimed = self._cond.wait_for(lambda: token not in self._arrived, self.hello_timeout_s)
                 if not claimed:
                     del self._arrived[token]
             self._held -= 1
@@ -146,8 +159,9 @@ class WeightDataPort:
             log.warning("weights data port: no update claimed the connection from %s; closed", peer)
             conn.close()
 
-    def claim(self, token: str, timeout_s: float) -> socket.socket:
-        """The connection that opened with `token`, once it has arrived; WeightUpdateError after `timeout_s`."""
+    def claim(self, token: str, timeout_s: float) -> tuple[socket.socket, int]:
+        """(connection, byte count it announced) for `token`, once it has arrived; WeightUpdateError after
+        `timeout_s`."""
         with self._cond:
             if not self._cond.wait_for(lambda: token in self._arrived or self._closed, timeout_s):
                 raise WeightUpdateError(
@@ -161,12 +175,12 @@ class WeightDataPort:
     def discard(self, token: str) -> None:
         """Drop the connection of a rejected update, now or as soon as it arrives."""
         with self._cond:
-            conn = self._arrived.pop(token, None)
-            if conn is None:
+            arrived = self._arrived.pop(token, None)
+            if arrived is None:
                 self._discarded.append(token)
             self._cond.notify_all()
-        if conn is not None:
-            conn.close()
+        if arrived is not None:
+            arrived[0].close()
 
     def close(self) -> None:
         with self._cond:
@@ -178,7 +192,7 @@ class WeightDataPort:
         except OSError:
             pass
         self._listener.close()
-        for conn in waiting:
+        for conn, _ in waiting:
             conn.close()
         self._thread.join(timeout=5)
 
@@ -202,18 +216,18 @@ def reader(conn: socket.socket, deadline: float) -> Callable[[memoryview], int]:
 
 
 def expect_end(conn: socket.socket, timeout_s: float = 5.0) -> None:
-    """After total_bytes, the pusher must end the stream: a longer one is as wrong as a shorter one."""
+    """After the announced bytes, the pusher must end the stream: a longer one is as wrong as a shorter one."""
     conn.settimeout(timeout_s)
     try:
         extra = conn.recv(1)
     except OSError as exc:
-        raise WeightUpdateError(f"the weight data connection did not end after total_bytes: {exc}") from None
+        raise WeightUpdateError(f"the weight data connection did not end after the announced bytes: {exc}") from None
     if extra:
-        raise WeightUpdateError("the weight data is longer than the header's total_bytes")
+        raise WeightUpdateError("the weight data is longer than the byte count it announced")
 
 
 def connect(
-    host: str, port: int, token: str, ca_file: str | Path | None = None, timeout_s: float = 5.0
+    host: str, port: int, token: str, size: int, ca_file: str | Path | None = None, timeout_s: float = 5.0
 ) -> socket.socket | None:
     """A pusher's connection to a replica's data port with the greeting sent; None (logged) when it cannot
     connect, so the caller sends the bytes in the gRPC stream instead. TLS verified against `ca_file` when set."""
@@ -227,7 +241,7 @@ def connect(
         if ca_file:
             context = ssl.create_default_context(cafile=str(ca_file))
             conn = context.wrap_socket(conn, server_hostname=host)
-        conn.sendall(MAGIC + token.encode("ascii"))
+        conn.sendall(MAGIC + token.encode("ascii") + f"{size:0{SIZE_CHARS}x}".encode("ascii"))
     except (OSError, ssl.SSLError) as exc:
         conn.close()
         log.warning("weights data port %s:%d failed (%s); sending the weights over gRPC", host, port, exc)

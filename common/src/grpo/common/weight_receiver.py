@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from grpo.common.weight_data_port import valid_token
 from grpo.common.weights import DATA_TAG, FLOAT_DTYPES, Specs, WeightUpdateError, nbytes, to_torch_dtype
 from grpo.v1 import rollout_pb2
 
@@ -122,9 +121,7 @@ class WeightAssembler:
         self.buffer = bytearray()
         self.offset = 0
         self.hash: PipelinedSha256 | None = None
-        # Set when the header sends the bytes to the weights data port instead (also when it is rejected,
-        # so the receiver can drop that connection).
-        self.data_token = ""
+        self.from_data_port = False  # the bytes came by `receive`, before the header
 
     def feed(self, chunk: StreamMessage) -> None:
         """One message of the stream: a WeightChunk, or a data chunk's bytes as `decode_chunk` gives them."""
@@ -146,7 +143,6 @@ class WeightAssembler:
             raise WeightUpdateError("empty WeightChunk: set either header or data")
 
     def _accept_header(self, header: rollout_pb2.WeightHeader) -> None:
-        self.data_token = header.data_token
         if header.version <= self.loaded_version:
             raise WeightUpdateError(
                 f"version {header.version} is not newer than the loaded version {self.loaded_version}",
@@ -170,15 +166,18 @@ class WeightAssembler:
             raise WeightUpdateError(f"header total_bytes {header.total_bytes} != {expected} implied by the tensors")
         if len(header.sha256) != 64:
             raise WeightUpdateError("header sha256 must be a 64-character hex digest")
-        if header.data_token and not valid_token(header.data_token):
-            raise WeightUpdateError("header data_token must be 64 lowercase hex characters")
+        if self.from_data_port and expected != len(self.buffer):
+            raise WeightUpdateError(
+                f"header total_bytes {expected} != the {len(self.buffer)} bytes sent to the data port"
+            )
         self.header = header
-        self.buffer = self._allocate(expected)
-        self.hash = PipelinedSha256()
+        if not self.from_data_port:
+            self.buffer = self._allocate(expected)
+            self.hash = PipelinedSha256()
 
     def _accept_data(self, data: bytes | memoryview) -> None:
-        if self.data_token:
-            raise WeightUpdateError("this header sends its bytes to the data port (data_token): the stream must end")
+        if self.from_data_port:
+            raise WeightUpdateError("the bytes came over the data port: the stream must hold only the header")
         end = self.offset + len(data)
         if end > len(self.buffer):
             raise WeightUpdateError(f"stream is longer than the header's total_bytes {len(self.buffer)}")
@@ -187,12 +186,21 @@ class WeightAssembler:
         self.hash.update(memoryview(self.buffer)[self.offset : end])
         self.offset = end
 
-    def receive(self, read_into: Callable[[memoryview], int]) -> None:
-        """The bytes read straight into the buffer by `read_into` (a socket's recv_into), hashed as they arrive.
+    def receive(self, size: int, read_into: Callable[[memoryview], int]) -> None:
+        """`size` bytes read straight into the buffer by `read_into` (a socket's recv_into), hashed as they
+        arrive; before the header, which is checked against them when it comes.
 
         Stops when the buffer is full or `read_into` returns 0 (end of stream: `finish` reports the truncation).
         """
-        assert self.hash is not None  # set with the header
+        if self.header is not None or self.from_data_port:
+            raise WeightUpdateError("the data port bytes must come before the header, once")
+        # Any float tensor may arrive in another precision (up to 8 bytes an element): no update is larger.
+        most = sum(nbytes("F64", shape) for _, shape in self.specs.values())
+        if not 0 < size <= most:
+            raise WeightUpdateError(f"the data port announced {size} bytes; this model's weights are 1 to {most}")
+        self.from_data_port = True
+        self.buffer = self._allocate(size)
+        self.hash = PipelinedSha256()
         view = memoryview(self.buffer)
         hashed = self.offset
         while self.offset < len(self.buffer):

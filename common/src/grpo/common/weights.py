@@ -14,6 +14,7 @@ import logging
 import socket
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from grpo.common.auth import bearer_metadata
@@ -112,7 +113,7 @@ def weights_checksum(tensors: Mapping[str, torch.Tensor]) -> str:
 
 
 def make_header(
-    tensors: Mapping[str, torch.Tensor], version: int, checksum: str | None = None, data_token: str = ""
+    tensors: Mapping[str, torch.Tensor], version: int, checksum: str | None = None
 ) -> rollout_pb2.WeightHeader:
     specs = specs_of(tensors)
     names = sorted(tensors)
@@ -121,7 +122,6 @@ def make_header(
         tensors=[rollout_pb2.TensorSpec(name=n, dtype=specs[n][0], shape=specs[n][1]) for n in names],
         sha256=checksum or weights_checksum(tensors),
         total_bytes=sum(nbytes(*specs[n]) for n in names),
-        data_token=data_token,
     )
 
 
@@ -200,18 +200,19 @@ def push_weights(
     token: str | None = None,
     timeout_s: float = 120.0,
     chunk_bytes: int = CHUNK_BYTES,
-    checksum: str | None = None,
+    checksum: str | Future[str] | None = None,
     ca_file: str | None = None,
     data_port: int = 0,
 ) -> rollout_pb2.UpdateWeightsResponse:
     """Send `tensors` as `version` to the rollout replica at `address` (TLS when `ca_file` is set);
     raises grpc.RpcError on rejection.
 
-    With `data_port` (the replica's RolloutStatus.weights_data_port) the bytes go over that port and
-    only the header over gRPC, about 3x faster; when the port cannot be reached, or without it, the
-    bytes follow the header in the gRPC stream.
+    With `data_port` (the replica's RolloutStatus.weights_data_port) the bytes go over that port,
+    while the header, once hashed, goes over gRPC: about 2x faster end to end. When the port cannot
+    be reached, or without it, the bytes follow the header in the gRPC stream. `checksum` may be a
+    future (one hash shared by pushes to several replicas); None means compute it here.
     """
-    from grpo.common import weight_data_port  # imports this module
+    from grpo.common import weight_data_port as wdp  # it imports this module
 
     start = time.monotonic()
     metadata = bearer_metadata(token)
@@ -221,17 +222,23 @@ def push_weights(
             request_serializer=None,  # the messages are already wire bytes
             response_deserializer=rollout_pb2.UpdateWeightsResponse.FromString,
         )
-        data_token = weight_data_port.new_token()
-        host = weight_data_port.split_host(address)
-        conn = weight_data_port.connect(host, data_port, data_token, ca_file) if data_port else None
+        data_token = wdp.new_token()
+        size = sum(nbytes(dtype, shape) for dtype, shape in specs_of(tensors).values())
+        conn = wdp.connect(wdp.split_host(address), data_port, data_token, size, ca_file) if data_port else None
         remaining = max(timeout_s - (time.monotonic() - start), 1.0)
         if conn is None:
-            return update(iter_wire_messages(tensors, version, chunk_bytes, checksum), timeout=remaining,
-                          metadata=metadata)  # fmt: skip
-        with conn:
-            header = rollout_pb2.WeightChunk(header=make_header(tensors, version, checksum, data_token))
-            call = update.future(iter([header.SerializeToString()]), timeout=remaining, metadata=metadata)
-            # A rejected header ends the call at once: closing the socket then unblocks a send in progress.
+            messages = iter_wire_messages(tensors, version, chunk_bytes, _resolve(checksum))
+            return update(messages, timeout=remaining, metadata=metadata)
+        with conn, ThreadPoolExecutor(1, thread_name_prefix="weights-sha256") as hasher:
+            # The bytes go out while the header's sha256 is computed (hashlib releases the GIL).
+            header = hasher.submit(lambda: make_header(tensors, version, _resolve(checksum)))
+
+            def header_message() -> Iterator[bytes]:  # gRPC's sending thread waits here for the hash
+                yield rollout_pb2.WeightChunk(header=header.result()).SerializeToString()
+
+            call_metadata = (*metadata, (wdp.DATA_TOKEN_KEY, data_token))
+            call = update.future(header_message(), timeout=remaining, metadata=call_metadata)
+            # A rejected call ends at once: closing the socket then unblocks a send in progress.
             call.add_done_callback(lambda _: _shutdown(conn))
             conn.settimeout(remaining)
             try:
@@ -241,6 +248,10 @@ def push_weights(
             except OSError as exc:
                 log.debug("weight data send to %s stopped: %s (the reply says why)", address, exc)
             return call.result()
+
+
+def _resolve(checksum: str | Future[str] | None) -> str | None:
+    return checksum.result() if isinstance(checksum, Future) else checksum
 
 
 def _shutdown(conn: socket.socket) -> None:

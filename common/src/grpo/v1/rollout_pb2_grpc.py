@@ -64,6 +64,10 @@ class RolloutServiceServicer:
     def UpdateWeights(self, request_iterator, context):
         """Client stream: one header, then the bytes in order. Applied atomically between
         generation steps; a bad stream is rejected and the old weights keep serving.
+        With call metadata `grpo-data-token` the bytes go to the
+        replica's weights data port instead (RolloutStatus.weights_data_port), on one TCP connection
+        that opens with "GRPOWD1\n", the token (64 hex characters) and the byte count (16 hex
+        characters), and the stream holds only the header, which may come after the bytes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -182,12 +182,17 @@ class RolloutService:
         self.metrics.tasks.labels("done" if ok else "failed").inc()
 
     def update_weights(
-        self, chunks: Iterable[StreamMessage], lock_timeout_s: float = 60.0, data_timeout_s: float = 300.0
+        self,
+        chunks: Iterable[StreamMessage],
+        lock_timeout_s: float = 60.0,
+        data_timeout_s: float = 300.0,
+        data_token: str | None = None,
     ) -> UpdateResult:
         """Receive a whole stream, check it, then swap it in between generation calls.
 
-        The stream is received without the update lock, so a stalled pusher cannot block the next one (the
-        caller bounds the stream; bytes sent to the data port must arrive within `data_timeout_s`); only the
+        With `data_token` the bytes come first, over the data port connection that opened with that token
+        (within `data_timeout_s`), and `chunks` holds only the header. The stream is received without the
+        update lock, so a stalled pusher cannot block the next one (the caller bounds the stream); only the
         version check and the apply are serialised. Raises WeightUpdateError (the old weights keep serving)
         when the stream is bad, UpdateBusy when another update keeps the lock past `lock_timeout_s` or too
         many streams are being received.
@@ -195,10 +200,12 @@ class RolloutService:
         start = time.monotonic()
         if not self._receive_slots.acquire(blocking=False):
             self.metrics.updates.labels("busy").inc()
+            if data_token and self.data_port is not None:
+                self.data_port.discard(data_token)
             raise UpdateBusy(f"{MAX_WEIGHT_STREAMS} weight streams are already being received; retry later")
         with self._staging.borrow() as allocate:  # the received tensors are views into its buffer until applied
             try:
-                got = self._receive(chunks, allocate, start + data_timeout_s)
+                got = self._receive(chunks, allocate, data_token, start + data_timeout_s)
             finally:
                 self._receive_slots.release()
             received = time.monotonic()
@@ -238,32 +245,40 @@ class RolloutService:
             self._update_lock.release()
 
     def _receive(
-        self, chunks: Iterable[StreamMessage], allocate: Callable[[int], bytearray], deadline: float
+        self,
+        chunks: Iterable[StreamMessage],
+        allocate: Callable[[int], bytearray],
+        data_token: str | None,
+        deadline: float,
     ) -> Received:
         assembler = WeightAssembler(self.specs, self.version, allocate)  # an older version fails at the header
         try:
+            if data_token:
+                self._receive_from_data_port(assembler, data_token, deadline)
             for chunk in chunks:
                 assembler.feed(chunk)
-            if assembler.data_token:
-                self._receive_from_data_port(assembler, deadline)
             version, checksum, tensors = assembler.finish()
-            via = "data_port" if assembler.data_token else "stream"
+            via = "data_port" if data_token else "stream"
             return Received(version, checksum, tensors, via, len(assembler.buffer))
         except WeightUpdateError as exc:
             self.metrics.updates.labels("rejected").inc()
             log.warning("weight update rejected: %s", exc)
-            if self.data_port is not None and assembler.data_token:
-                self.data_port.discard(assembler.data_token)
             raise
         finally:
             assembler.close()
 
-    def _receive_from_data_port(self, assembler: WeightAssembler, deadline: float) -> None:
+    def _receive_from_data_port(self, assembler: WeightAssembler, token: str, deadline: float) -> None:
         if self.data_port is None:
             raise WeightUpdateError("this replica has no weights data port: send the bytes in the stream")
-        conn = self.data_port.claim(assembler.data_token, max(deadline - time.monotonic(), 0.0))
+        # The pusher connects before it starts the call, so its connection is here or about to be.
+        wait = min(deadline - time.monotonic(), self.data_port.hello_timeout_s)
+        try:
+            conn, size = self.data_port.claim(token, max(wait, 0.0))
+        except WeightUpdateError:
+            self.data_port.discard(token)  # should it come after all
+            raise
         with conn:
-            assembler.receive(weight_data_port.reader(conn, deadline))
+            assembler.receive(size, weight_data_port.reader(conn, deadline))
             if assembler.offset == len(assembler.buffer):
                 weight_data_port.expect_end(conn)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -58,7 +58,7 @@ def _push_one(
     target: ReplicaTarget,
     tensors: Mapping[str, torch.Tensor],
     version: int,
-    checksum: str,
+    checksum: Future[str],
     token: str | None,
     deadline: float,
     retries: int,
@@ -84,7 +84,7 @@ def _push_one(
             if code == grpc.StatusCode.FAILED_PRECONDITION:
                 break  # the replica holds a newer version: a retry cannot fix it
             continue  # ABORTED (another update in progress), UNAVAILABLE, ...: worth another attempt
-        error = verify_reply(reply, version, checksum)
+        error = verify_reply(reply, version, checksum.result())
         if not error:
             return PushResult(target.replica_id, target.address, True, reply.version, reply.checksum, "",
                               time.monotonic() - start, attempts)  # fmt: skip
@@ -105,9 +105,10 @@ def push_to_replicas(
     """Push `tensors` as `version` to all `targets` at once; returns within ~timeout_s whatever happens."""
     if not targets:
         return []
-    checksum = weights_checksum(tensors)
     deadline = time.monotonic() + timeout_s
-    with ThreadPoolExecutor(max_workers=min(len(targets), 16), thread_name_prefix="push") as pool:
+    with ThreadPoolExecutor(max_workers=min(len(targets), 16) + 1, thread_name_prefix="push") as pool:
+        # Hashed once for every replica, while the bytes already flow to their data ports.
+        checksum = pool.submit(weights_checksum, tensors)
         futures = [
             pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries, ca_file) for t in targets
         ]
