@@ -171,6 +171,9 @@ def test_a_discarded_token_is_dropped_before_and_after_it_arrives(port: wdp.Weig
     conn2 = _connect(port.port, waiting)
     assert conn2 is not None
     time.sleep(0.2)
+    again = _connect(port.port, waiting)  # a token is good for one connection
+    assert again is not None and _closed_by_server(again, 0.5)
+    again.close()
     port.discard(waiting)
     assert _closed_by_server(conn2, 0.5)
     conn.close()

@@ -128,7 +128,6 @@ class WeightDataPort:
             threading.Thread(target=self._hello, args=(conn, peer), name="weights-data-hello", daemon=True).start()
 
     def _hello(self, conn: socket.socket, peer: object) -> None:
-        token = ""
         try:
             conn.settimeout(self.hello_timeout_s)
             if self._ssl is not None:
@@ -145,7 +144,8 @@ class WeightDataPort:
                 self._held -= 1
             return
         with self._cond:
-            discarded = token in self._discarded
+            # A token is good for one connection: a second one with it is dropped like a rejected update's.
+            discarded = token in self._discarded or token in self._arrived
             if not discarded:
                 self._arrived[token] = (conn, int(size_hex, 16))
                 self._cond.notify_all()
