@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,9 @@ def test_wandb_offline_run_records_the_metrics(tmp_path: Path, monkeypatch: pyte
     sink.close()
     logs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(logs) == 1
-    # The offline log holds the history items as (key, value_json) records.
-    record = logs[0].read_bytes()
+    # The offline log holds the history items as (key, value_json) records. wandb-core (its own process)
+    # may still be writing them when finish() returns (seen in CI: only the 7-byte file header), so wait.
+    deadline = time.monotonic() + 20
+    while b"1.5" not in (record := logs[0].read_bytes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert b"reward/mean" in record and b"0.25" in record and b"1.5" in record
