@@ -4,6 +4,7 @@ schemas, and has the properties the deployment promises (probes, security, polic
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +193,28 @@ def test_service_monitor_and_dashboard() -> None:
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     panels = json.loads(dashboard["data"]["grpo.json"])["panels"]
     assert len(panels) >= 6
+
+
+def _exported(collectors: Any) -> set[str]:
+    """The series names a registry can expose (counters with _total, histograms with _bucket/_sum/_count)."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    return {f.name + s for f in collectors.collect() for s in suffixes.get(f.type, ("",))}
+
+
+def test_dashboard_queries_only_metrics_the_services_export() -> None:
+    """A typo in a panel's query shows an empty graph, not an error: check the names against the registries."""
+    from prometheus_client import REGISTRY
+
+    import grpo.reward.metrics  # noqa: F401  (registers the reward service's metrics)
+    from grpo.rollout.service import Metrics
+
+    exported = _exported(Metrics().registry) | {n for n in _exported(REGISTRY) if n.startswith("grpo_reward_")}
+    dashboard = json.loads((CHART / "dashboards" / "grpo.json").read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+        for name in re.findall(r"grpo_(?:rollout|reward)_[a-z_]+", target["expr"])
+    }
+    assert "grpo_rollout_weight_update_bytes_total" in queried
+    assert queried <= exported, f"queried but not exported: {sorted(queried - exported)}"
