@@ -222,9 +222,10 @@ def push_weights(
             request_serializer=None,  # the messages are already wire bytes
             response_deserializer=rollout_pb2.UpdateWeightsResponse.FromString,
         )
-        data_token = wdp.new_token()
-        size = sum(nbytes(dtype, shape) for dtype, shape in specs_of(tensors).values())
-        conn = wdp.connect(wdp.split_host(address), data_port, data_token, size, ca_file) if data_port else None
+        data_token, conn = wdp.new_token(), None
+        if data_port:
+            size = sum(t.numel() * t.element_size() for t in tensors.values())
+            conn = wdp.connect(wdp.split_host(address), data_port, data_token, size, ca_file)
         remaining = max(timeout_s - (time.monotonic() - start), 1.0)
         if conn is None:
             messages = iter_wire_messages(tensors, version, chunk_bytes, _resolve(checksum))

@@ -165,13 +165,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         limit = StreamLimit(context, self.weights_stream_timeout_s)
         data_token = dict(context.invocation_metadata()).get(DATA_TOKEN_KEY)
         try:
-            if data_token is not None and not valid_token(str(data_token)):
+            if data_token is not None and not valid_token(data_token):
                 raise WeightUpdateError(f"{DATA_TOKEN_KEY} metadata must be 64 lowercase hex characters")
             result = self.service.update_weights(
                 limit.wrap(request_iterator),
                 lock_timeout_s=limit.limit_s,
                 data_timeout_s=limit.limit_s,
-                data_token=str(data_token) if data_token else None,
+                data_token=data_token,
             )
         except WeightUpdateError as exc:
             code = grpc.StatusCode.FAILED_PRECONDITION if exc.precondition else grpc.StatusCode.INVALID_ARGUMENT

@@ -15,8 +15,7 @@ from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from grpo.common import weight_data_port
-from grpo.common.weight_data_port import WeightDataPort
+from grpo.common.weight_data_port import WeightDataPort, expect_end, reader
 from grpo.common.weight_receiver import StagingBuffers, StreamMessage, WeightAssembler
 from grpo.common.weights import WeightUpdateError
 from grpo.rollout.engines.base import Engine, PromptOutput, SamplingParams
@@ -278,9 +277,9 @@ class RolloutService:
             self.data_port.discard(token)  # should it come after all
             raise
         with conn:
-            assembler.receive(size, weight_data_port.reader(conn, deadline))
+            assembler.receive(size, reader(conn, deadline))
             if assembler.offset == len(assembler.buffer):
-                weight_data_port.expect_end(conn)
+                expect_end(conn)
 
     def status(self) -> Status:
         with self._stats_lock:
