@@ -15,8 +15,8 @@ from security_procs import start_reward_service, stop_reward_service
 
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import make_channel
+from grpo.common.reward_client import RewardClient, RewardServiceError
 from grpo.common.weights import push_weights, weights_checksum
-from grpo.reward.client import RewardClient, RewardServiceError
 from grpo.rollout.settings import RolloutSettings
 from grpo.rollout.worker import reward_client
 from grpo.trainer.pusher import push_to_replicas, replica_status

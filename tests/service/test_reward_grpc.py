@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from grpo.common.net import free_port
-from grpo.reward.client import RewardClient, RewardServiceError
+from grpo.common.reward_client import RewardClient, RewardServiceError
 from grpo.v1 import reward_pb2 as pb
 from grpo.v1 import reward_pb2_grpc
 
@@ -121,8 +121,11 @@ def test_client_scores_and_raises_when_unreachable(live_reward: Any) -> None:
     with RewardClient(live_reward.grpc_addr, timeout_s=30) as client:
         results = client.score([{"id": "a", "completion": "\\boxed{4}", "checks": {"math": {"gold": "4"}}}])
         assert results[0].reward == 1.0 and results[0].components["math"].status == "correct"
-        with pytest.raises(ValueError, match="checks"):
-            client.score([{"id": "a", "completion": "x"}])
+        with pytest.raises(RewardServiceError, match="checks") as bad:
+            client.score([{"id": "a", "completion": "x"}])  # the service names the missing field
+        assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(ValueError, match="ScoreItem"):
+            client.score([{"id": "a", "no_such_field": 1}])  # caught before anything is sent
     with RewardClient(f"127.0.0.1:{free_port()}", timeout_s=0.5, retry_budget_s=1.5, backoff_s=0.05) as dead:
         started = time.monotonic()
         with pytest.raises(RewardServiceError, match=r"retry budget 1.5s") as err:

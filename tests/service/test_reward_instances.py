@@ -15,7 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from grpo.common.auth import bearer_metadata
-from grpo.reward.client import RewardClient, RewardServiceError
+from grpo.common.reward_client import RewardClient, RewardServiceError
 from grpo.v1 import reward_pb2 as pb
 from grpo.v1 import reward_pb2_grpc
 from tests.unit.reward.helpers import descendants, self_signed_cert

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -126,6 +127,28 @@ def test_tasks_come_back_as_scored_groups(
                 assert any(not x.HasField("score") for x in sample.components.values())
     assert queue.stats()["tasks"].unacked == 0
     assert service.status().tasks_done >= 2
+
+
+def test_a_written_task_leaves_the_lease_at_once(
+    service: RolloutService,
+    queue: RunQueue,
+    redis_url: str,
+    live_reward: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One read, six batches (different sampling params): the heartbeat renewing the lease of tasks already
+    written must not report them as taken over (it did, with one replica, in `docker compose up`)."""
+    monkeypatch.setenv("GRPO_ROLLOUT_HEARTBEAT_S", "0.05")
+    tasks = [math_task(f"l{n}", n, 1, n=n) for n in range(2, 8)]
+    queue.publish_tasks(tasks)
+    with (
+        caplog.at_level(logging.WARNING, logger="grpo.rollout.worker"),
+        worker(service, redis_url, live_reward.grpc_addr),
+    ):
+        groups = wait_groups(queue, {t.task_id for t in tasks})
+    assert all(g.status == "ok" for (g,) in groups.values())
+    assert not [r.getMessage() for r in caplog.records if "taken over" in r.getMessage()]
 
 
 def test_unreachable_reward_service_fails_the_group_never_scores_zero(

@@ -15,21 +15,18 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter
 
 from grpo.common.queue import APPENDED, TAKEN_OVER, Entry, QueueUnavailable, RunQueue, connect
 from grpo.common.registry import ReplicaInfo, ReplicaRegistry
+from grpo.common.reward_client import RewardClient
 from grpo.rollout.grpc_api import encode_prompts, sampling_params
 from grpo.rollout.records import Generated, batches, failed_record, group_records, score_items
 from grpo.rollout.service import RolloutService
 from grpo.rollout.settings import RolloutSettings
 from grpo.v1 import queue_pb2, reward_pb2
-
-if TYPE_CHECKING:
-    from grpo.reward.client import RewardClient
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +96,9 @@ class RolloutWorker:
             self.replica_id, self.address, version, checksum, time.time(), c["done"], c["failed"], self.data_port
         )
         self.registry.heartbeat(info)
-        with self._lock:
+        with self._lock:  # held across the touch: a task written meanwhile would look taken over
             leased = sorted(self._leases)
-        owned = self.queue.touch_tasks(self.replica_id, leased)
+            owned = self.queue.touch_tasks(self.replica_id, leased)
         if owned < len(leased):
             log.warning("%d of %d leased task(s) were taken over by other replicas", len(leased) - owned, len(leased))
 
@@ -241,7 +238,9 @@ class RolloutWorker:
         """Append + ack atomically, retrying through short Redis outages; else leave the task pending."""
         for attempt in range(5):
             try:
-                code = self.queue.append_group(self.replica_id, entry.entry_id, record)
+                with self._lock:  # the task leaves our leases as it is acked, not when the whole batch is done
+                    code = self.queue.append_group(self.replica_id, entry.entry_id, record)
+                    self._leases.discard(entry.entry_id)
                 break
             except QueueUnavailable as exc:
                 log.warning("append of group %s failed (attempt %d): %s", record.group_id, attempt + 1, exc)
@@ -283,18 +282,6 @@ def service_generator(service: RolloutService) -> Callable[[Sequence[queue_pb2.P
     return generate
 
 
-def reward_scorer(client: RewardClient) -> Scorer:
-    """Score protos through a `grpo.reward.client.RewardClient` (deadline per attempt, retries, raises)."""
-    from grpo.reward.convert import model_to_proto, proto_to_dict
-
-    def score(items: list[reward_pb2.ScoreItem]) -> list[reward_pb2.ScoreResult]:
-        # The client speaks the JSON contract; proto_to_dict adapts the oneofs and plug-in kwargs.
-        results = client.score(proto_to_dict(reward_pb2.ScoreRequest(items=items))["items"])
-        return [model_to_proto(r, reward_pb2.ScoreResult()) for r in results]
-
-    return score
-
-
 def redacted(url: str) -> str:
     """A Redis URL without its credentials, for logs."""
     parts = urlsplit(url)
@@ -303,8 +290,6 @@ def redacted(url: str) -> str:
 
 def reward_client(settings: RolloutSettings) -> RewardClient:
     """The worker's client of the reward service at `settings.reward_addr` (TLS when a CA file is set)."""
-    from grpo.reward.client import RewardClient
-
     if not settings.reward_addr:
         raise ValueError("the worker loop needs --reward-addr (host:port of the reward gRPC API)")
     return RewardClient(
@@ -326,7 +311,7 @@ def run_worker(service: RolloutService, settings: RolloutSettings, stop_event: t
     worker = RolloutWorker(
         service_generator(service),
         lambda: (service.version, service.checksum),
-        reward_scorer(reward),
+        reward.score,
         RunQueue(client, settings.run),
         ReplicaRegistry(client, settings.run, ttl_s=settings.registry_ttl_s),
         replica_id=settings.replica_id,

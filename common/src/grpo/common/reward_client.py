@@ -1,8 +1,11 @@
 """gRPC client of the reward service, with retries; it raises rather than ever inventing a reward.
 
+It speaks the protobuf contract (grpo.v1.reward), so the rollout and the trainer need nothing of the
+reward service's package. Items are `ScoreItem` messages or dicts in the message's JSON form.
+
 >>> client = RewardClient("127.0.0.1:50052")                       # doctest: +SKIP
->>> client.score([{"id": "a", "completion": "\\\\boxed{4}", "checks": {"math": {"gold": "4"}}}])  # doctest: +SKIP
-[ScoreResult(id='a', reward=1.0, status='ok', ...)]
+>>> client.score([{"id": "a", "completion": "\\\\boxed{4}", "checks": {"math": {"gold": "4"}}}])[0].reward  # doctest: +SKIP
+1.0
 """
 
 from __future__ import annotations
@@ -14,12 +17,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
-from pydantic import ValidationError
+from google.protobuf import json_format
 
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import make_channel
-from grpo.reward.convert import model_to_proto, proto_to_model, validation_message
-from grpo.reward.schemas import ScoreItem, ScoreRequest, ScoreResult, VerifyMathRequest, VerifyMathResponse
 from grpo.v1 import reward_pb2 as pb
 from grpo.v1 import reward_pb2_grpc
 
@@ -31,7 +32,9 @@ RETRYABLE = frozenset(
 
 
 class RewardServiceError(RuntimeError):
-    """The reward service could not score the request (after retries, or a non-retryable error)."""
+    """The reward service could not score the request (after retries, or a non-retryable error).
+
+    `code` is the gRPC status; INVALID_ARGUMENT means the request itself was wrong (the message says how)."""
 
     def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
         super().__init__(message)
@@ -82,34 +85,34 @@ class RewardClient:
                 time.sleep(delay)
 
     @staticmethod
-    def _request(items: Sequence[ScoreItem | Mapping[str, Any]], timeout_s: float | None) -> pb.ScoreRequest:
-        try:
-            req = ScoreRequest(items=[ScoreItem.model_validate(i) for i in items], timeout_s=timeout_s)
-        except ValidationError as exc:
-            raise ValueError(f"invalid score request: {validation_message(exc)}") from None
-        return model_to_proto(req, pb.ScoreRequest())
+    def _request(items: Sequence[pb.ScoreItem | Mapping[str, Any]], timeout_s: float | None) -> pb.ScoreRequest:
+        request = pb.ScoreRequest(items=[_score_item(i) for i in items])
+        if timeout_s is not None:
+            request.timeout_s = timeout_s
+        return request
 
     def score(
-        self, items: Sequence[ScoreItem | Mapping[str, Any]], timeout_s: float | None = None
-    ) -> list[ScoreResult]:
+        self, items: Sequence[pb.ScoreItem | Mapping[str, Any]], timeout_s: float | None = None
+    ) -> list[pb.ScoreResult]:
         """One result per item, in order; raises RewardServiceError instead of returning made-up rewards."""
         response = self._call(self.stub.Score, self._request(items, timeout_s or self.timeout_s), "Score")
-        return [proto_to_model(ScoreResult, r) for r in response.results]
+        if len(response.results) != len(items):
+            raise RewardServiceError(f"Score returned {len(response.results)} results for {len(items)} items")
+        return list(response.results)
 
-    def score_stream(self, items: Sequence[ScoreItem | Mapping[str, Any]]) -> Iterator[ScoreResult]:
+    def score_stream(self, items: Sequence[pb.ScoreItem | Mapping[str, Any]]) -> Iterator[pb.ScoreResult]:
         """Results as they finish, in any order (no retries: a broken stream raises RewardServiceError)."""
         request = self._request(items, self.timeout_s)
         try:
-            for r in self.stub.ScoreStream(request, timeout=self.timeout_s, metadata=self.metadata):
-                yield proto_to_model(ScoreResult, r)
+            yield from self.stub.ScoreStream(request, timeout=self.timeout_s, metadata=self.metadata)
         except grpc.RpcError as exc:
             raise RewardServiceError(f"ScoreStream failed: {exc.code()}: {_details(exc)}", exc.code()) from exc
 
-    def verify_math(self, answer: str, gold: str, timeout_s: float | None = None) -> VerifyMathResponse:
-        request = model_to_proto(
-            VerifyMathRequest(answer=answer, gold=gold, timeout_s=timeout_s), pb.VerifyMathRequest()
-        )
-        return proto_to_model(VerifyMathResponse, self._call(self.stub.VerifyMath, request, "VerifyMath"))
+    def verify_math(self, answer: str, gold: str, timeout_s: float | None = None) -> pb.VerifyMathResponse:
+        request = pb.VerifyMathRequest(answer=answer, gold=gold)
+        if timeout_s is not None:
+            request.timeout_s = timeout_s
+        return self._call(self.stub.VerifyMath, request, "VerifyMath")
 
     def close(self) -> None:
         self.channel.close()
@@ -119,6 +122,15 @@ class RewardClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _score_item(item: pb.ScoreItem | Mapping[str, Any]) -> pb.ScoreItem:
+    if isinstance(item, pb.ScoreItem):
+        return item
+    try:
+        return json_format.ParseDict(item, pb.ScoreItem())
+    except json_format.ParseError as exc:
+        raise ValueError(f"not a grpo.v1.ScoreItem: {exc}") from None
 
 
 def backoff_delay(attempt: int, base_s: float, cap_s: float) -> float:
