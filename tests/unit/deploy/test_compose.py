@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
-SCHEMA = ROOT.parent / "shared" / "schemas" / "compose-spec.json"
+SCHEMA = Path(__file__).with_name("compose-spec.json")  # vendored from the Compose specification
 
 
 @pytest.fixture(scope="module")

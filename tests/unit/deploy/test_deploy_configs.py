@@ -3,14 +3,15 @@ accepted by the services' own settings classes (a typo would fail at start-up in
 
 from __future__ import annotations
 
+import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import helm_python
 import pytest
 import yaml
+from compose_env import compose_env
 
 from grpo.reward.settings import parse_settings as reward_settings
 from grpo.rollout.settings import parse_settings as rollout_settings
@@ -33,17 +34,15 @@ def parse(service: str, config: Path, monkeypatch: pytest.MonkeyPatch, env: dict
 
 @pytest.mark.parametrize("service", list(PARSERS))
 def test_compose_config_files_are_valid_settings(service: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    environment = compose["services"][service].get("environment", {}).items()
-    # Compose substitutes ${VAR:-default}; with nothing set, the default.
-    env = {k: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(v)) for k, v in environment if k.startswith("GRPO_")}
-    env = {k: v for k, v in env.items() if v}
+    env = {k: v for k, v in compose_env(service, {}).items() if k.startswith("GRPO_")}  # '' values kept
     settings = parse(service, ROOT / "deploy" / "compose" / f"{service}.yaml", monkeypatch, env)
     if service == "trainer":
         assert str(settings.train_data) == "/data/train.jsonl"
         assert settings.run_id == "compose"
-        shipped = ROOT / "k8s" / "grpo" / "files" / "train.jsonl"
-        assert shipped.stat().st_size > 10_000
+        assert [stage["mode"] for stage in settings.stages] == ["sft", "grpo"]
+        for name in ("train", "sft", "eval"):
+            shipped = ROOT / "k8s" / "grpo" / "files" / f"{name}.jsonl"
+            assert shipped.stat().st_size > 10_000
     if service == "rollout":
         assert settings.run == "compose"
         assert settings.reward_addr == "reward:50052"
@@ -82,3 +81,44 @@ def test_a_typo_in_a_config_file_is_refused(tmp_path: Path, monkeypatch: pytest.
     bad.write_text("train_data: /data/train.jsonl\nmax_stalenes: 1\n")
     with pytest.raises((SystemExit, ValueError)):
         parse("trainer", bad, monkeypatch)
+
+
+COMPOSE_VARIABLES = {
+    "nothing set": {},
+    "one API token": {"GRPO_API_TOKEN": "api-s3cret"},
+    "API and weights tokens": {"GRPO_API_TOKEN": "api-s3cret", "GRPO_WEIGHTS_TOKEN": "w-s3cret"},
+}
+
+
+@pytest.mark.parametrize("case", list(COMPOSE_VARIABLES))
+def test_compose_tokens_pair_up_client_to_server(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each caller sends exactly the token its callee demands: reward ← rollout, rollout ← trainer's push,
+    and with nothing set nobody demands or sends one (an unset ${VAR:-} is '', which means unset)."""
+    variables = COMPOSE_VARIABLES[case]
+    s = {
+        service: parse(service, ROOT / "deploy" / "compose" / f"{service}.yaml", monkeypatch,
+                       {k: v for k, v in compose_env(service, variables).items() if k.startswith("GRPO_")})
+        for service in PARSERS
+    }  # fmt: skip
+    api = variables.get("GRPO_API_TOKEN")
+    weights = variables.get("GRPO_WEIGHTS_TOKEN") or api
+    assert s["reward"].token == api and s["rollout"].token == api and s["trainer"].token == api
+    assert s["rollout"].reward_token == s["reward"].token
+    assert (s["rollout"].weights_token or s["rollout"].token) == weights == s["trainer"].weights_token
+
+
+def test_an_empty_optional_setting_is_unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = tmp_path / "rollout.yaml"
+    config.write_text("reward_tls_ca_file: ''\n")
+    settings = parse("rollout", config, monkeypatch, {"GRPO_ROLLOUT_TOKEN": "", "GRPO_ROLLOUT_REWARD_TOKEN": "  "})
+    assert (settings.token, settings.reward_token, settings.reward_tls_ca_file) == (None, None, None)
+
+
+def test_grpo_up_runs_exactly_the_compose_run() -> None:
+    """deploy/local/stack.yaml's trainer section is deploy/compose/trainer.yaml with the data at its local path."""
+    compose = yaml.safe_load((ROOT / "deploy" / "compose" / "trainer.yaml").read_text())
+    local = yaml.safe_load((ROOT / "deploy" / "local" / "stack.yaml").read_text())["trainer"]
+    as_local = json.loads(json.dumps(compose).replace('"/data/', '"k8s/grpo/files/'))
+    assert local == as_local
+    for path in (local["train_data"], local["eval_data"], local["stages"][0]["train_data"]):
+        assert (ROOT / path).is_file(), path

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     CliSettingsSource,
@@ -40,6 +40,26 @@ def service_config(env_prefix: str, prog: str) -> SettingsConfigDict:
         # The docstring under each field is its --help text and its documentation.
         use_attribute_docstrings=True,
     )
+
+
+class ServiceSettings(BaseSettings):
+    """The base of each service's settings class: an empty value of an optional field means unset.
+
+    Deployments template secrets and paths as `${VAR:-}` (compose) or empty strings (Helm): a token
+    of '' must turn auth off on the server *and* the client, never demand an empty bearer token.
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_optional_is_unset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        optional = {name for name, f in cls.model_fields.items() if not f.is_required() and _admits_none(f.annotation)}
+        return {k: (None if k in optional and isinstance(v, str) and not v.strip() else v) for k, v in data.items()}
+
+
+def _admits_none(annotation: Any) -> bool:
+    return annotation is None or type(None) in getattr(annotation, "__args__", ())
 
 
 def _split_config_flag(argv: list[str]) -> tuple[Path | None, list[str]]:

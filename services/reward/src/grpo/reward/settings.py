@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings
 
-from grpo.common.settings import load_settings, service_config
+from grpo.common.settings import ServiceSettings, load_settings, service_config
 
 BUILTIN_COMPONENTS = ("math", "code", "format", "language", "overlong", "reward_model")
 
 
-class RewardSettings(BaseSettings):
+class RewardSettings(ServiceSettings):
     """grpo-reward: sandboxed verifier service (math, code, format, language) over gRPC and HTTP."""
 
     model_config = service_config("GRPO_REWARD_", "grpo-reward")

@@ -6,12 +6,11 @@ import socket
 from typing import Literal
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings
 
-from grpo.common.settings import load_settings, service_config
+from grpo.common.settings import ServiceSettings, load_settings, service_config
 
 
-class RolloutSettings(BaseSettings):
+class RolloutSettings(ServiceSettings):
     """grpo-rollout: samples completions with vLLM or transformers and accepts live weight updates."""
 
     model_config = service_config("GRPO_ROLLOUT_", "grpo-rollout")
