@@ -21,7 +21,7 @@ from grpo.demo import live
 from grpo.demo.config import DemoConfig
 from grpo.demo.demo import grpo_phase, prepare
 from grpo.demo.procs import Supervisor
-from grpo.demo.report import read_metrics
+from grpo.trainer.report import read_metrics
 
 RESULTS = Path(__file__).parent / "results" / "async.json"
 

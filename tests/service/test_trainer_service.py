@@ -342,3 +342,59 @@ def test_redis_outage_is_ridden_out(tmp_path: Path, live_reward: Any) -> None:
     assert rows[-1]["step"] == 30 and all(r["tasks/balanced"] == 1.0 for r in rows)
     assert rows[-1]["tasks/in_flight"] == 0
     assert "Redis unavailable" in log.read_text()
+
+
+# ---- a staged run (R1: SFT, then GRPO) ----------------------------------------------------------
+
+
+def sft_data(path: Path, n: int) -> Path:
+    rows = [{"prompt": f"What is {i} + {i + 1}?", "response": f"<answer>{2 * i + 1}</answer>"} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_staged_run_resumes_within_and_between_stages(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
+    rollout_for("staged")
+    stages = [
+        {"mode": "sft", "train_data": str(sft_data(tmp_path / "sft.jsonl", 32)), "steps": 24, "prompts_per_step": 32,
+         "micro_batch_size": 8, "lr": 2e-4, "checkpoint_every": 4},
+        {"mode": "grpo"},
+    ]  # fmt: skip
+    eval_data = write_data(tmp_path / "eval.jsonl", 2, offset=100)
+    config = trainer_config(tmp_path, "staged", redis_url, steps=6, checkpoint_every=2, stages=stages,
+                            eval_data=str(eval_data), eval_every=3)  # fmt: skip
+    out, log = tmp_path / "out", tmp_path / "trainer.log"
+    sft_dir, grpo_dir = out / "stage-1-sft", out / "stage-2-grpo"
+
+    proc = start_trainer(config, log)  # killed inside the SFT stage, after its first checkpoint
+    try:
+        wait_for(lambda: len(read_metrics(sft_dir)) >= 6, 120, "six SFT steps", proc, log)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert not (sft_dir / "stage.json").exists()
+        proc = start_trainer(config, log)  # resumes SFT, finishes it, killed inside GRPO
+        wait_for(lambda: any(r["step"] >= 3 for r in read_metrics(grpo_dir)), 180, "three GRPO steps", proc, log)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        proc = start_trainer(config, log)  # skips SFT, resumes GRPO to the end
+        assert proc.wait(timeout=180) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    text = log.read_text()
+    assert text.count("stage 1/2 (sft)") == 2 and "stage 1 (sft) finished earlier" in text
+    assert f"model {sft_dir / 'final'}" in text  # GRPO started from the SFT model
+    assert text.count("resumed at step") == 2  # once inside each stage
+    sft_steps = [r["step"] for r in read_metrics(sft_dir)]
+    assert sft_steps[-1] == 24 and set(sft_steps) == set(range(1, 25))
+    grpo_rows = read_metrics(grpo_dir)
+    assert grpo_rows[0]["step"] == 0 and "eval/accuracy" in grpo_rows[0]  # the baseline before the first update
+    assert grpo_rows[-1]["step"] == 6 and grpo_rows[-1]["tasks/balanced"] == 1.0
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(s["index"], s["mode"]) for s in summary["stages"]] == [(1, "sft"), (2, "grpo")]
+    sft, grpo = summary["stages"]
+    assert sft["sft_loss_last"] < sft["sft_loss_first"]
+    assert grpo["eval_accuracy_before"] is not None and summary["grpo_steps"] == 6
+    assert (out / "report.md").is_file() and (out / "reward.png").is_file()
+    assert (grpo_dir / "final" / "model.safetensors").is_file()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from grpo.demo.report import read_metrics, summarize, write_report
+from grpo.trainer.report import read_metrics, summarize, write_report
 
 
 def _metrics_file(run_dir: Path, steps: int = 40) -> None:

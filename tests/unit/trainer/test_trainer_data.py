@@ -1,4 +1,4 @@
-"""Dataset rows (JSONL and Parquet through `datasets`), errors that name file and row, the cursor."""
+"""Dataset rows (JSONL, and Parquet through pyarrow), errors that name file and row, the cursor."""
 
 from __future__ import annotations
 
@@ -32,6 +32,11 @@ def test_jsonl_rows(tmp_path: Path) -> None:
     assert rows[1].prompt == (("user", "Add 1 and 1"),) and rows[1].checks == {"math": {"gold": "2"}}
     assert rows[2].checks_proto().code.tests[0].stdio.expected_stdout == "hi\n"
     assert rows[1].prompt_proto(True).messages.messages[0].content == "Add 1 and 1"
+
+
+def test_a_json_array_file_reads_like_jsonl(tmp_path: Path) -> None:
+    (tmp_path / "d.json").write_text(json.dumps(ROWS))
+    assert load_rows(tmp_path / "d.json") == load_rows(write_jsonl(tmp_path / "d.jsonl", ROWS))
 
 
 def test_parquet_rows(tmp_path: Path) -> None:

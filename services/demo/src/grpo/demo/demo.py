@@ -111,7 +111,7 @@ def run_demo(
     cfg: DemoConfig, runs_dir: Path = Path("runs"), run_id: str | None = None, live_view: bool = True
 ) -> dict[str, Any]:
     """The whole demo; returns the summary (also in <run_dir>/summary.json). Every child is stopped on exit."""
-    from grpo.demo.report import write_report
+    from grpo.trainer.report import write_report
 
     started = time.monotonic()
     run_id = run_id or new_run_id()

@@ -9,12 +9,11 @@ and `run.resolve_algo` lays them over `grpo.algo.get_preset(preset)`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from grpo.common.settings import load_settings, service_config
+from grpo.common.settings import ServiceSettings, load_settings, service_config
 
 PRESETS = ("grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo")
 # Fields that a preset may set; a None here means "take the preset's value".
@@ -36,13 +35,17 @@ ALGO_FIELDS = (
 )
 
 
-class TrainerSettings(BaseSettings):
+class TrainerSettings(ServiceSettings):
     """grpo-trainer: owns a GRPO run (data, publishing, updates, weight push, checkpoints)."""
 
     model_config = service_config("GRPO_TRAINER_", "grpo-trainer")
 
     mode: Literal["grpo", "sft"] = "grpo"
     """`grpo`: the RL loop through Redis and the rollout service; `sft`: cold-start SFT on (prompt, response) pairs."""
+    stages: list[dict[str, Any]] = Field(default_factory=list)
+    """A staged run, e.g. R1's `[{mode: sft, train_data: sft.jsonl, steps: 300}, {mode: grpo}]`: each stage is these
+    settings overridden by its own; a stage without `model` starts from the previous stage's final model. Stage i
+    writes to output_dir/stage-<i>-<mode>; a restart skips finished stages and resumes the current one."""
     preset: Literal["grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo"] = "grpo"
     """Named algorithm preset (grpo.algo); its values are defaults that explicit settings override."""
     model: str = "tiny"
@@ -159,6 +162,9 @@ class TrainerSettings(BaseSettings):
     """Sampling temperature for evaluation (0 = greedy)."""
     eval_timeout_s: float = Field(300.0, gt=0)
     """Deadline for one evaluation's groups."""
+    eval_before_train: bool = True
+    """Evaluate the starting model once before the first GRPO update (step 0), as veRL's val_before_train: the
+    baseline the run's gain is measured against."""
 
     reward_weights: dict[str, float] = Field(default_factory=dict)
     """Reward component weights sent with every task (e.g. {"math": 1.0, "format": 0.2}); unset = 1."""
@@ -168,7 +174,8 @@ class TrainerSettings(BaseSettings):
     push_retries: int = Field(1, ge=0)
     """Extra attempts for a replica whose push failed before it is dropped from this step's set."""
     weights_token: str | None = None
-    """Bearer token for the rollout's UpdateWeights (when it requires one)."""
+    """Bearer token for the rollout's UpdateWeights; defaults to `token` (as the rollout's own weights_token does,
+    so one API token for the whole deployment authenticates the weight push too)."""
     rollout_tls_ca_file: str | None = None
     """PEM root certificates to verify the rollout replicas' TLS certificates; plaintext when unset."""
     min_replicas: int = Field(1, ge=0)
@@ -218,13 +225,36 @@ class TrainerSettings(BaseSettings):
             raise ValueError("train_data is required: a JSONL or Parquet file of prompts (--train-data PATH)")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ValueError("tls_cert_file and tls_key_file must be set together")
+        if self.weights_token is None:
+            self.weights_token = self.token
         if self.clip_low is not None and self.clip_low >= 1:
             raise ValueError(f"clip_low={self.clip_low} must be < 1 (the ratio is clipped to [1 - clip_low, ...])")
+        for i, stage in enumerate(self.stages, 1):
+            stage_settings(self, stage, i)  # a bad stage fails at start-up, naming it
         return self
 
     def algo_overrides(self) -> dict[str, object]:
         """The algorithm settings given explicitly (not None): they win over the preset's values."""
         return {name: getattr(self, name) for name in ALGO_FIELDS if getattr(self, name) is not None}
+
+
+STAGE_FIXED = ("stages", "output_dir", "run_id", "resume", "host", "grpc_port", "http_port")
+
+
+def stage_settings(base: TrainerSettings, stage: dict[str, Any], index: int) -> TrainerSettings:
+    """Stage `index` (1-based): `base` overridden by the stage's own values, writing to its own folder."""
+    if stage.get("mode") not in ("sft", "grpo"):
+        raise ValueError(f"stages[{index}]: needs mode: sft or grpo (got {stage.get('mode')!r})")
+    fixed = sorted(set(stage) & set(STAGE_FIXED))
+    if fixed:
+        raise ValueError(f"stages[{index}]: {fixed} are set for the whole run, not per stage")
+    values = {**base.model_dump(exclude={"stages"}), **stage}
+    values["output_dir"] = base.output_dir / f"stage-{index}-{stage['mode']}"
+    try:
+        return TrainerSettings.model_validate(values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"stages[{index}] ({stage['mode']}): {problems}") from None
 
 
 def parse_settings(argv: list[str] | None = None) -> TrainerSettings:

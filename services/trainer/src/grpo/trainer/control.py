@@ -15,6 +15,7 @@ class ReplicaView:
     address: str
     weight_version: int
     last_seen_s: float
+    tasks_done: int = 0  # groups this replica has written (its registry entry; restarts from 0 with the replica)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class StatusSnapshot:
     replicas: tuple[ReplicaView, ...] = ()
     metrics: dict[str, float] = field(default_factory=dict)
     error: str = ""
+    eval_history: tuple[tuple[int, float], ...] = ()  # (step, held-out accuracy) of this GRPO run's evaluations
+    stage: str = ""  # "2/2 grpo" in a staged run
+    stages: tuple[dict[str, Any], ...] = ()  # the finished stages' outcomes
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,6 +52,9 @@ class StatusSnapshot:
             "replicas": [vars(r) for r in self.replicas],
             "metrics": dict(self.metrics),
             "error": self.error,
+            "eval_history": [{"step": s, "accuracy": a} for s, a in self.eval_history],
+            "stage": self.stage,
+            "stages": list(self.stages),
         }
 
 

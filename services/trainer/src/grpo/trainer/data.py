@@ -1,4 +1,4 @@
-"""Prompt datasets (JSONL or Parquet through `datasets`), validated rows, and a resumable cursor.
+"""Prompt datasets (JSONL, or Parquet through pyarrow), validated rows, and a resumable cursor.
 
 A row is `{"prompt": str | [{"role", "content"}, ...], "task_type": "math", "checks": {...},
 "id": optional, "response": optional (SFT)}`. `checks` is the reward service's Checks shape
@@ -109,41 +109,47 @@ def parse_row(raw: dict[str, Any], where: str, *, need_response: bool = False) -
     )
 
 
-def _scan_jsonl(path: Path) -> None:
-    """Find the line that made `datasets` fail, so the error can name it."""
-    types: dict[str, str] = {}
-    with path.open() as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path} row {n}: not valid JSON ({exc.msg})") from exc
-            if not isinstance(obj, dict):
-                raise DataError(f"{path} row {n}: each line must be a JSON object, got {type(obj).__name__}")
-            for key, value in obj.items():
-                kind = type(value).__name__
-                if types.setdefault(key, kind) != kind and value is not None:
-                    raise DataError(f"{path} row {n}: field {key!r} is a {kind} here but a {types[key]} earlier")
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """One JSON object per line (blank lines skipped); a `.json` file may also hold one array of objects."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+        lines = [(n, item) for n, item in enumerate(items, start=1)]
+    else:
+        lines = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    lines.append((n, json.loads(line)))
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path} row {n}: not valid JSON ({exc.msg})") from exc
+    for n, obj in lines:  # each row's fields are validated by parse_row, which names the row
+        if not isinstance(obj, dict):
+            raise DataError(f"{path} row {n}: each line must be a JSON object, got {type(obj).__name__}")
+    return [obj for _, obj in lines]
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow (pip install 'grpo-trainer[parquet]')") from None
+    try:
+        return pq.read_table(path).to_pylist()  # type: ignore[no-any-return]
+    except Exception as exc:
+        raise DataError(f"{path}: could not be read as Parquet: {exc}") from exc
 
 
 def _read_raw(path: Path) -> list[dict[str, Any]]:
-    import datasets
-
-    datasets.disable_progress_bars()
     suffix = path.suffix.lower()
-    if suffix not in (".jsonl", ".json", ".parquet"):
-        raise DataError(f"{path}: unsupported file type {suffix!r}; use .jsonl or .parquet")
-    builder = "parquet" if suffix == ".parquet" else "json"
-    try:
-        # keep_in_memory + a private cache dir: nothing is written next to the user's data.
-        ds = datasets.load_dataset(builder, data_files=str(path), split="train", keep_in_memory=True)
-    except Exception as exc:
-        if builder == "json":
-            _scan_jsonl(path)
-        raise DataError(f"{path}: could not be read as {builder}: {exc}") from exc
-    return [dict(r) for r in ds]
+    if suffix in (".jsonl", ".json"):
+        return _read_jsonl(path)
+    if suffix == ".parquet":
+        return _read_parquet(path)
+    raise DataError(f"{path}: unsupported file type {suffix!r}; use .jsonl or .parquet")
 
 
 def load_rows(path: Path, *, need_response: bool = False) -> list[PromptRow]:

@@ -7,14 +7,17 @@ import logging
 import math
 import re
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 log = logging.getLogger(__name__)
 
 _PROM_BAD = re.compile(r"[^a-zA-Z0-9_]")
+# Gauges per registry, not per sink: the stages of one run log through successive sinks into one /metrics.
+_GAUGES: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, Gauge]] = weakref.WeakKeyDictionary()
 
 
 def prometheus_name(key: str, prefix: str = "grpo_trainer_") -> str:
@@ -51,7 +54,6 @@ class MetricsSink:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._jsonl = path.open("a", encoding="utf-8")
         self._registry = prometheus_registry
-        self._gauges: dict[str, Any] = {}
         self._wandb = _init_wandb(wandb_project, wandb_run_name, run_config) if wandb_project else None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -71,14 +73,12 @@ class MetricsSink:
         if self._wandb is not None:
             self._wandb.log(finite, step=step)
 
-    def _gauge(self, key: str) -> Any:
-        gauge = self._gauges.get(key)
-        if gauge is None:
-            from prometheus_client import Gauge
-
-            gauge = Gauge(prometheus_name(key), f"trainer metric {key}", registry=self._registry)
-            self._gauges[key] = gauge
-        return gauge
+    def _gauge(self, key: str) -> Gauge:
+        assert self._registry is not None
+        gauges = _GAUGES.setdefault(self._registry, {})
+        if key not in gauges:
+            gauges[key] = Gauge(prometheus_name(key), f"trainer metric {key}", registry=self._registry)
+        return gauges[key]
 
     def close(self) -> None:
         if self._tb is not None:

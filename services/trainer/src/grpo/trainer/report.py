@@ -1,7 +1,8 @@
-"""The run's summary.json, PNG plots and report.md, from the trainer's metrics.jsonl (pure I/O, no services).
+"""A GRPO run's summary.json, PNG plots and report.md, from the trainer's metrics.jsonl (pure I/O, no services).
 
 `eval_accuracy_after` is the mean of the last three evaluations (no cherry-picked peak);
-`eval_accuracy_before` is the evaluation of the SFT model just before the first GRPO update.
+`eval_accuracy_before` is the evaluation of the starting model (e.g. after SFT) before the first GRPO
+update: given by the caller, or the trainer's own step-0 evaluation (`eval_before_train`).
 """
 
 from __future__ import annotations
@@ -64,12 +65,15 @@ def summarize(
 ) -> dict[str, Any]:
     """summary.json: before/after accuracy (mean of the last three evals), reward first vs last, history."""
     evals = series(rows, "eval/accuracy")
+    if eval_before is None and evals and evals[0][0] == 0:
+        eval_before = evals[0][1]
+    evals = [(s, v) for s, v in evals if s > 0]
     rewards = [v for _, v in series(rows, "rollout/reward_mean")]
     window = max(1, min(10, len(rewards) // 4))
     after = mean([v for _, v in evals[-3:]])
     history = [{"step": 0, "accuracy": eval_before}] if eval_before is not None else []
     history += [{"step": s, "accuracy": v} for s, v in evals]
-    steps = [int(r["step"]) for r in rows if "rollout/reward_mean" in r or "train/loss" in r]
+    steps = [int(r["step"]) for r in rows]  # a step whose groups were all dropped is a step too
     summary: dict[str, Any] = {
         "eval_accuracy_before": eval_before,
         "eval_accuracy_after": after,
@@ -96,7 +100,7 @@ def plot_all(rows: Sequence[dict[str, Any]], out_dir: Path, eval_before: float |
     for name, title, ylabel, keys in PLOTS:
         lines = [(label, series(rows, key)) for key, label in keys]
         if name == "accuracy" and eval_before is not None:
-            lines[0] = (lines[0][0], [(0, eval_before), *lines[0][1]])
+            lines[0] = (lines[0][0], [(0, eval_before), *[pt for pt in lines[0][1] if pt[0] > 0]])
         lines = [(label, pts) for label, pts in lines if pts]
         if not lines:
             continue
@@ -125,30 +129,41 @@ def _num(x: float | None) -> str:
 def report_markdown(summary: dict[str, Any], plots: Sequence[Path]) -> str:
     """report.md: the headline numbers, what they mean, then the plots."""
     lines = [
-        f"# GRPO demo report — {summary.get('run_id', '')}",
+        f"# GRPO report — {summary.get('run_id', '')}",
         "",
         f"* held-out accuracy before GRPO (after SFT): **{_pct(summary['eval_accuracy_before'])}**",
         f"* held-out accuracy after GRPO (mean of the last three evaluations): **{_pct(summary['eval_accuracy_after'])}**",
-        f"* GRPO steps: {summary['grpo_steps']}, wall time of the whole demo: {summary['wall_seconds']:.0f} s",
+        f"* GRPO steps: {summary['grpo_steps']}, wall time: {summary['wall_seconds']:.0f} s",
         f"* mean training reward, first {summary['reward_window_steps']} steps → last "
         f"{summary['reward_window_steps']}: {_num(summary['reward_first_steps'])} → {_num(summary['reward_last_steps'])}",
         "",
-        "The only learning signal during GRPO is the verifiable reward (math verifier + format + overlong).",
-        "Evaluation is greedy decoding on held-out problems that never appear in training.",
+        "The only learning signal during GRPO is the verifiable reward (the reward service's components).",
+        "Evaluation decodes held-out prompts that never appear in training (greedy unless eval_temperature > 0).",
         "",
     ]
+    if summary.get("stages"):
+        lines += ["## Stages", "", "| stage | mode | steps | seconds | outcome |", "|---|---|---|---|---|"]
+        for st in summary["stages"]:
+            lines.append(f"| {st['index']} | {st['mode']} | {st['steps']} | {st['seconds']:.0f} | {st['outcome']} |")
+        lines.append("")
     for path in plots:
         lines += [f"## {path.stem.replace('_', ' ')}", "", f"![{path.stem}]({path.name})", ""]
     return "\n".join(lines)
 
 
 def write_report(
-    run_dir: Path, *, eval_before: float | None, wall_seconds: float, extra: dict[str, Any] | None = None
+    run_dir: Path,
+    *,
+    eval_before: float | None,
+    wall_seconds: float,
+    extra: dict[str, Any] | None = None,
+    out_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Write summary.json, the PNGs and report.md into run_dir; returns the summary."""
+    """From run_dir's metrics.jsonl, write summary.json, the PNGs and report.md into out_dir (default run_dir)."""
+    out_dir = out_dir or run_dir
     rows = read_metrics(run_dir / "metrics.jsonl")
     summary = summarize(rows, eval_before=eval_before, wall_seconds=wall_seconds, extra=extra)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    plots = plot_all(rows, run_dir, eval_before)
-    (run_dir / "report.md").write_text(report_markdown(summary, plots))
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    plots = plot_all(rows, out_dir, summary["eval_accuracy_before"])
+    (out_dir / "report.md").write_text(report_markdown(summary, plots))
     return summary

@@ -32,6 +32,7 @@ from grpo.trainer.metrics import MetricsSink
 from grpo.trainer.publisher import Publisher
 from grpo.trainer.pusher import ReplicaTarget, push_to_replicas
 from grpo.trainer.ranks import RankDriver
+from grpo.trainer.report import read_metrics
 from grpo.v1 import queue_pb2
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,10 @@ class GrpoRun:
             wandb_run_name=s.run_id,
             run_config=s.model_dump(mode="json", exclude={"token", "weights_token"}),
         )
+        self.control.update(eval_history=tuple(
+            (r["step"], r["eval/accuracy"]) for r in read_metrics(s.output_dir / "metrics.jsonl")
+            if "eval/accuracy" in r and r["step"] <= self.step
+        ))  # fmt: skip
         self.confirmed: dict[str, int] = {}  # replica id -> version it confirmed (push reply)
         self.push_stats: dict[str, float] = {}
         self.last_checkpoint_step = self.step if path is not None else -1
@@ -103,6 +108,8 @@ class GrpoRun:
         if self.step < s.steps:
             self._start_replicas()
             self.reader.recover_pending()
+            if self.step == 0 and self.eval_rows and s.eval_before_train:
+                self.sink.log(0, self._evaluate())  # the baseline the run's gain is measured against
         while self.step < s.steps and not self.control.stopping:
             self._serve_checkpoint_requests()
             push_s = self._sync_replicas()
@@ -327,7 +334,7 @@ class GrpoRun:
     def _evaluate(self) -> dict[str, float]:
         self.control.update(phase="eval")
         try:
-            return evaluate(
+            metrics = evaluate(
                 self.reader, self.eval_rows, self.spec, run_id=self.s.run_id,
                 round_id=f"{self.step}x{uuid.uuid4().hex[:6]}", policy_version=self.version,
                 temperature=self.s.eval_temperature, timeout_s=self.s.eval_timeout_s,
@@ -335,6 +342,10 @@ class GrpoRun:
             )  # fmt: skip
         finally:
             self.control.update(phase="grpo")
+        if "eval/accuracy" in metrics:
+            history = (*self.control.status().eval_history, (self.step, metrics["eval/accuracy"]))
+            self.control.update(eval_history=history)
+        return metrics
 
     def _save_final(self) -> None:
         self.learner.save_final(self.s.output_dir / "final")
@@ -342,7 +353,8 @@ class GrpoRun:
     def _publish_status(self, metrics: dict[str, float]) -> None:
         now = time.time()
         replicas = tuple(
-            ReplicaView(r.replica_id, r.address, r.weight_version, max(0.0, now - r.heartbeat)) for r in self._live()
+            ReplicaView(r.replica_id, r.address, r.weight_version, max(0.0, now - r.heartbeat), r.tasks_done)
+            for r in self._live()
         )
         self.control.update(
             step=self.step, policy_version=self.version, tasks_published=self.acct.published,

@@ -79,6 +79,11 @@ def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
 
 
 def run_mode(settings: TrainerSettings, control: RunControl, registry: CollectorRegistry) -> None:
+    if settings.stages:
+        from grpo.trainer.stages import run_stages
+
+        run_stages(settings, control, lambda stage: run_mode(stage, control, registry))
+        return
     if settings.mode == "sft":
         from grpo.trainer.sft import run_sft
 
@@ -97,7 +102,13 @@ def follow_rank(settings: TrainerSettings) -> int:
     """A DeepSpeed rank > 0: build the same learner, then mirror rank 0's collective operations."""
     from grpo.trainer.assemble import build_learner
     from grpo.trainer.ranks import follow
+    from grpo.trainer.stages import plan_stages, read_outcome
 
+    if settings.stages:  # rank 0 runs the unfinished stages in order; so do we
+        for stage in plan_stages(settings):
+            if read_outcome(stage) is None:
+                follow_rank(stage.settings)
+        return 0
     learner = build_learner(settings)
     try:
         follow(learner, settings.model)

@@ -66,6 +66,7 @@ def _train(
     if path is not None:
         info = learner.load(path)
         cursor, step = DataCursor.from_state(info.data_cursor), info.step
+        log.info("resumed at step %d from %s", step, path)
     control.update(phase="sft", total_steps=s.steps, step=step)
     sink = MetricsSink(tensorboard_dir=s.output_dir / "tensorboard", jsonl_path=s.output_dir / "metrics.jsonl",
                        prometheus_registry=registry, wandb_project=s.wandb_project, wandb_run_name=s.run_id,
