@@ -8,13 +8,13 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 PKGS := common services/reward services/rollout services/trainer services/demo
-PKGS_EXTRAS := common[model] services/reward services/rollout services/trainer[deepspeed,lora,wandb] services/demo
+PKGS_EXTRAS := common[model] services/reward services/rollout services/trainer[deepspeed,lora,wandb,parquet] services/demo
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PKGS))
 
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-fast test-faults lint fmt protos check-protos system-deps clean bench
+.PHONY: demo test test-fast test-faults test-compose images lint fmt protos check-protos system-deps clean bench
 
 $(STAMP): $(PYPROJECTS) requirements-dev.txt
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -49,16 +49,23 @@ fmt: $(STAMP)
 
 # The fault-injection suite (kill any part mid-run, ~4 min) runs in `make test-faults`.
 test: $(STAMP) $(VLLM_STAMP) system-deps check-protos lint
-	$(PY) -m pytest -q -m "not faults" --durations=15  # the slowest, for whoever keeps the suite short
+	$(PY) -m pytest -q -m "not faults and not compose" --durations=15  # the slowest, for whoever keeps the suite short
 
 test-fast: $(STAMP) system-deps
-	$(PY) -m pytest -q -m "not slow and not vllm and not faults"
+	$(PY) -m pytest -q -m "not slow and not vllm and not faults and not compose"
+
+# The images through `docker compose up` (needs a Docker engine with compose; ~15 min on 2 cores, images cached).
+images:
+	scripts/build_images.sh
+
+test-compose: $(STAMP) images
+	$(PY) -m pytest -q -m compose tests/compose
 
 bench: $(STAMP) $(VLLM_STAMP) system-deps
 	$(PY) bench/run_all.py
 
 test-faults: $(STAMP) system-deps
-	$(PY) -m pytest -q -m faults
+	$(PY) -m pytest -q -m faults tests/faults
 
 demo: $(STAMP) system-deps
 	$(VENV)/bin/grpo demo

@@ -1,0 +1,258 @@
+"""`docker compose up` as a user runs it: the three images, Redis, the shipped config, through the published ports.
+
+Needs a Docker engine with the images built (`make test-compose` builds them first). The stack runs
+with an API token, the README's verifier calls are made with and without it, the sandbox is probed
+inside the reward container, the rollout is scaled to 2 replicas, each service is restarted while
+GRPO runs, and the run must learn: the staged run (SFT, then GRPO) raises held-out accuracy by 20
+points or more, with the trainer's accounting balanced. `down -v` must leave nothing behind.
+The GRPO stage is shortened to 60 steps through an override file (the shipped config runs 200).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from grpo.common.net import free_port
+
+pytestmark = pytest.mark.compose
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parents[2]
+PROJECT = "grpocomposetest"
+TOKEN = "compose-test-s3cret"
+GRPO_STEPS = 60
+IMAGES = {
+    "reward": ("grpo.reward", "--optional=torch,transformers,tokenizers,safetensors,rich"),
+    "rollout": ("grpo.rollout",),
+    "trainer": ("grpo.trainer", "grpo.algo"),
+}
+
+
+def compose_command() -> list[str]:
+    """`docker compose` (v2 plugin) when present, else `docker-compose` (v1)."""
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    pytest.fail("no docker compose: install Docker with the compose plugin (or docker-compose)")
+
+
+@dataclass
+class Stack:
+    override: Path
+    env: dict[str, str]
+    reward_port: int
+    trainer_port: int
+    started: float = 0.0  # time.monotonic() at `up`
+    seen: dict[str, Any] = field(default_factory=dict)  # what the tests measured, for the report
+
+    def compose(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        cmd = [*compose_command(), "-p", PROJECT, "-f", str(REPO / "docker-compose.yml"), "-f", str(self.override)]
+        done = subprocess.run([*cmd, *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            raise AssertionError(f"compose {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def status(self) -> dict[str, Any] | None:
+        """The trainer's /v1/status, or None while it is not answering (starting, restarting, exited)."""
+        try:
+            reply = httpx.get(f"http://127.0.0.1:{self.trainer_port}/v1/status", timeout=5,
+                              headers={"authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        except httpx.HTTPError:
+            return None
+        return reply.json() if reply.status_code == 200 else None
+
+    def logs(self, service: str, tail: int = 60) -> str:
+        return self.compose("logs", "--no-color", f"--tail={tail}", service, check=False).stdout
+
+    def wait(self, what: str, predicate: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
+        """Poll the trainer's status until `predicate` holds; fail with the services' logs."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.status()
+            if status is not None:
+                self.note(status)
+                if status.get("phase") == "failed":
+                    raise AssertionError(f"the run failed: {status.get('error')}\n{self.logs('trainer')}")
+                if predicate(status):
+                    return status
+            time.sleep(2)
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.logs('trainer')}")
+
+    def note(self, status: dict[str, Any]) -> None:
+        """Remember the most tasks each replica was seen to have done, and the last status."""
+        for r in status.get("replicas", []):
+            done = self.seen.setdefault("replica_tasks", {})
+            done[r["replica_id"]] = max(done.get(r["replica_id"], 0), int(r.get("tasks_done", 0)))
+        if status.get("phase") in ("grpo", "eval") and len(status.get("replicas", [])) >= 2:
+            self.seen["both_replicas_working"] = self.seen.get("both_replicas_working", False) or all(
+                r.get("tasks_done", 0) > 0 for r in status["replicas"]
+            )
+        self.seen["last_status"] = status
+
+    def wait_exit(self, service: str, timeout: float) -> int:
+        """The exit code of the service's (first) container once it has stopped."""
+        container = self.compose("ps", "-q", service).stdout.split()[0]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.status()  # keep noting replicas while the run goes on
+            if status is not None:
+                self.note(status)
+            state = subprocess.run(["docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", container],
+                                   capture_output=True, text=True).stdout.split()  # fmt: skip
+            if state and state[0] == "exited":
+                return int(state[1])
+            time.sleep(2)
+        raise AssertionError(f"{service} still running after {timeout:.0f}s\n{self.logs(service)}")
+
+    def read_volume_file(self, path: str) -> str:
+        done = self.compose("run", "--rm", "--no-deps", "--entrypoint", "cat", "trainer", path, check=False)
+        assert done.returncode == 0, f"cannot read {path} from the checkpoints volume: {done.stderr}"
+        return done.stdout
+
+    def project_resources(self) -> dict[str, list[str]]:
+        label = f"label=com.docker.compose.project={PROJECT}"
+        out = {}
+        for kind, cmd in {
+            "containers": ["ps", "-a"],
+            "networks": ["network", "ls"],
+            "volumes": ["volume", "ls"],
+        }.items():
+            listed = subprocess.run(["docker", *cmd, "-q", "--filter", label], capture_output=True, text=True)
+            out[kind] = listed.stdout.split()
+        return out
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    override = tmp_path_factory.mktemp("compose") / "override.yml"
+    override.write_text(
+        "services:\n  trainer:\n    environment:\n"
+        f"      GRPO_TRAINER_STEPS: '{GRPO_STEPS}'\n      GRPO_TRAINER_EVAL_EVERY: '20'\n"
+    )
+    reward_port, trainer_port = free_port(), free_port()
+    env = {**os.environ, "GRPO_API_TOKEN": TOKEN, "GRPO_REWARD_HTTP_PORT": str(reward_port),
+           "GRPO_TRAINER_HTTP_PORT": str(trainer_port), "COMPOSE_PROFILES": "cpu"}  # fmt: skip
+    s = Stack(override, env, reward_port, trainer_port)
+    s.compose("down", "-v", "--remove-orphans", check=False)  # a previous run's leftovers
+    s.started = time.monotonic()
+    try:
+        s.compose("up", "-d")  # returns once each dependency is healthy, in order
+        s.seen["up_s"] = round(time.monotonic() - s.started, 1)
+        yield s
+    finally:
+        report = os.environ.get("GRPO_COMPOSE_REPORT")
+        if report:
+            Path(report).write_text(json.dumps({k: v for k, v in s.seen.items() if k != "last_status"}, indent=1))
+        s.compose("down", "-v", "--remove-orphans", check=False)
+
+
+@pytest.mark.parametrize("service", list(IMAGES))
+def test_each_image_imports_every_module_it_ships(service: str) -> None:
+    args = [*IMAGES[service], "grpo.common", "grpo.v1"]
+    done = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "python", "-v", f"{REPO / 'scripts'}:/scripts:ro",
+         f"grpo-{service}:latest", "/scripts/check_image_imports.py", *args],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["imported"] > 20
+
+
+def test_verifier_examples_need_the_token(stack: Stack) -> None:
+    url = f"http://127.0.0.1:{stack.reward_port}/v1/verify/math"
+    body = {"answer": "<think>half</think><answer>\\frac{1}{2}</answer>", "gold": "0.5"}
+    assert httpx.post(url, json=body, timeout=30).status_code == 401
+    reply = httpx.post(url, json=body, timeout=30, headers={"authorization": f"Bearer {TOKEN}"})
+    assert reply.status_code == 200 and reply.json()["correct"] is True
+    assert httpx.get(f"http://127.0.0.1:{stack.reward_port}/healthz", timeout=10).status_code == 200  # probes: open
+
+
+def test_sandbox_inside_the_reward_container(stack: Stack) -> None:
+    probe = (
+        "import os, socket\n"
+        "print('uid', os.getuid())\n"
+        "for host, port in (('reward', 50052), ('redis', 6379), ('1.1.1.1', 53)):\n"
+        "    try:\n"
+        "        socket.create_connection((host, port), timeout=2); print('reached', host)\n"
+        "    except OSError as e:\n"
+        "        print('blocked', host, type(e).__name__)\n"
+    )
+    reply = httpx.post(
+        f"http://127.0.0.1:{stack.reward_port}/v1/execute", timeout=60, headers={"authorization": f"Bearer {TOKEN}"},
+        json={"language": "python", "code": probe, "timeout_s": 10},
+    )  # fmt: skip
+    assert reply.status_code == 200, reply.text
+    out = reply.json()
+    assert out["status"] == "ok", out
+    uid = int(out["stdout"].split("uid ")[1].split()[0])
+    assert uid not in (0, 10001), f"generated code ran as uid {uid}"
+    assert "reached" not in out["stdout"] and out["stdout"].count("blocked") == 3, out["stdout"]
+    health = httpx.get(f"http://127.0.0.1:{stack.reward_port}/healthz", timeout=10).json()
+    stack.seen["sandbox_isolation"] = health.get("sandbox", health)
+
+
+def test_two_rollout_replicas_register(stack: Stack) -> None:
+    stack.compose("up", "-d", "--no-recreate", "--scale", "rollout=2")
+    stack.wait("2 live rollout replicas", lambda s: len(s.get("replicas", [])) == 2, timeout=600)
+
+
+def test_grpo_learns_through_a_restart_of_every_service(stack: Stack) -> None:
+    def grpo_step(at_least: int) -> Callable[[dict[str, Any]], bool]:
+        return lambda s: s.get("stage", "").endswith("grpo") and s.get("step", 0) >= at_least
+
+    stack.wait("GRPO step 8", grpo_step(8), timeout=1200)
+    stats = stack.compose("exec", "-T", "redis", "redis-cli", "ping").stdout.strip()
+    assert stats == "PONG"
+    stack.seen["memory"] = docker_memory()
+    for service, after in (("reward", 14), ("rollout", 20), ("trainer", 26)):
+        stack.compose("restart", service)
+        stack.wait(f"GRPO step {after} after restarting {service}", grpo_step(after), timeout=600)
+    both = stack.wait("both replicas taking tasks", lambda s: stack.seen.get("both_replicas_working", False), 300)
+    assert len(both["replicas"]) == 2
+    assert stack.wait_exit("trainer", timeout=1200) == 0, stack.logs("trainer")  # a finished run exits 0
+    stack.seen["up_to_done_s"] = round(time.monotonic() - stack.started, 1)
+    last = json.loads(stack.read_volume_file("/checkpoints/stage-2-grpo/metrics.jsonl").splitlines()[-1])
+    dropped = sum(v for k, v in last.items() if k.startswith("tasks/dropped/"))
+    assert last["step"] == GRPO_STEPS and last["tasks/balanced"] == 1.0, last
+    assert last["tasks/published"] == last["tasks/trained"] + dropped + last["tasks/in_flight"], last
+    assert last["tasks/trained"] > 0
+    stack.seen["accounting"] = {k: v for k, v in last.items() if k.startswith("tasks/")}
+    summary = json.loads(stack.read_volume_file("/checkpoints/summary.json"))
+    stack.seen["summary"] = {k: summary.get(k) for k in ("eval_accuracy_before", "eval_accuracy_after",
+                                                         "eval_accuracy_gain", "grpo_steps", "wall_seconds")}  # fmt: skip
+    stack.seen["stages"] = summary["stages"]
+    assert [s["mode"] for s in summary["stages"]] == ["sft", "grpo"]
+    assert summary["eval_accuracy_gain"] >= 0.20, summary["eval_history"]
+    report = stack.read_volume_file("/checkpoints/report.md")
+    assert "accuracy.png" in report and "## Stages" in report
+    files = set(
+        stack.compose("run", "--rm", "--no-deps", "--entrypoint", "ls", "trainer", "/checkpoints").stdout.split()
+    )
+    assert {"accuracy.png", "reward.png", "kl.png", "stage-1-sft", "stage-2-grpo"} <= files, files
+
+
+def test_down_leaves_nothing_behind(stack: Stack) -> None:
+    assert any(stack.project_resources().values())
+    stack.compose("down", "-v", "--remove-orphans")
+    left = stack.project_resources()
+    assert left == {"containers": [], "networks": [], "volumes": []}, left
+
+
+def docker_memory() -> dict[str, str]:
+    """Memory use per container of the project (docker stats), for the docs."""
+    done = subprocess.run(
+        ["docker", "stats", "--no-stream", "--format", "{{.Name}} {{.MemUsage}}"], capture_output=True, text=True
+    )
+    return {line.split()[0]: line.split(" ", 1)[1] for line in done.stdout.splitlines() if PROJECT in line}
