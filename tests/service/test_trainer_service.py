@@ -153,7 +153,9 @@ def test_grpo_steps_update_push_and_log(tmp_path: Path, redis_url: str, rollout_
 
     status = replica_status(rollout.address)
     rows = read_metrics(out)
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    # step 0 is the baseline eval before the first update (eval_before_train), then one row per step
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert "train/loss" not in rows[0]
     updates = sum("train/loss" in r for r in rows)
     assert updates >= 2, rows
     assert status.weight_version == rows[-1]["policy_version"] == 1 + updates  # the initial push, then one per update
@@ -167,15 +169,15 @@ def test_grpo_steps_update_push_and_log(tmp_path: Path, redis_url: str, rollout_
                 "staleness/mean", "train/tokens_per_s", "time/wait_rollouts_s", "train/train_s", "time/push_s",
                 "tasks/balanced", "train/clip_frac"):  # fmt: skip
         assert key in trained_row, f"{key} missing from {sorted(trained_row)}"
-    assert all(r["tasks/balanced"] == 1.0 for r in rows)
+    assert all(r["tasks/balanced"] == 1.0 for r in rows[1:])
     assert rows[-1]["tasks/published"] == rows[-1]["tasks/trained"] + sum(
         rows[-1][f"tasks/dropped/{k}"] for k in ("zero_variance", "stale", "failed", "unscored", "timeout")
     )
     assert rows[-1]["staleness/max"] == 0  # max_staleness 0: strictly on-policy
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
-    # evaluation through the queue: at step 2 (eval_every) and at the end
+    # evaluation through the queue: before training, at step 2 (eval_every) and at the end
     evals = [r for r in rows if "eval/completed" in r]
-    assert [r["step"] for r in evals] == [2, 3] and all(r["eval/completed"] == 2 for r in evals)
+    assert [r["step"] for r in evals] == [0, 2, 3] and all(r["eval/completed"] == 2 for r in evals)
     assert all(0.0 <= r["eval/accuracy"] <= 1.0 for r in evals)
     assert (out / "checkpoints" / "step-00000003" / "trainer_state.json").is_file()
 

@@ -58,3 +58,13 @@ def test_dockerignore_keeps_the_context_small() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
     for entry in (".git", ".venv", "runs", "tests"):
         assert entry in ignored
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_volume_mount_points_belong_to_the_service_user(dockerfile: Path) -> None:
+    """Docker seeds a new named volume with the owner of the image's folder: without these folders
+    compose's volumes were root-owned and the rollout (uid 10001) could not build its model cache."""
+    whole = dockerfile.read_text()
+    text = whole.split("AS runtime")[-1] if "AS runtime" in whole else whole.rsplit("FROM ", 1)[-1]  # final stage
+    assert re.search(r"install -d -o 10001 -g 10001 (/\S+ )*/cache\b", text), "runtime stage must create /cache"
+    assert re.search(r"install -d -o 10001 -g 10001 (/\S+ )*/checkpoints\b", text)
