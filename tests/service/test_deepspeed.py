@@ -91,3 +91,28 @@ def test_zero_grpo_steps_checkpoint_resume(stage: int, offload: bool, tmp_path: 
     assert result["continued_equal"] < 1e-4, "a step after resume differs from the uninterrupted run"
     assert (result["step"], result["data_cursor"], result["inflight"]) == (2, {"row": 16}, {"t1": 1})
     assert "model.safetensors" in result["model_files"]
+
+
+@pytest.mark.parametrize(("world_size", "stage"), [(2, 2), (3, 2), (2, 3), (3, 3)], ids=lambda v: str(v))
+def test_ranks_give_the_one_process_update(world_size: int, stage: int, tmp_path: Path) -> None:
+    """The same batch on N DeepSpeed ranks and on one plain process: the same parameters and metrics.
+
+    Uneven splits (7 rows, and 2 rows on 3 ranks), micro-batches of 1–3 rows and token-capped ones, every
+    aggregation, the reference model with two PPO epochs, and SFT (tests/service/rank_equivalence.py).
+    """
+    worker = Path(__file__).with_name("rank_equivalence.py")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), f"--nproc-per-node={world_size}", f"--master-port={free_port()}", str(worker)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    out = tmp_path / "result.json"
+    proc = subprocess.run([*cmd, str(stage), str(out)], env=env, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert (result["world_size"], result["stage"], len(result["results"])) == (world_size, stage, 16)
+    for r in result["results"]:
+        label = f"{r['kind']} {r['case']}"
+        # Relative to the largest parameter change: float reordering only (measured ≤ 1.2e-4).
+        assert r["param_diff"] < 1e-3, f"{label}: parameters differ by {r['param_diff']:.2e} of the update"
+        assert not r["missing"], f"{label}: metrics missing on DeepSpeed: {r['missing']}"
+        worst = max(r["metric_diff"], key=r["metric_diff"].get)
+        assert r["metric_diff"][worst] < 1e-3, f"{label}: {worst} differs by {r['metric_diff'][worst]:.2e}"

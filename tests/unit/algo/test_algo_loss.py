@@ -69,8 +69,19 @@ def test_kl_is_an_explicit_term_aggregated_like_the_surrogate() -> None:
     assert loss.item() == pytest.approx(0.35 + 0.1 * kl_seq_mean, abs=1e-6)
     assert m["kl"].item() == pytest.approx((sum(k3[0]) + k3[1][0] + k3[1][1]) / 5, abs=1e-6)
     k1 = [[math.log(r) for r in row] for row in RATIOS]
-    _, m1 = policy_loss(logp, old, adv, mask, ref_logp=old.clone(), beta=0.1, kl_kind="k1", agg="token_mean")
-    assert m1["kl_loss"].item() == pytest.approx(0.1 * (sum(k1[0]) + k1[1][0] + k1[1][1]) / 5, abs=1e-6)
+    _, m1 = policy_loss(logp, old, adv, mask, ref_logp=old.clone(), beta=0.0, kl_kind="k1", agg="token_mean")
+    assert m1["kl"].item() == pytest.approx((sum(k1[0]) + k1[1][0] + k1[1][1]) / 5, abs=1e-6)  # measured only
+
+
+def test_k1_as_a_loss_term_is_refused() -> None:
+    # E_{o~π_θ}[∇ log π_θ(o)] = Σ_o ∇π_θ(o) = ∇1 = 0: β·k1 in the loss moves nothing on average.
+    logits = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    probs = torch.softmax(logits, -1)
+    expected_grad = torch.autograd.grad((probs.detach() * torch.log_softmax(logits, -1)).sum(), logits)[0]
+    assert expected_grad.abs().max() < 1e-12
+    logp, old, adv, mask = _batch()
+    with pytest.raises(ValueError, match="regularises nothing"):
+        policy_loss(logp, old, adv, mask, ref_logp=old.clone(), beta=0.1, kl_kind="k1")
 
 
 def test_beta_zero_measures_kl_without_touching_the_gradient() -> None:
@@ -259,7 +270,8 @@ def test_masked_positions_change_nothing(seed: int, junk: float, agg: str, level
             return torch.where(mask, x, torch.tensor(fill, dtype=x.dtype))
 
         lp = dirty(logp).requires_grad_()
-        kw = {"agg": agg, "ratio_level": level, "kl_kind": kind, "max_len": t, "tis_cap": 2.0, "beta": 0.05}
+        beta = 0.0 if kind == "k1" else 0.05  # k1 is a measurement only
+        kw = {"agg": agg, "ratio_level": level, "kl_kind": kind, "max_len": t, "tis_cap": 2.0, "beta": beta}
         loss, m = policy_loss(lp, dirty(old), adv, mask, ref_logp=dirty(ref), sampler_logp=dirty(sampler), **kw)
         loss.backward()
         return loss, m, lp.grad

@@ -9,10 +9,11 @@ from grpo.trainer.learner.batch import (
     build_micro_batches,
     collate,
     micro_batch_weight,
+    plan_rank,
     split_by_tokens,
 )
 from grpo.trainer.learner.optim import lr_factor
-from grpo.trainer.learner.update import OldLogprobSource, merge_metrics, old_logprob_source
+from grpo.trainer.learner.update import MetricPart, OldLogprobSource, merge_metrics, old_logprob_source
 
 
 def sample(p: int, c: int, **kw: object) -> TrainableSample:
@@ -79,7 +80,37 @@ def test_lr_schedule_warmup_then_cosine() -> None:
 
 
 def test_merge_metrics() -> None:
+    # losses by loss share, per-token diagnostics by tokens (a per-sequence loss share must not weigh them)
     merged = merge_metrics(
-        [(0.25, {"loss": 4.0, "ratio_max": 1.5, "kl": 1.0}), (0.75, {"loss": 0.0, "ratio_max": 1.1, "kl": 3.0})]
+        [
+            MetricPart(0.25, 10, {"loss": 4.0, "ratio_max": 1.5, "kl": 1.0}),
+            MetricPart(0.75, 30, {"loss": 0.0, "ratio_max": 1.1, "kl": 3.0}),
+            MetricPart(0.0, 0, {"loss": 9.0, "ratio_max": 9.0, "kl": 9.0}),  # a padding pass counts for nothing
+        ]
     )
     assert merged == {"loss": 1.0, "ratio_max": 1.5, "kl": 2.5}
+    assert merge_metrics([MetricPart(0.5, 1, {"kl": 1.0}), MetricPart(0.5, 3, {"kl": 3.0})])["kl"] == 2.5
+
+
+def test_every_row_goes_to_exactly_one_rank_and_every_rank_makes_the_same_passes() -> None:
+    batch = [sample(2, c, truncated=c == 7) for c in (5, 1, 7, 3, 2, 6, 4)]
+    for world_size in (1, 2, 3, 8):
+        for mbs in (1, 2, 3):
+            plans = [
+                plan_rank(
+                    batch, rank=r, world_size=world_size, micro_batch_size=mbs, max_tokens=None, mask_truncated=True
+                )
+                for r in range(world_size)
+            ]
+            rows = sorted(i for p in plans for chunk in p.chunks for i in chunk)
+            assert rows == list(range(len(batch)))  # none dropped, none trained twice (8 ranks: 7 rows)
+            assert {p.steps for p in plans} == {max(len(p.chunks) for p in plans)}
+            # the normalisers are the whole batch's on every rank; the truncated row counts for nothing
+            assert {(p.total_tokens, p.total_sequences) for p in plans} == {(5 + 1 + 3 + 2 + 6 + 4, 6)}
+
+
+def test_a_bad_row_fails_on_every_rank_before_any_pass() -> None:
+    batch = [sample(2, 3), sample(2, 3, sampler_logprobs=[-1.0])]
+    for rank in (0, 1):
+        with pytest.raises(ValueError, match="1 sampler log-probs for 3 completion tokens"):
+            plan_rank(batch, rank=rank, world_size=2, micro_batch_size=1, max_tokens=None, mask_truncated=True)

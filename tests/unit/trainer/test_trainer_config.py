@@ -45,6 +45,30 @@ def test_ref_refresh_zero_means_never(data: Path) -> None:
     assert learner_config(s, resolve_algo(s)).ref_refresh_steps == 0
 
 
+def test_the_lr_schedule_spans_the_whole_run_at_any_ppo_epochs(data: Path) -> None:
+    from grpo.trainer.learner.optim import lr_factor
+
+    args = ["--train-data", str(data), "--steps", "100", "--warmup-steps", "10", "--lr-schedule", "cosine"]
+    for epochs in (1, 2, 4):
+        cfg = learner_config(s := parse_settings([*args, "--ppo-epochs", str(epochs)]), resolve_algo(s))
+
+        def lr_at(step: int, cfg=cfg, epochs=epochs) -> float:  # the first optimizer step of trainer step `step`
+            return lr_factor((step - 1) * epochs, warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps,
+                             schedule="cosine")  # fmt: skip
+
+        assert lr_at(1) <= 0.1 and lr_at(6) < 1.0 and lr_at(11) == 1.0  # warm-up lasts 10 trainer steps
+        assert lr_at(55) == pytest.approx(0.5, abs=0.03)  # half-way through the decay, not at its end
+        assert lr_at(100) > 0.0
+    sft = learner_config(s := parse_settings([*args, "--ppo-epochs", "2", "--mode", "sft"]), resolve_algo(s))
+    assert (sft.warmup_steps, sft.total_steps) == (10, 100)  # SFT makes one optimizer step per step
+
+
+def test_k1_in_the_loss_is_refused_at_start_up(data: Path) -> None:
+    with pytest.raises(ValidationError, match="regularises nothing"):
+        parse_settings(["--train-data", str(data), "--kl-kind", "k1", "--beta", "0.04"])
+    assert parse_settings(["--train-data", str(data), "--kl-kind", "k1", "--beta", "0"]).kl_kind == "k1"
+
+
 def test_precedence_file_env_cli(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "t.yaml"
     cfg.write_text(f"train_data: {data}\nsteps: 5\nlr: 0.001\nbeta: 0.5\n")

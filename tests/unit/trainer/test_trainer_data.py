@@ -40,10 +40,12 @@ def test_a_json_array_file_reads_like_jsonl(tmp_path: Path) -> None:
 
 
 def test_parquet_rows(tmp_path: Path) -> None:
-    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     path = tmp_path / "d.parquet"
-    pd.DataFrame([{"prompt": "1+1?", "task_type": "math", "checks": {"math": {"gold": "2"}}}] * 3).to_parquet(path)
+    row = {"prompt": "1+1?", "task_type": "math", "checks": {"math": {"gold": "2"}}}
+    pq.write_table(pa.Table.from_pylist([row] * 3), path)
     rows = load_rows(path)
     assert len(rows) == 3 and rows[0].checks == {"math": {"gold": "2"}}  # arrow's nulls stripped
 

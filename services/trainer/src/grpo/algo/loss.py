@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from grpo.algo.aggregation import AGGREGATIONS
-from grpo.algo.kl import KL_ESTIMATORS, MAX_LOG_RATIO, kl_estimate
+from grpo.algo.kl import KL_ESTIMATORS, MAX_LOG_RATIO, check_kl_loss, kl_estimate
 from grpo.algo.logprobs import entropy_from_logits
 from grpo.algo.masked import masked_mean, zero_masked
 
@@ -181,6 +181,7 @@ def _check_inputs(
     ):
         if value not in registry:
             raise ValueError(f"unknown {name} {value!r}; choose one of {sorted(registry)}")
+    check_kl_loss(kl_kind, beta)
 
 
 def _check_optional(

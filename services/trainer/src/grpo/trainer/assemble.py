@@ -53,15 +53,17 @@ def task_spec(settings: TrainerSettings, algo: LossConfig) -> TaskSpec:
 def learner_config(settings: TrainerSettings, algo: LossConfig) -> LearnerConfig:
     from grpo.trainer.learner import LearnerConfig
 
+    # The schedule counts optimizer steps: ppo_epochs per GRPO step, one per SFT step. Settings speak in steps.
+    per_step = settings.ppo_epochs if settings.mode == "grpo" else 1
     return LearnerConfig(
         model=settings.model,
         backend=settings.backend,
         seed=settings.seed,
         lr=settings.lr,
         weight_decay=settings.weight_decay,
-        warmup_steps=settings.warmup_steps,
+        warmup_steps=settings.warmup_steps * per_step,
         lr_schedule=settings.lr_schedule,
-        total_steps=settings.steps,
+        total_steps=settings.steps * per_step,
         max_grad_norm=settings.grad_clip,
         micro_batch_size=settings.micro_batch_size,
         ppo_epochs=settings.ppo_epochs,

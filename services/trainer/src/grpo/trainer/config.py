@@ -124,9 +124,9 @@ class TrainerSettings(ServiceSettings):
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
     warmup_steps: int = Field(0, ge=0)
-    """Linear warm-up steps."""
+    """Linear warm-up, in trainer steps (with ppo_epochs > 1 each step is several optimizer steps)."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
-    """LR after warm-up."""
+    """LR after warm-up; cosine reaches its floor at the last of `steps`."""
     grad_clip: float = Field(1.0, gt=0)
     """Max global grad norm."""
     micro_batch_size: int = Field(8, ge=1)
@@ -229,6 +229,12 @@ class TrainerSettings(ServiceSettings):
             self.weights_token = self.token
         if self.clip_low is not None and self.clip_low >= 1:
             raise ValueError(f"clip_low={self.clip_low} must be < 1 (the ratio is clipped to [1 - clip_low, ...])")
+        if self.mode == "grpo":
+            from grpo.algo import get_preset
+            from grpo.algo.kl import check_kl_loss
+
+            algo = get_preset(self.preset).with_overrides(**self.algo_overrides())
+            check_kl_loss(algo.kl_kind, algo.beta)
         for i, stage in enumerate(self.stages, 1):
             stage_settings(self, stage, i)  # a bad stage fails at start-up, naming it
         return self

@@ -79,6 +79,15 @@ def split_by_tokens(lengths: list[int], max_samples: int, max_tokens: int | None
     return chunks
 
 
+def check_sample(s: TrainableSample) -> None:
+    """Raise ValueError for a sample no collation can represent (checked on the whole batch before sharding)."""
+    if not s.prompt_token_ids:
+        raise ValueError(f"sample of group {s.group_id!r} has an empty prompt: nothing predicts its first token")
+    lp, c = s.sampler_logprobs, len(s.completion_token_ids)
+    if lp is not None and len(lp) != c:
+        raise ValueError(f"group {s.group_id!r}: {len(lp)} sampler log-probs for {c} completion tokens")
+
+
 def collate(samples: list[TrainableSample], pad_id: int, mask_truncated: bool) -> MicroBatch:
     """Right-pad `samples` to their longest row; the mask marks completion tokens only.
 
@@ -92,18 +101,14 @@ def collate(samples: list[TrainableSample], pad_id: int, mask_truncated: bool) -
     sampler = torch.zeros((n, width - 1), dtype=torch.float32)
     have_sampler = all(s.sampler_logprobs is not None for s in samples)
     for row, s in enumerate(samples):
+        check_sample(s)
         p, c = len(s.prompt_token_ids), len(s.completion_token_ids)
-        if p == 0:
-            raise ValueError(f"sample of group {s.group_id!r} has an empty prompt: nothing predicts its first token")
         input_ids[row, : p + c] = torch.tensor(s.prompt_token_ids + s.completion_token_ids, dtype=torch.long)
         attention[row, : p + c] = 1
         if not (mask_truncated and s.truncated):
             mask[row, p - 1 : p - 1 + c] = 1.0
         if have_sampler:
-            lp = s.sampler_logprobs or []
-            if len(lp) != c:
-                raise ValueError(f"group {s.group_id!r}: {len(lp)} sampler log-probs for {c} completion tokens")
-            sampler[row, p - 1 : p - 1 + c] = torch.tensor(lp, dtype=torch.float32)
+            sampler[row, p - 1 : p - 1 + c] = torch.tensor(s.sampler_logprobs or [], dtype=torch.float32)
     return MicroBatch(
         input_ids=input_ids,
         attention_mask=attention,
@@ -130,6 +135,57 @@ def build_micro_batches(
         raise ValueError("cannot train on an empty batch")
     chunks = split_by_tokens([sample_length(s) for s in samples], micro_batch_size, max_tokens)
     return [collate([samples[i] for i in chunk], pad_id, mask_truncated) for chunk in chunks]
+
+
+def counted_tokens(sample: TrainableSample, mask_truncated: bool) -> int:
+    """Completion tokens of `sample` that count in the loss (collate's mask, without building it)."""
+    return 0 if (mask_truncated and sample.truncated) else len(sample.completion_token_ids)
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's share of a batch every rank holds in full (computed identically on each rank, no messages).
+
+    chunks: this rank's micro-batches as indices into the batch. steps: forward/backward passes every
+    rank makes — the most any rank needs; ZeRO reduces gradients (and ZeRO-3 gathers parameters) inside
+    each pass, so a rank with fewer micro-batches pads with passes that weigh nothing. total_tokens /
+    total_sequences: the whole batch's normalisers, so the loss is the one-process loss on any rank count.
+    """
+
+    chunks: list[list[int]]
+    steps: int
+    total_tokens: int
+    total_sequences: int
+
+
+def plan_rank(
+    samples: list[TrainableSample],
+    *,
+    rank: int,
+    world_size: int,
+    micro_batch_size: int,
+    max_tokens: int | None,
+    mask_truncated: bool,
+) -> RankPlan:
+    """Deal length-sorted samples round robin over ranks (similar token counts each), then micro-batch each share."""
+    if not samples:
+        raise ValueError("cannot train on an empty batch")
+    for s in samples:  # every rank raises, or none: one rank alone would leave the others waiting
+        check_sample(s)
+    lengths = [sample_length(s) for s in samples]
+    order = sorted(range(len(samples)), key=lambda i: (lengths[i], i))
+    per_rank = []
+    for r in range(world_size):
+        share = order[r::world_size]
+        chunks = split_by_tokens([lengths[i] for i in share], micro_batch_size, max_tokens)
+        per_rank.append([[share[j] for j in chunk] for chunk in chunks])
+    counted = [counted_tokens(s, mask_truncated) for s in samples]
+    return RankPlan(
+        chunks=per_rank[rank],
+        steps=max(len(chunks) for chunks in per_rank),
+        total_tokens=sum(counted),
+        total_sequences=sum(1 for n in counted if n > 0),
+    )
 
 
 def sft_to_samples(pairs: list[SftPair]) -> list[TrainableSample]:

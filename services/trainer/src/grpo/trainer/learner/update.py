@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import NamedTuple
 
 from grpo.trainer.learner.batch import TrainableSample
 
@@ -31,21 +32,38 @@ def old_logprob_source(samples: list[TrainableSample], *, ppo_epochs: int, sampl
     return OldLogprobSource.CURRENT if ppo_epochs == 1 else OldLogprobSource.RECOMPUTE
 
 
-def merge_metrics(parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
-    """Combine (weight, metrics) of micro-batches: *_min → min, *_max → max, the rest weighted mean."""
+LOSS_KEYS = frozenset({"loss", "pg_loss", "kl_loss", "sft_loss"})
+
+
+class MetricPart(NamedTuple):
+    """One micro-batch's metrics with its share of the batch loss and its counted tokens."""
+
+    share: float
+    tokens: int
+    metrics: dict[str, float]
+
+
+def merge_metrics(parts: list[MetricPart]) -> dict[str, float]:
+    """The whole batch's metrics from its micro-batches' (on any number of ranks, however split).
+
+    Losses add up by loss share (the shares sum to 1); *_min/*_max take the min/max; every other metric
+    is a per-token mean, so it is weighted by counted tokens. Parts with no counted token (padding
+    passes, fully masked rows) do not count, unless nothing else does.
+    """
+    parts = [p for p in parts if p.tokens > 0] or parts
+    total_tokens = sum(p.tokens for p in parts) or 1
     out: dict[str, float] = {}
-    total = sum(w for w, _ in parts) or 1.0
-    keys = {k for _, m in parts for k in m}
-    for key in sorted(keys):
-        values = [(w, m[key]) for w, m in parts if key in m]
-        if key.endswith("_min"):
-            out[key] = min(v for _, v in values)
+    for key in sorted({k for p in parts for k in p.metrics}):
+        have = [p for p in parts if key in p.metrics]
+        values = [p.metrics[key] for p in have]
+        if key in LOSS_KEYS:
+            out[key] = sum(p.share * p.metrics[key] for p in have)
+        elif key.endswith("_min"):
+            out[key] = min(values)
         elif key.endswith("_max"):
-            out[key] = max(v for _, v in values)
-        elif key in ("loss", "pg_loss", "kl_loss"):
-            out[key] = sum(w * v for w, v in values)  # weights sum to 1 per pass: the full-batch loss
+            out[key] = max(values)
         else:
-            out[key] = sum(w * v for w, v in values) / total
+            out[key] = sum(p.tokens * p.metrics[key] for p in have) / total_tokens
     return out
 
 

@@ -6,9 +6,12 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import Tensor
+
+T = TypeVar("T")
 
 
 class Backend(ABC):
@@ -52,6 +55,10 @@ class Backend(ABC):
                 yield
         else:
             yield
+
+    def gather(self, items: list[T]) -> list[T]:
+        """Every rank's `items`, concatenated in rank order, on every rank (collective)."""
+        return items
 
     def barrier(self) -> None:  # noqa: B027 - optional hook
         """Wait for every rank (no-op on one process)."""

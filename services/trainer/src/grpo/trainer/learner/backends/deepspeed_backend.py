@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpo.trainer.learner.backends.base import Backend
+from grpo.trainer.learner.backends.base import Backend, T
 from grpo.trainer.learner.optim import build_scheduler
 from grpo.trainer.learner.policy import add_lora, load_causal_lm, prepare_model, push_state_dict
 
@@ -172,6 +172,11 @@ class DeepSpeedBackend(Backend):
         with gather:
             # clone: ZeRO-3 frees the gathered storage when the context exits
             return {k: v.detach().clone().cpu() for k, v in push_state_dict(module).items()}
+
+    def gather(self, items: list[T]) -> list[T]:
+        gathered: list[list[T] | None] = [None] * self.world_size
+        torch.distributed.all_gather_object(gathered, items)
+        return [item for rank_items in gathered for item in rank_items or []]
 
     def barrier(self) -> None:
         torch.distributed.barrier()

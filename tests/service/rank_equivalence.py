@@ -1,0 +1,103 @@
+"""Worker for test_rank_equivalence: under torchrun, train one batch with DeepSpeed and with one plain process.
+
+Every rank builds the DeepSpeed learner (ZeRO stage argv[1]) for each case; rank 0 also trains a
+plain-PyTorch learner (one process, the reference) on the same batch, then writes the largest
+differences of the updated parameters and of the logged metrics to argv[2] (JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo.trainer.learner import Learner, LearnerConfig, SftPair, TrainableSample
+
+torch.set_num_threads(1)
+
+# Lengths alternate long/short (the case where per-rank normalisation skews the loss most); 7 rows split
+# unevenly over 2 and 3 ranks; one row is truncated (masked out by mask_truncated).
+BATCH = [
+    TrainableSample(
+        [3 + i, 4, 5],
+        [6 + (i * 7 + t) % 50 for t in range(12 if i % 2 else 2)],
+        advantage=(-1.0) ** i * (0.5 + 0.25 * i),
+        truncated=i == 5,
+        group_id=str(i // 4),
+    )
+    for i in range(7)
+]
+PAIRS = [SftPair([3 + i, 4], [7 + (i * 5 + t) % 40 for t in range(10 if i % 2 else 3)]) for i in range(7)]
+
+GRPO_CASES: list[dict[str, Any]] = [
+    {"agg": agg, "micro_batch_size": mbs}
+    for agg in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+    for mbs in (1, 2, 3)
+] + [
+    {"agg": "token_mean", "micro_batch_size": 2, "beta": 0.05, "ppo_epochs": 2},  # reference model, π_old recomputed
+    {"agg": "token_mean", "micro_batch_size": 3, "max_tokens_per_micro_batch": 20},  # token-capped micro-batches
+    {"agg": "seq_mean_token_mean", "micro_batch_size": 1, "rows": 2},  # fewer rows than ranks
+]
+SFT_CASES: list[dict[str, Any]] = [{"micro_batch_size": mbs} for mbs in (1, 2, 3)] + [
+    {"micro_batch_size": 1, "rows": 2}
+]
+COMPARED = ("loss", "pg_loss", "kl_loss", "kl", "ratio_mean", "ratio_max", "entropy", "clip_frac", "grad_norm",
+            "tokens", "response_length_mean", "truncation_rate", "sft_loss")  # fmt: skip
+
+
+def config(backend: str, stage: int, case: dict[str, Any]) -> LearnerConfig:
+    # Adam's first step is lr·g/(|g|+eps): eps well above float noise keeps the comparison about the gradient.
+    base = {"lr": 1e-3, "adam_eps": 1e-4, "max_len": 12, "seed": 0, "clip_low": 0.2, "clip_high": 0.2}
+    options = {k: v for k, v in case.items() if k != "rows"}
+    return LearnerConfig(backend=backend, zero_stage=stage, **{**base, **options})
+
+
+def train(learner: Learner, kind: str, rows: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    before = {k: v.clone() for k, v in learner.state_dict_for_push().items()}
+    batch, pairs = BATCH[:rows], PAIRS[:rows]
+    metrics = learner.step(batch) if kind == "grpo" else learner.sft_step(pairs)
+    if kind == "grpo" and learner.config.ppo_epochs == 1:
+        metrics |= {f"second/{k}": v for k, v in learner.step(batch).items()}  # the ratio has moved now
+    after = learner.state_dict_for_push()
+    return {k: after[k] - before[k] for k in before}, metrics
+
+
+def compare(
+    ds: tuple[dict[str, torch.Tensor], dict[str, float]], ref: tuple[dict[str, torch.Tensor], dict[str, float]]
+):
+    (ds_delta, ds_metrics), (ref_delta, ref_metrics) = ds, ref
+    scale = max(float(d.abs().max()) for d in ref_delta.values())
+    param_diff = max(float((ds_delta[k] - ref_delta[k]).abs().max()) for k in ref_delta) / scale
+    keys = [k for k in ref_metrics if k.split("/")[-1] in COMPARED]
+    missing = sorted(set(keys) - set(ds_metrics))
+    metric_diff = {
+        k: abs(ds_metrics[k] - ref_metrics[k]) / max(abs(ref_metrics[k]), 1e-3) for k in keys if k in ds_metrics
+    }
+    return {"param_diff": param_diff, "metric_diff": metric_diff, "missing": missing, "update_scale": scale}
+
+
+def main() -> None:
+    stage, out = int(sys.argv[1]), Path(sys.argv[2])
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    results = []
+    for kind, cases in (("grpo", GRPO_CASES), ("sft", SFT_CASES)):
+        for case in cases:
+            learner = Learner(config("deepspeed", stage, case))
+            rank = learner.backend.rank
+            rows = case.get("rows", len(BATCH))
+            ds = train(learner, kind, rows)
+            if rank == 0:
+                ref = train(Learner(config("torch", stage, case)), kind, rows)
+                results.append({"kind": kind, "case": case, **compare(ds, ref)})
+            learner.backend.barrier()
+    if rank == 0:
+        world = torch.distributed.get_world_size()
+        out.write_text(json.dumps({"world_size": world, "stage": stage, "results": results}))
+    learner.close()
+
+
+if __name__ == "__main__":
+    main()
