@@ -19,6 +19,7 @@ BENCHES = [
     "bench_reward.py",
     "bench_rollout.py",
     "bench_trainer.py",
+    "bench_ranks.py",
     "bench_async.py",
     "bench_load.py",
 ]

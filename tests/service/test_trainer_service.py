@@ -182,6 +182,41 @@ def test_grpo_steps_update_push_and_log(tmp_path: Path, redis_url: str, rollout_
     assert (out / "checkpoints" / "step-00000003" / "trainer_state.json").is_file()
 
 
+def test_evaluation_counts_only_groups_from_the_evaluated_weights(
+    tmp_path: Path, redis_url: str, rollout_for: Any
+) -> None:
+    """A replica on other weights (restarted onto the model from disk, or not pushed yet) answers eval tasks:
+    its groups must not be reported as policy version 1's accuracy. They are asked again after a push."""
+    from grpo.common.queue import RunQueue
+    from grpo.trainer.consumer import GroupReader
+    from grpo.trainer.data import load_rows
+    from grpo.trainer.evaluation import evaluate
+    from grpo.trainer.publisher import TaskSpec
+    from grpo.trainer.pusher import ReplicaTarget, push_to_replicas, replica_status
+
+    rollout = rollout_for("ev")  # fresh: weight version 0
+    queue = RunQueue(redis.Redis.from_url(redis_url), "ev")
+    queue.ensure_groups()
+    rows = load_rows(write_data(tmp_path / "eval.jsonl", 3))
+    spec = TaskSpec(group_size=4, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8, stop=("e",),
+                    reward_weights=(("math", 1.0),), apply_chat_template=False)  # fmt: skip
+    pushes: list[int] = []
+
+    def push() -> None:  # what the trainer's _sync_replicas does for a replica that lacks the version
+        if replica_status(rollout.address).weight_version < 1:
+            tensors = load_weights(ensure_tiny_model())
+            pushes.append(sum(r.ok for r in push_to_replicas([ReplicaTarget("ev-r1", rollout.address)], tensors, 1)))
+
+    metrics = evaluate(
+        GroupReader(queue, "trainer"), rows, spec, run_id="ev", round_id="0", policy_version=1, temperature=0.0,
+        timeout_s=120, on_wrong_weights=push,
+    )  # fmt: skip
+    assert pushes == [1], pushes  # the first wrong group triggered one push
+    assert metrics["eval/wrong_weights"] >= 1
+    assert (metrics["eval/completed"], metrics["eval/missing"], metrics["eval/failed"]) == (3, 0, 0)
+    assert replica_status(rollout.address).weight_version == 1
+
+
 def test_status_api_checkpoint_and_sigterm(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
     rollout_for("api")
     config = trainer_config(tmp_path, "api", redis_url, steps=1000, checkpoint_every=1000)

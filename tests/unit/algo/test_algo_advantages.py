@@ -20,15 +20,15 @@ def _close(actual: torch.Tensor, expected: list[float], tol: float = 1e-6) -> No
 
 def test_grpo_population_std() -> None:
     # r = [1,0,0,0]: mean 1/4, population std sqrt((0.75² + 3·0.25²)/4) = sqrt(3)/4 → A = [√3, −1/√3 ×3]
-    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4, eps=0.0)
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4, eps=0.0, std_unbiased=False)
     s3 = math.sqrt(3.0)
     _close(adv, [s3, -1 / s3, -1 / s3, -1 / s3])
 
 
-def test_grpo_default_eps_is_in_the_denominator() -> None:
+def test_grpo_default_is_the_bessel_std_with_eps_in_the_denominator() -> None:
+    # the seeds' pseudo-code (torch.std), TRL and veRL: sqrt((0.5625 + 3·0.0625)/3) = 0.5; eps 1e-4 (TRL's)
     adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4)
-    std = math.sqrt(3.0) / 4
-    _close(adv, [0.75 / (std + 1e-6)] + [-0.25 / (std + 1e-6)] * 3)
+    _close(adv, [0.75 / (0.5 + 1e-4)] + [-0.25 / (0.5 + 1e-4)] * 3)
 
 
 def test_grpo_unbiased_std() -> None:
@@ -52,11 +52,12 @@ def test_rloo_leave_one_out() -> None:
 
 def test_reinforce_pp_uses_the_batch_std() -> None:
     # group-centred: [0.5, −0.5, 1, −1]; batch population std sqrt((0.25+0.25+1+1)/4) = sqrt(0.625)
-    adv = group_advantages(torch.tensor([1.0, 0.0, 3.0, 1.0]), 2, mode="reinforce_pp", eps=0.0)
+    adv = group_advantages(torch.tensor([1.0, 0.0, 3.0, 1.0]), 2, mode="reinforce_pp", eps=0.0, std_unbiased=False)
     s = math.sqrt(0.625)
     _close(adv, [0.5 / s, -0.5 / s, 1 / s, -1 / s])
     # GRPO would have normalised each group on its own: [1, −1, 1, −1]
-    _close(group_advantages(torch.tensor([1.0, 0.0, 3.0, 1.0]), 2, eps=0.0), [1.0, -1.0, 1.0, -1.0])
+    grpo = group_advantages(torch.tensor([1.0, 0.0, 3.0, 1.0]), 2, eps=0.0, std_unbiased=False)
+    _close(grpo, [1.0, -1.0, 1.0, -1.0])
 
 
 def test_rank_averages_ties_and_spans_minus_one_to_one() -> None:

@@ -78,3 +78,12 @@ def test_sft_loss_is_the_token_mean_over_response_tokens() -> None:
     expected = (2 * math.log(4) + math.log(2.5)) / 3
     assert sft_loss(logits, labels, mask).item() == pytest.approx(expected, abs=1e-6)
     assert sft_loss(logits, labels, torch.zeros_like(mask)).item() == 0.0
+
+
+def test_entropy_row_by_row_equals_the_whole_batch_at_any_temperature() -> None:
+    logits = torch.randn(3, 5, 11, dtype=torch.float64) * 4
+    for t in (1.0, 0.7):
+        z = logits / t
+        whole = torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)
+        assert torch.allclose(entropy_from_logits(logits, t), whole, atol=1e-12)
+    assert entropy_from_logits(logits.to(torch.bfloat16)).dtype == torch.float32

@@ -15,12 +15,16 @@ def test_grpo_preset_is_r1s_defaults() -> None:
     assert (p.beta, p.clip_low, p.clip_high, p.kl_kind, p.group_size) == (0.001, 0.2, 0.2, "k3", 16)
     assert (p.agg, p.advantage_mode, p.ratio_level) == ("seq_mean_token_mean", "grpo", "token")
     assert p.skip_zero_variance and not p.refill_zero_variance and p.ref_refresh_steps == 400
+    # the seeds' pseudo-code (torch.std: Bessel-corrected), TRL and veRL; R1 trains on truncated answers
+    assert (p.std_unbiased, p.advantage_eps, p.mask_truncated) == (True, 1e-4, False)
+    two = group_advantages(torch.tensor([0.0, 1.0]), 2, **p.advantage_kwargs())
+    assert two.tolist() == pytest.approx([-0.7071, 0.7071], abs=1e-3)  # ÷(G−1): ±1/√2 for G = 2, not ±1
 
 
 def test_variant_presets() -> None:
     dapo = get_preset("dapo")
     assert (dapo.clip_low, dapo.clip_high, dapo.beta, dapo.agg) == (0.2, 0.28, 0.0, "token_mean")
-    assert dapo.refill_zero_variance and dapo.overlong_soft_penalty
+    assert dapo.refill_zero_variance and dapo.overlong_soft_penalty and dapo.mask_truncated
     dr = get_preset("dr_grpo")
     assert (dr.advantage_mode, dr.agg, dr.beta) == ("dr_grpo", "seq_mean_token_sum", 0.0)
     gspo = get_preset("gspo")

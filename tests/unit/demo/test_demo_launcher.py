@@ -68,6 +68,25 @@ def test_sigterm_ignoring_child_is_killed(tmp_path: Path) -> None:
     assert child.proc.poll() is not None
 
 
+def test_stop_all_shares_one_grace_period_after_the_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C with a trainer and N stubborn services: two grace periods, not N + 1."""
+    import grpo.demo.procs as procs
+
+    script = (
+        "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(300)"
+    )
+    sup = Supervisor(tmp_path)
+    children = [sup.start(f"svc{i}", [sys.executable, "-c", script]) for i in range(4)]
+    for child in children:
+        sup.wait_ready(child, lambda c=child: "ready" in c.log_path.read_text(), 20)
+    batches: list[list[int]] = []
+    real = procs.stop_pids
+    monkeypatch.setattr(procs, "stop_pids", lambda pids, grace_s: batches.append(list(pids)) or real(pids, grace_s))
+    sup.stop_all(grace_s=1.0)
+    assert batches == [[children[3].pid], [c.pid for c in reversed(children[:3])]]  # the newest, then the rest at once
+    assert all(c.proc.poll() is not None for c in children)
+
+
 def test_child_that_dies_while_starting_is_reported_with_its_log(tmp_path: Path) -> None:
     sup = Supervisor(tmp_path)
     child = sup.start("broken", [sys.executable, "-c", "import sys; print('bad flag --x'); sys.exit(3)"])

@@ -218,3 +218,15 @@ def test_dashboard_queries_only_metrics_the_services_export() -> None:
     }
     assert "grpo_rollout_weight_update_bytes_total" in queried
     assert queried <= exported, f"queried but not exported: {sorted(queried - exported)}"
+
+
+def test_the_trainer_uses_exact_sampler_logprobs_only_where_the_engine_gives_them() -> None:
+    def trainer_yaml(values: dict[str, Any]) -> dict[str, Any]:
+        config = next(
+            d for d in render(values) if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config")
+        )
+        return yaml.safe_load(config["data"]["trainer.yaml"])
+
+    assert trainer_yaml({})["sampler_exact"] is True  # hf engine, float32 (the default)
+    assert "sampler_exact" not in trainer_yaml(load_values("gpu"))  # vLLM / bf16: TIS corrects stale samples
+    assert trainer_yaml({"run": {"trainer": {"sampler_exact": False}}})["sampler_exact"] is False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -146,7 +147,7 @@ def test_ppo_epochs_recompute_old_logprobs() -> None:
 def test_truncated_completions_do_not_contribute() -> None:
     batch = synthetic_groups(1, 4, seed=5)
     cut = [TrainableSample(s.prompt_token_ids, s.completion_token_ids, 5.0, truncated=True) for s in batch[:2]]
-    with_cut, without = make(), make()
+    with_cut, without = make(mask_truncated=True), make(mask_truncated=True)
     with_cut.accumulate_gradients(batch + cut)
     without.accumulate_gradients(batch)
     for (name, p), q in zip(with_cut.model.named_parameters(), without.model.parameters(), strict=True):
@@ -189,3 +190,35 @@ def test_grad_norm_is_clipped_and_config_errors_name_the_field() -> None:
     assert moved**0.5 == pytest.approx(1e-3, rel=0.02)
     with pytest.raises(ValueError, match=r"learner\.ppo_epochs"):
         make(ppo_epochs=0)
+
+
+def test_dropout_is_off_so_the_ratio_compares_the_same_function() -> None:
+    from grpo.trainer.learner.policy import load_causal_lm, prepare_model
+
+    model = load_causal_lm(str(ensure_tiny_model()))
+    model.config.attention_dropout = 0.5
+    for module in model.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.5
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    model.train()
+    noisy = [model(input_ids=ids).logits for _ in range(2)]
+    assert not torch.equal(noisy[0], noisy[1])  # the check can fail: dropout was live
+    prepare_model(model, LearnerConfig())
+    a, b = (model(input_ids=ids).logits for _ in range(2))
+    assert model.training and torch.equal(a, b) and model.config.attention_dropout == 0.0
+
+
+def test_reference_refresh_counts_updates_not_version_numbers(tmp_path: Path) -> None:
+    learner = make(beta=0.04, ref_refresh_steps=3)
+    learner.version = 7  # the trainer's first push after a resume or behind newer replicas jumps the version
+    batch = synthetic_groups()
+    refreshed = []
+    for _ in range(6):
+        before = {k: v.clone() for k, v in learner.ref_model.state_dict().items()}
+        learner.step(batch)
+        refreshed.append(any(not torch.equal(before[k], v) for k, v in learner.ref_model.state_dict().items()))
+    assert refreshed == [False, False, True, False, False, True]  # every 3rd update, whatever the version
+    (tmp_path / "ckpt").mkdir()
+    state = learner.save_state(tmp_path / "ckpt")
+    assert state == {"version": 13, "updates": 6}

@@ -52,3 +52,25 @@ def test_wandb_offline_run_records_the_metrics(tmp_path: Path, monkeypatch: pyte
     while b"1.5" not in (record := logs[0].read_bytes()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert b"reward/mean" in record and b"0.25" in record and b"1.5" in record
+
+
+def test_a_resumed_run_writes_each_step_once(tmp_path: Path) -> None:
+    """Crashed at step 13 after a checkpoint at 10: the resumed run logs 11–13 again, and only those count."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    paths = {"tensorboard_dir": tmp_path / "tb", "jsonl_path": tmp_path / "m.jsonl"}
+    with MetricsSink(**paths, start_step=-1) as sink:
+        for step in range(0, 14):
+            sink.log(step, {"loss": 1.0})
+    with MetricsSink(**paths, start_step=10) as sink:
+        for step in range(11, 16):
+            sink.log(step, {"loss": 2.0})
+    rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(16))
+    assert [r["loss"] for r in rows] == [1.0] * 11 + [2.0] * 5
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("loss")][-6:] == [(10, 1.0)] + [(s, 2.0) for s in range(11, 16)]
+    with MetricsSink(**paths, start_step=-1):  # a fresh run in the same folder starts a fresh file
+        pass
+    assert (tmp_path / "m.jsonl").read_text() == ""

@@ -69,6 +69,44 @@ def test_k1_in_the_loss_is_refused_at_start_up(data: Path) -> None:
     assert parse_settings(["--train-data", str(data), "--kl-kind", "k1", "--beta", "0"]).kl_kind == "k1"
 
 
+def test_stale_samples_are_never_trained_as_on_policy(data: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def tis(*extra: str) -> float | None:
+        return resolve_algo(parse_settings(["--train-data", str(data), *extra])).tis_cap
+
+    assert tis() is None  # on-policy: nothing to correct
+    with caplog.at_level("WARNING"):
+        assert tis("--max-staleness", "1") == 2.0  # inexact sampler log-probs: TIS corrects the staleness
+    assert "truncated importance sampling" in caplog.text
+    assert tis("--max-staleness", "1", "--sampler-exact") is None  # exact π_old: PPO's ratio corrects it
+    assert tis("--max-staleness", "1", "--tis-cap", "3") == 3.0
+
+
+def test_every_algorithm_knob_is_a_setting_defaulting_to_the_preset(data: Path) -> None:
+    import dataclasses
+
+    from grpo.algo import PRESETS as ALGO_PRESETS
+    from grpo.algo import LossConfig
+    from grpo.trainer.config import ALGO_FIELDS, TrainerSettings
+
+    knobs = {f.name for f in dataclasses.fields(LossConfig)} - {"name", "source", "notes"}
+    assert set(ALGO_FIELDS) == knobs
+    assert set(PRESETS) == set(ALGO_PRESETS)
+    for name in knobs:
+        assert TrainerSettings.model_fields[name].default is None, f"{name} must default to None (the preset's)"
+    s = parse_settings(["--train-data", str(data), "--std-unbiased", "false", "--advantage-eps", "1e-6",
+                        "--reward-clip", "[-1, 1]", "--mask-truncated", "true"])  # fmt: skip
+    algo = resolve_algo(s)
+    assert (algo.std_unbiased, algo.advantage_eps, algo.reward_clip, algo.mask_truncated) == (
+        False,
+        1e-6,
+        (-1, 1),
+        True,
+    )
+    assert learner_config(s, algo).mask_truncated is True
+    with pytest.raises(ValidationError, match="lo <= hi"):
+        parse_settings(["--train-data", str(data), "--reward-clip", "[1, -1]"])
+
+
 def test_precedence_file_env_cli(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "t.yaml"
     cfg.write_text(f"train_data: {data}\nsteps: 5\nlr: 0.001\nbeta: 0.5\n")

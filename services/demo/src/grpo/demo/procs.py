@@ -102,24 +102,31 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
 
 def stop_pid(pid: int, grace_s: float = 15.0) -> bool:
     """SIGTERM the process group led by `pid`, SIGKILL it after `grace_s`; True when it is gone."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        os.kill(pid, signal.SIGTERM)
+    return stop_pids([pid], grace_s)[0]
+
+
+def stop_pids(pids: Sequence[int], grace_s: float = 15.0) -> list[bool]:
+    """stop_pid for several groups at once: one shared grace period, not one each."""
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not _group_alive(pid):
-            return True
+    while time.monotonic() < deadline and any(_group_alive(pid) for pid in pids):
         time.sleep(0.1)
-    log.warning("pid %d did not stop within %.0fs: SIGKILL", pid, grace_s)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    time.sleep(0.2)
-    return not _group_alive(pid)
+    survivors = [pid for pid in pids if _group_alive(pid)]
+    for pid in survivors:
+        log.warning("pid %d did not stop within %.0fs: SIGKILL", pid, grace_s)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if survivors:
+        time.sleep(0.2)
+    return [not _group_alive(pid) for pid in pids]
 
 
 def _group_alive(pgid: int) -> bool:
@@ -181,15 +188,19 @@ class Supervisor:
                 raise child.failure(f"exited with code {child.proc.returncode}")
 
     def stop_all(self, grace_s: float = 15.0) -> None:
-        for child in reversed(self.children):
-            if stop_pid(child.pid, grace_s):
-                log.info("stopped %s (pid %d)", child.name, child.pid)
-            else:
-                log.error("%s (pid %d) survived SIGKILL", child.name, child.pid)
-            try:
-                child.proc.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                pass
+        """The last started (the trainer: it checkpoints while Redis and the replicas are still up), then the rest
+        at once, so Ctrl-C takes at most two grace periods whatever the number of replicas."""
+        newest_first = list(reversed(self.children))
+        for batch in (newest_first[:1], newest_first[1:]):
+            for child, gone in zip(batch, stop_pids([c.pid for c in batch], grace_s), strict=True):
+                if gone:
+                    log.info("stopped %s (pid %d)", child.name, child.pid)
+                else:
+                    log.error("%s (pid %d) survived SIGKILL", child.name, child.pid)
+                try:
+                    child.proc.wait(timeout=1)
+                except subprocess.TimeoutExpired:
+                    pass
         self.children.clear()
 
     def __enter__(self) -> Supervisor:

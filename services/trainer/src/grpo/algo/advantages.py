@@ -101,8 +101,8 @@ def group_advantages(
     group_size: int,
     *,
     mode: str = "grpo",
-    eps: float = 1e-6,
-    std_unbiased: bool = False,
+    eps: float = 1e-4,
+    std_unbiased: bool = True,
     clip: tuple[float, float] | None = None,
 ) -> Tensor:
     """Advantages [N·G] for flat rewards [N·G] ordered group by group; mode in ADVANTAGE_MODES.

@@ -31,9 +31,16 @@ def token_logprobs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0) 
     return picked - torch.logsumexp(z, dim=-1)
 
 
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """H = logsumexp(z) − Σ_v softmax(z)_v z_v per position: logits [..., V] → [...], in float32 or better."""
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """H = logsumexp(z) − Σ_v softmax(z)_v z_v per position, z = logits / T: [..., V] → [...], float32 or better.
+
+    Batched input is done one row at a time: the few float32 copies softmax needs are [T, V], never
+    [B, T, V] (at a 150k vocabulary that difference is gigabytes).
+    """
+    if logits.dim() > 2:
+        return torch.stack([entropy_from_logits(row, temperature) for row in logits])
     z = logits if logits.dtype in _FULL_PRECISION else logits.float()
+    z = z / temperature if temperature != 1.0 else z
     return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
 
 

@@ -14,9 +14,9 @@ class LossConfig:
     source: str  # the paper (and section) the values come from
     # advantages (group_advantages)
     advantage_mode: str = "grpo"
-    std_unbiased: bool = False
-    advantage_eps: float = 1e-6
-    reward_clip: tuple[float, float] | None = None
+    std_unbiased: bool = True  # ÷(G−1), as the seeds' pseudo-code, TRL and veRL (torch.std); False: ÷G
+    advantage_eps: float = 1e-4  # TRL's; 1e-6 turns float-noise reward differences into ±0.5 advantages
+    reward_clip: tuple[float, float] | None = None  # clamp rewards before the group statistics
     # policy loss (policy_loss)
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -25,6 +25,7 @@ class LossConfig:
     agg: str = "seq_mean_token_mean"
     ratio_level: str = "token"
     tis_cap: float | None = None
+    mask_truncated: bool = False  # completions cut by the length limit leave the loss (DAPO); R1 and TRL keep them
     # sampling and the run around the loss (read by the trainer and the reward service)
     group_size: int = 16
     skip_zero_variance: bool = True  # drop groups whose rewards are all equal (their advantages are 0)
@@ -85,7 +86,9 @@ PRESETS: dict[str, LossConfig] = {
         ref_refresh_steps=None,
         overlong_soft_penalty=True,
         overlong_buffer=4096,
-        notes="Clip-higher 0.2/0.28, dynamic sampling, token-level loss, overlong shaping (L_cache 4096), no KL.",
+        mask_truncated=True,
+        notes="Clip-higher 0.2/0.28, dynamic sampling, token-level loss, overlong masking and shaping "
+        "(L_cache 4096), no KL.",
     ),
     "dr_grpo": replace(
         _GRPO,

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+STALE_TIS_CAP = 2.0  # veRL's and Yao et al.'s usual cap
+
 
 def resolve_algo(settings: TrainerSettings) -> LossConfig:
     """The preset's values with every explicitly set algorithm field laid over them."""
@@ -22,7 +24,18 @@ def resolve_algo(settings: TrainerSettings) -> LossConfig:
     overrides = settings.algo_overrides()
     if overrides.get("ref_refresh_steps") == 0:
         overrides["ref_refresh_steps"] = None  # 0 in the settings means never, as None does in a preset
-    return get_preset(settings.preset).with_overrides(**overrides)
+    algo = get_preset(settings.preset).with_overrides(**overrides)
+    if settings.mode == "grpo" and settings.max_staleness > 0 and not settings.sampler_exact and algo.tis_cap is None:
+        # π_old is then the trainer's current policy, so a stale sample's ratio starts at 1: without TIS
+        # against the sampler's log-probs it would be trained as if on-policy.
+        log.warning(
+            "max_staleness %d without exact sampler log-probs: stale samples are corrected with truncated importance "
+            "sampling (tis_cap %.1f). Set sampler_exact: true (hf engine, float32) for the exact ratio, or tis_cap.",
+            settings.max_staleness,
+            STALE_TIS_CAP,
+        )
+        algo = algo.with_overrides(tis_cap=STALE_TIS_CAP)
+    return algo
 
 
 def overlong_buffer(settings: TrainerSettings, algo: LossConfig) -> int:
@@ -77,7 +90,7 @@ def learner_config(settings: TrainerSettings, algo: LossConfig) -> LearnerConfig
         ratio_level=algo.ratio_level,
         max_len=settings.max_new_tokens,
         tis_cap=algo.tis_cap,
-        mask_truncated=settings.mask_truncated,
+        mask_truncated=algo.mask_truncated,
         sampler_exact=settings.sampler_exact,
         ref_refresh_steps=algo.ref_refresh_steps or 0,
         gradient_checkpointing=settings.gradient_checkpointing,

@@ -32,6 +32,10 @@ ALGO_FIELDS = (
     "ref_refresh_steps",
     "overlong_soft_penalty",
     "overlong_buffer",
+    "std_unbiased",
+    "advantage_eps",
+    "reward_clip",
+    "mask_truncated",
 )
 
 
@@ -116,8 +120,15 @@ class TrainerSettings(ServiceSettings):
     """Ask the reward service for DAPO's soft overlong penalty. None: the preset's."""
     overlong_buffer: int | None = Field(None, ge=1)
     """Tokens before max_new_tokens over which that penalty ramps (capped at max_new_tokens/2). None: the preset's."""
-    mask_truncated: bool = True
-    """Exclude completions that hit max_new_tokens from the loss (DAPO overlong masking)."""
+    mask_truncated: bool | None = None
+    """Exclude completions that hit max_new_tokens from the loss (DAPO overlong masking). None: the preset's
+    (on for dapo; R1, the seeds and TRL train on truncated completions)."""
+    std_unbiased: bool | None = None
+    """Group std with Bessel's correction, ÷(G−1), as the seeds' code, TRL and veRL; false: ÷G. None: the preset's."""
+    advantage_eps: float | None = Field(None, gt=0)
+    """Added to the group std before dividing. None: the preset's (1e-4)."""
+    reward_clip: tuple[float, float] | None = None
+    """[lo, hi]: clamp rewards before the group statistics (the seeds' reward clipping). None: the preset's (off)."""
 
     lr: float = Field(1e-6, gt=0)
     """AdamW learning rate."""
@@ -227,6 +238,8 @@ class TrainerSettings(ServiceSettings):
             raise ValueError("tls_cert_file and tls_key_file must be set together")
         if self.weights_token is None:
             self.weights_token = self.token
+        if self.reward_clip is not None and self.reward_clip[0] > self.reward_clip[1]:
+            raise ValueError(f"reward_clip={list(self.reward_clip)} must be [lo, hi] with lo <= hi")
         if self.clip_low is not None and self.clip_low >= 1:
             raise ValueError(f"clip_low={self.clip_low} must be < 1 (the ratio is clipped to [1 - clip_low, ...])")
         if self.mode == "grpo":

@@ -31,6 +31,8 @@ class MetricsSink:
     tensorboard_dir: SummaryWriter event files. jsonl_path: one JSON object per step (appended, so a
     resumed run continues the file). prometheus_registry: gauges named grpo_trainer_<key>, served by
     the service's /metrics. wandb_project: used only when `wandb` is installed and the project is set.
+    start_step: the step the run (re)starts from; rows and events logged after it by a lost lineage
+    (steps done after the checkpoint a crashed run resumes from) are removed, so each step is written once.
     """
 
     def __init__(
@@ -42,16 +44,20 @@ class MetricsSink:
         wandb_project: str | None = None,
         wandb_run_name: str | None = None,
         run_config: dict[str, Any] | None = None,
+        start_step: int | None = None,
     ) -> None:
         self._tb = None
         if tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(tensorboard_dir))
+            purge = None if start_step is None else start_step + 1  # TensorBoard hides events from purge_step on
+            self._tb = SummaryWriter(log_dir=str(tensorboard_dir), purge_step=purge)
         self._jsonl = None
         if jsonl_path is not None:
             path = Path(jsonl_path)
             path.parent.mkdir(parents=True, exist_ok=True)
+            if start_step is not None:
+                drop_rows_after(path, start_step)
             self._jsonl = path.open("a", encoding="utf-8")
         self._registry = prometheus_registry
         self._wandb = _init_wandb(wandb_project, wandb_run_name, run_config) if wandb_project else None
@@ -93,6 +99,20 @@ class MetricsSink:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def drop_rows_after(path: Path, step: int) -> int:
+    """Rewrite the JSONL at `path` without rows whose step is > `step` (atomically); the number removed."""
+    if not path.exists():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    if len(kept) == len(lines):
+        return 0
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    tmp.replace(path)
+    return len(lines) - len(kept)
 
 
 def _jsonable(value: Any) -> Any:

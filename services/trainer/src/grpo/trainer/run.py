@@ -87,6 +87,7 @@ class GrpoRun:
             wandb_project=s.wandb_project,
             wandb_run_name=s.run_id,
             run_config=s.model_dump(mode="json", exclude={"token", "weights_token"}),
+            start_step=self.step if path is not None else -1,  # a fresh run starts fresh files, as the ledger
         )
         self.control.update(eval_history=tuple(
             (r["step"], r["eval/accuracy"]) for r in read_metrics(s.output_dir / "metrics.jsonl")
@@ -338,7 +339,7 @@ class GrpoRun:
                 self.reader, self.eval_rows, self.spec, run_id=self.s.run_id,
                 round_id=f"{self.step}x{uuid.uuid4().hex[:6]}", policy_version=self.version,
                 temperature=self.s.eval_temperature, timeout_s=self.s.eval_timeout_s,
-                should_stop=lambda: self.control.stopping,
+                should_stop=lambda: self.control.stopping, on_wrong_weights=self._sync_replicas,
             )  # fmt: skip
         finally:
             self.control.update(phase="grpo")

@@ -70,7 +70,8 @@ def _train(
     control.update(phase="sft", total_steps=s.steps, step=step)
     sink = MetricsSink(tensorboard_dir=s.output_dir / "tensorboard", jsonl_path=s.output_dir / "metrics.jsonl",
                        prometheus_registry=registry, wandb_project=s.wandb_project, wandb_run_name=s.run_id,
-                       run_config=s.model_dump(mode="json", exclude={"token", "weights_token"}))  # fmt: skip
+                       run_config=s.model_dump(mode="json", exclude={"token", "weights_token"}),
+                       start_step=step if path is not None else -1)  # fmt: skip
 
     def checkpoint() -> str:
         return str(learner.save(root, step=step, data_cursor=cursor.to_state(), keep_last=s.keep_checkpoints))

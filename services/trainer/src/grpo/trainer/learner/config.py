@@ -53,7 +53,7 @@ class LearnerConfig:
     """Constant normaliser for agg="seq_mean_token_sum" (the generation budget)."""
     tis_cap: float | None = None
     """Truncated importance sampling cap against the sampler's log-probs (None = off)."""
-    mask_truncated: bool = True
+    mask_truncated: bool = False
     """Completions cut by the length limit contribute no token to the loss (DAPO overlong masking)."""
     sampler_exact: bool = False
     """The sampler computes log-probs in fp32 with the trainer's definition (HF fp32 engine): reuse them."""

@@ -57,6 +57,7 @@ class Learner:
         config.validate()
         self.config = config
         self.version = 0
+        self.updates = 0  # updates made; unlike `version` (which jumps at start and on resume) it paces π_ref
         torch.manual_seed(config.seed)
         model = load_causal_lm(config.model) if config.backend == "torch" else None
         self.backend = _build_backend(config, model)
@@ -245,8 +246,9 @@ class Learner:
 
     def _after_update(self) -> None:
         self.version += 1
+        self.updates += 1
         every = self.config.ref_refresh_steps
-        if self.ref_model is not None and every > 0 and self.version % every == 0:
+        if self.ref_model is not None and every > 0 and self.updates % every == 0:
             self.refresh_reference()
 
     @torch.no_grad()
@@ -275,11 +277,12 @@ class Learner:
 
             state = {k: v.contiguous() for k, v in self.ref_model.state_dict().items() if k != "lm_head.weight"}
             save_file(state, str(directory / "reference.safetensors"))
-        return {"version": self.version}
+        return {"version": self.version, "updates": self.updates}
 
     def load_state(self, directory: Path, state: dict[str, Any]) -> None:
         self.backend.load(directory)
         self.version = int(state["version"])
+        self.updates = int(state.get("updates", self.version))  # checkpoints before `updates`: the old pacing
         if self.ref_model is not None:
             ref_file = directory / "reference.safetensors"
             if ref_file.exists():

@@ -68,12 +68,28 @@ def add_lora(model: torch.nn.Module, options: LoraOptions) -> torch.nn.Module:
 
 
 def prepare_model(model: torch.nn.Module, config: Any) -> None:
-    """Training mode, gradient checkpointing when asked (non-reentrant: works with frozen LoRA bases)."""
+    """Training mode without dropout, gradient checkpointing when asked (non-reentrant: works with frozen LoRA bases)."""
     model.train()
+    disable_dropout(model)
     if config.gradient_checkpointing:
         hf_model = cast("PreTrainedModel", model)  # or a PeftModel, which forwards to its PreTrainedModel
         hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         hf_model.config.use_cache = False
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Zero every dropout rate: the ratio π_θ/π_old and the KL compare log-probs of the same weights, which
+    dropout would make random (π_old from a no-grad pass, π_θ from the training pass, the sampler's from eval
+    mode). TRL disables it by default for the same reason. Attention modules copy their rate at build time."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            setattr(module, "attention_dropout", 0.0)  # noqa: B010 - a plain float attribute, not a submodule
+    config = getattr(model, "config", None)
+    for key, value in (vars(config) if config is not None else {}).items():
+        if isinstance(value, float) and ("dropout" in key or key.endswith("_pdrop")):
+            setattr(config, key, 0.0)
 
 
 def forward_logprobs(
@@ -86,7 +102,7 @@ def forward_logprobs(
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach() / temperature)
+            entropy = entropy_from_logits(logits.detach(), temperature)
     return logp, entropy
 
 
