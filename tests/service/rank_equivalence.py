@@ -7,6 +7,7 @@ differences of the updated parameters and of the logged metrics to argv[2] (JSON
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -93,10 +94,12 @@ def main() -> None:
                 ref = train(Learner(config("torch", stage, case)), kind, rows)
                 results.append({"kind": kind, "case": case, **compare(ds, ref)})
             learner.backend.barrier()
+            del learner  # engines left alive past destroy_process_group can abort the interpreter at exit
+            gc.collect()
     if rank == 0:
         world = torch.distributed.get_world_size()
         out.write_text(json.dumps({"world_size": world, "stage": stage, "results": results}))
-    learner.close()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from grpo.common.net import free_port
 pytestmark = pytest.mark.deepspeed
 
 WORKER = r"""
-import json, sys
+import gc, json, sys
 from pathlib import Path
 
 import torch
@@ -64,6 +64,8 @@ result = {
 }
 if torch.distributed.get_rank() == 0:
     (out / "result.json").write_text(json.dumps(result))
+del learner  # an engine left alive past destroy_process_group can abort the interpreter at exit
+gc.collect()
 resumed.close()
 """
 
