@@ -19,7 +19,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def _demo(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "GRPO_CACHE_DIR": str(tmp_path / "cache")}
     cmd = [sys.executable, "-m", "grpo.cli", "--runs-dir", str(tmp_path / "runs"), "demo", "--no-live", *args]
-    return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # As from a terminal: SIGINT not ignored (a background job of a non-interactive shell, e.g. CI, inherits
+    # SIG_IGN for SIGINT, and Python then never installs its KeyboardInterrupt handler).
+    return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
 
 
 def _leftovers(run_dir: Path, state: dict[str, object] | None) -> list[str]:
