@@ -77,3 +77,10 @@ def test_k3_is_finite_far_from_the_reference() -> None:
     # the clamp only engages beyond |d| = 20: below it k3 is exact
     x, r = torch.tensor([-15.0]), torch.tensor([0.0])
     assert kl_estimate(x, r).item() == pytest.approx(math.exp(15.0) - 15.0 - 1.0, rel=1e-6)
+
+
+def test_k3_is_never_negative_from_rounding() -> None:
+    # e^d − d − 1 in floating point gave −1.1e-16 for policies that agree to ~1e-16 (found by hypothesis)
+    d = torch.tensor([1e-16, -1e-16, 2.2e-16, -3e-12, 1e-10, 1e-300], dtype=torch.float64)
+    for dtype in (torch.float64, torch.float32):
+        assert (kl_estimate(torch.zeros(6, dtype=dtype), d.to(dtype), "k3") >= 0).all()

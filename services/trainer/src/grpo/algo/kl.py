@@ -26,9 +26,10 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """k3 = π_ref/π_θ − log(π_ref/π_θ) − 1 — unbiased, ≥ 0; GRPO's choice (Schulman, 2020; Shao et al., 2024).
 
     The log-ratio d = log π_ref − log π_θ is clamped to ±MAX_LOG_RATIO before exp(); k3 = e^d − d − 1 ≥ 0 still holds.
+    Computed as expm1(d) − d: exp(d) − d − 1 rounds to −1e-16 for tiny d, expm1(d) ≥ d never does.
     """
     d = (ref_logp - logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    return torch.exp(d) - d - 1.0
+    return torch.expm1(d) - d
 
 
 KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
