@@ -99,11 +99,14 @@ def learner_config(settings: TrainerSettings, algo: LossConfig) -> LearnerConfig
     )
 
 
-def build_learner(settings: TrainerSettings) -> Any:
-    """The Learner for the configured mode (SFT never loads a reference model). Collective under DeepSpeed."""
+def build_learner(settings: TrainerSettings, algo: LossConfig | None = None) -> Any:
+    """The Learner for the configured mode (SFT never loads a reference model). Collective under DeepSpeed.
+
+    `algo`: the run's already resolved algorithm (resolving logs its warnings; once per process is enough).
+    """
     from grpo.trainer.learner import Learner
 
-    algo = resolve_algo(settings)
+    algo = algo or resolve_algo(settings)
     if settings.mode == "sft":
         algo = algo.with_overrides(beta=0.0)
     return Learner(learner_config(settings, algo))

@@ -48,13 +48,11 @@ def evaluate(
     """
     ids = [f"{run_id}-eval{round_id}-{i}" for i in range(len(rows))]
 
-    def publish(row: int, tid: str) -> None:
-        task = build_task(rows[row], tid, policy_version, spec, evaluation=True, eval_temperature=temperature)
-        reader.queue.publish_tasks([task])
+    def task(row: int, tid: str) -> queue_pb2.PromptTask:
+        return build_task(rows[row], tid, policy_version, spec, evaluation=True, eval_temperature=temperature)
 
     pending = {tid: i for i, tid in enumerate(ids)}  # task id -> row
-    for tid, row in pending.items():
-        publish(row, tid)
+    reader.queue.publish_tasks([task(row, tid) for tid, row in pending.items()])
     got: dict[int, queue_pb2.GroupRecord] = {}
     others: list[Entry[queue_pb2.GroupRecord]] = []
     wrong = 0
@@ -79,7 +77,7 @@ def evaluate(
             on_wrong_weights()
             retry = f"{ids[row]}-r{wrong}"
             pending[retry] = row
-            publish(row, retry)
+            reader.queue.publish_tasks([task(row, retry)])
             continue
         got[row] = record
     reader.buffer.extendleft(reversed(others))

@@ -59,7 +59,7 @@ class GrpoRun:
         self.queue.ensure_groups()
         self.registry = ReplicaRegistry(client, s.run_id)
         self.reader = GroupReader(self.queue, CONSUMER)
-        self.learner = RankDriver(build_learner(s), s.model)
+        self.learner = RankDriver(build_learner(s, self.algo), s.model)
         self.acct = Accounting()
         self.step = 0
         self.ckpt_root = s.output_dir / "checkpoints"

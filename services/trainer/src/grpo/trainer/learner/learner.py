@@ -44,6 +44,11 @@ class Weighted(NamedTuple):
     mb: MicroBatch
     share: float
 
+    @property
+    def tokens(self) -> int:
+        """Counted tokens for the metrics: none for a padding pass (it repeats a real micro-batch)."""
+        return self.mb.n_tokens if self.share > 0 else 0
+
 
 class Learner:
     """Policy (+ optional reference) model, optimizer and schedule behind `step` and `sft_step`.
@@ -90,7 +95,7 @@ class Learner:
         self._after_update()
         elapsed = time.perf_counter() - start
         out.update(batch_stats(samples))
-        seen = sum(len(s.prompt_token_ids) + len(s.completion_token_ids) for s in samples) * cfg.ppo_epochs
+        seen = sum(sample_length(s) for s in samples) * cfg.ppo_epochs
         out.update(
             grad_norm=sum(grad_norms) / len(grad_norms),
             lr=self.backend.lr(),
@@ -149,7 +154,7 @@ class Learner:
             old_logp = old[i] if old is not None else None
             ref_logp = ref[i] if ref is not None else None
             metrics = self._grpo_micro_step(mb, share, source, old_logp, ref_logp, i == len(mbs) - 1)
-            parts.append(MetricPart(share, mb.n_tokens if share > 0 else 0, metrics))
+            parts.append(MetricPart(share, mbs[i].tokens, metrics))
         return merge_metrics(self.backend.gather(parts))
 
     def _grpo_micro_step(
@@ -218,7 +223,7 @@ class Learner:
                 out = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
                 loss = sft_loss(out.logits[:, :-1, :], mb.targets, mb.completion_mask)
             self._backward(loss, share, i == len(mbs) - 1)
-            parts.append(MetricPart(share, mb.n_tokens if share > 0 else 0, {"sft_loss": float(loss.detach())}))
+            parts.append(MetricPart(share, mbs[i].tokens, {"sft_loss": float(loss.detach())}))
         metrics = merge_metrics(self.backend.gather(parts))
         grad_norm = self.backend.optimizer_step()
         self._after_update()
