@@ -70,6 +70,55 @@ resumed.close()
 """
 
 
+BF16_WORKER = r"""
+import gc, json, sys
+from pathlib import Path
+
+import torch
+torch.set_num_threads(1)
+
+from grpo.trainer.learner import Learner, LearnerConfig, TrainableSample
+from grpo.trainer.learner.batch import build_micro_batches
+from grpo.trainer.learner.policy import forward_logprobs, load_causal_lm
+
+out = Path(sys.argv[1])
+cfg = LearnerConfig(backend="deepspeed", zero_stage=2, precision="bf16", lr=1e-3, micro_batch_size=2, beta=0.1)
+batch = [TrainableSample([5 + i, 6, 7], [8 + i, 9, 10 + i], advantage=1.0 if (i // 2) % 2 else -1.0, group_id=str(i // 4))
+         for i in range(8)]
+learner = Learner(cfg)
+metrics = learner.step(batch)  # the reference equals the starting policy, so the step's KL must be 0
+mb = build_micro_batches(batch, micro_batch_size=8, pad_id=0)[0]
+with torch.no_grad():
+    bf16_ref, _ = forward_logprobs(learner.ref_model, mb, 1.0)  # = the bf16 starting policy
+    fp32, _ = forward_logprobs(load_causal_lm(cfg.model).eval(), mb, 1.0)  # the reference as it was held before
+result = {
+    "kl": metrics["kl"],
+    "policy_dtype": str(next(learner.model.module.parameters()).dtype),
+    "reference_dtype": str(next(learner.ref_model.parameters()).dtype),
+    "fp32_reference_gap": float(((bf16_ref - fp32) * mb.completion_mask).abs().max()),
+}
+if torch.distributed.get_rank() == 0:
+    out.write_text(json.dumps(result))
+learner.close()
+"""
+
+
+def test_zero_bf16_holds_the_reference_at_the_policys_precision(tmp_path: Path) -> None:
+    """DeepSpeed's bf16 mode casts the policy; the reference is held in bf16 too, so KL(π‖π_ref) starts at 0 (an
+    fp32 reference would put bf16 rounding into the KL term). bf16 ZeRO runs on CPU/gloo too, so this runs here."""
+    script = tmp_path / "bf16_worker.py"
+    script.write_text(BF16_WORKER)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", str(script), str(tmp_path / "r.json")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["policy_dtype"] == result["reference_dtype"] == "torch.bfloat16"
+    assert result["kl"] == 0.0
+    assert result["fp32_reference_gap"] > 1e-3  # what the KL term would have measured: rounding, not drift
+
+
 def run_zero(stage: int, offload: bool, tmp_path: Path) -> dict:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

@@ -266,15 +266,36 @@ def stream_group_ids(redis_url: str, run: str) -> list[str]:
     return ids
 
 
+def lost_lineage_group(redis_url: str, run: str, out: Path, last_step: int) -> bool:
+    """True when the groups stream holds a group made by weights newer than the latest checkpoint's."""
+    checkpoints = sorted((out / "checkpoints").glob("step-*/trainer_state.json"))
+    if not checkpoints:
+        return False
+    state = json.loads(checkpoints[-1].read_text())
+    if state["step"] >= last_step:
+        raise AssertionError("the run ended before a group of a lineage to lose appeared in Redis")
+    client = redis.Redis.from_url(redis_url)
+    _, groups_key = stream_keys(run)
+    versions = [queue_pb2.GroupRecord.FromString(f[b"data"]).weight_version for _, f in client.xrange(groups_key)]
+    client.close()
+    return any(v > state["learner"]["version"] for v in versions)
+
+
 def test_resume_after_sigkill_loses_nothing(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
+    """One step off-policy, so groups made by the lost lineage's weights are in Redis when the trainer returns."""
     rollout_for("resume")
-    config = trainer_config(tmp_path, "resume", redis_url, steps=8, checkpoint_every=2)
+    steps, per_step = 12, 3
+    config = trainer_config(tmp_path, "resume", redis_url, steps=steps, checkpoint_every=4, max_staleness=1)
     out = tmp_path / "out"
     log = tmp_path / "trainer.log"
     proc = start_trainer(config, log)
     try:
-        # kill once a checkpoint exists and the run has moved past it
-        wait_for(lambda: len(read_metrics(out)) >= 3, 150, "three steps", proc, log)
+        # Kill once a checkpoint exists and Redis holds a group made by weights pushed after it (the lineage the
+        # resume discards). Steps take ~0.1 s here, so poll fast; every checkpoint opens a new window.
+        deadline = time.monotonic() + 150
+        while not lost_lineage_group(redis_url, "resume", out, steps):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         proc = start_trainer(config, log, "--resume", "auto")
@@ -282,23 +303,66 @@ def test_resume_after_sigkill_loses_nothing(tmp_path: Path, redis_url: str, roll
     finally:
         if proc.poll() is None:
             proc.kill()
-    state = json.loads((out / "checkpoints" / "step-00000008" / "trainer_state.json").read_text())["inflight"]
+    state = json.loads((out / "checkpoints" / f"step-{steps:08d}" / "trainer_state.json").read_text())["inflight"]
     assert state["in_flight"] == []
     trained, dropped = state["trained"], sum(state["dropped"].values())
     assert state["published"] == trained + dropped
-    assert trained + dropped == 8 * 3  # every step's tasks, once (no refills in this preset)
+    assert trained + dropped == steps * per_step  # every step's tasks, once (no refills in this preset)
     rows = read_metrics(out)
-    assert rows[-1]["step"] == 8 and rows[-1]["tasks/balanced"] == 1.0
-    # the ledger: each of the 16 task ids of the cursor exactly once, trained or dropped with a reason
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))  # each step of the surviving lineage, once
+    assert rows[-1]["tasks/balanced"] == 1.0
+    # The lost lineage costs no steps: its groups are superseded (their tasks regenerated), never dropped as
+    # stale; only zero-variance groups are dropped, so a step without an update had only those.
+    assert set(state["dropped"]) <= {"zero_variance"}, state["dropped"]
+    idle = [r for r in rows if "train/loss" not in r]
+    assert all(r.get("groups/zero_variance") == per_step for r in idle), idle
+    assert sum(r.get("groups/superseded", 0) for r in rows) == state["superseded"] > 0
+    # the ledger: each task id of the cursor exactly once, trained or dropped with a reason
     ledger = read_ledger(out / "ledger")
     ids = [e["task_id"] for e in ledger]
-    expected, _ = take(DataCursor(seed=0), 16, 8 * 3)  # the cursor's first 24 positions (wraps into epoch 1)
+    expected, _ = take(DataCursor(seed=0), 16, steps * per_step)  # the cursor's first positions (wraps epochs)
     assert sorted(ids) == sorted(f"resume-{key}" for key, _ in expected), ids
     assert {e["outcome"] for e in ledger} <= {"trained", *DROP_REASONS}
     assert sum(e["outcome"] == "trained" for e in ledger) == trained
     # every group the rollout wrote is for one of those tasks, and the trainer acked them all
     assert set(stream_group_ids(redis_url, "resume")) <= set(ids)
     assert "resumed at step" in log.read_text()
+
+
+def test_a_group_of_discarded_weights_gets_its_task_regenerated(
+    tmp_path: Path, redis_url: str, rollout_for: Any
+) -> None:
+    """The trainer's collection loop, driven directly against a real replica: a task that was in flight at the
+    checkpoint comes back with a group made by the crashed trainer's weights; it is published again and trained
+    on the group the restored weights make."""
+    from grpo.trainer.config import TrainerSettings
+    from grpo.trainer.control import RunControl
+    from grpo.trainer.publisher import task_id
+    from grpo.trainer.pusher import replica_status
+    from grpo.trainer.run import GrpoRun
+
+    rollout = rollout_for("regen")
+    config = json.loads(trainer_config(tmp_path, "regen", redis_url, prompts_per_step=1).read_text())
+    run = GrpoRun(TrainerSettings(**config, skip_zero_variance=False), RunControl())
+    try:
+        tid = task_id("regen", take(DataCursor(seed=0), 16, 1)[0][0][0])
+        # The books as restored from a checkpoint at version 4, the replica holding the crashed lineage's 6.
+        run.acct.publish(tid, 4, 0, time.monotonic())
+        run.acct.batches_published = 1
+        run.acct.version_aliases.append((4, 9))
+        run.learner.set_version(9)
+        late = queue_pb2.GroupRecord(group_id=tid, task_id=tid, policy_version=4, weight_version=6, status="ok")
+        late.samples.add().reward = 1.0
+        run.queue.client.xadd(run.queue.groups_key, {"data": late.SerializeToString()})  # as a replica writes it
+        run._sync_replicas()  # the replica now holds the restored weights as version 9
+        kept, metrics = run._collect()
+    finally:
+        run.close()
+    assert kept is not None and [r.group_id for _, r in kept] == [tid]
+    assert kept[0][1].weight_version == 9 and kept[0][1].policy_version == 9  # made by the restored weights
+    assert metrics["groups/regenerate"] == 1 and run.acct.superseded == 1
+    assert run.acct.in_flight[tid].regenerations == 1 and run.acct.published == 1
+    assert replica_status(rollout.address).weight_version == 9
 
 
 @pytest.mark.slow

@@ -222,3 +222,37 @@ def test_reference_refresh_counts_updates_not_version_numbers(tmp_path: Path) ->
     (tmp_path / "ckpt").mkdir()
     state = learner.save_state(tmp_path / "ckpt")
     assert state == {"version": 13, "updates": 6}
+
+
+def test_bf16_runs_policy_old_and_reference_at_one_precision() -> None:
+    """precision bf16 (autocast, on CPU here as on a GPU): π_θ, the recomputed π_old and the reference all run the
+    same bf16 forward, so the first pass has ratio 1 and KL 0 exactly, while its numbers are bf16's, not fp32's."""
+    from grpo.trainer.learner.batch import build_micro_batches
+    from grpo.trainer.learner.policy import forward_logprobs
+
+    batch = synthetic_groups()
+    mb = build_micro_batches(batch, micro_batch_size=len(batch), pad_id=0)[0]
+    logps = {}
+    for precision in ("fp32", "bf16"):
+        learner = make(beta=0.1, ppo_epochs=2, precision=precision)
+        metrics = learner.accumulate_gradients(batch)
+        assert metrics["kl"] == 0.0 and metrics["ratio_mean"] == 1.0 and metrics["clip_frac"] == 0.0
+        with torch.no_grad(), learner.backend.autocast():
+            logp, _ = forward_logprobs(learner.model, mb, 1.0)
+        assert logp.dtype == torch.float32  # log-probs (hence ratios and KL) are fp32 at either precision
+        logps[precision] = logp
+    gap = float(((logps["bf16"] - logps["fp32"]) * mb.completion_mask).abs().max())
+    assert 1e-4 < gap < 0.5, f"bf16 log-probs differ from fp32 by {gap:.2e}: is autocast on?"
+
+
+def test_precision_auto_and_its_conflict_with_exact_sampler_logprobs() -> None:
+    from grpo.trainer.learner.config import resolve_precision
+
+    assert resolve_precision("auto", on_gpu=True, sampler_exact=False) == "bf16"
+    assert resolve_precision("auto", on_gpu=True, sampler_exact=True) == "fp32"
+    assert resolve_precision("auto", on_gpu=False, sampler_exact=False) == "fp32"
+    assert resolve_precision("bf16", on_gpu=False, sampler_exact=False) == "bf16"
+    with pytest.raises(ValueError, match="sampler_exact"):
+        LearnerConfig(precision="bf16", sampler_exact=True).validate()
+    with pytest.raises(ValueError, match="precision"):
+        LearnerConfig(precision="fp16").validate()

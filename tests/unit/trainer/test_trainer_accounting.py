@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo.trainer.accounting import (
+    MAX_REGENERATIONS,
     Accounting,
     AccountingError,
     GroupFacts,
@@ -17,8 +18,8 @@ from grpo.trainer.accounting import (
 )
 
 
-def facts(gid: str, rewards: tuple = (0.0, 1.0), version: int = 3, status: str = "ok") -> GroupFacts:
-    return GroupFacts(gid, status, version, rewards)
+def facts(gid: str, rewards: tuple = (0.0, 1.0), version: int = 3, status: str = "ok", issued: int = 3) -> GroupFacts:
+    return GroupFacts(gid, status, version, rewards, issued)
 
 
 @settings(max_examples=200, deadline=None)
@@ -127,6 +128,43 @@ def test_triage_order_of_reasons() -> None:
     assert triage(facts("d", rewards=(1.0, 1.0)), acct, 3, 0, False) == "train"
     assert triage(facts("e", rewards=(1.0, 0.0, 1.0)), acct, 3, 0, True, group_size=2) == "failed"
     assert triage(facts("f"), acct, 3, 0, True) == "train"
+
+
+def test_groups_of_a_discarded_lineage_never_resolve_their_task() -> None:
+    """Checkpoint at version 4, the crashed trainer pushed 5..8, the restored weights were pushed as 9."""
+    acct = Accounting(version_aliases=[(4, 9)])
+    acct.publish("restored", 4, 5, 0.0)  # in flight at the checkpoint (published under 4)
+    acct.publish("cursor", 9, 6, 0.0)  # published after the checkpoint, and again by the restored cursor under 9
+    # The crashed trainer's group for a task the restored cursor republished: superseded, its twin is coming.
+    assert triage(facts("cursor", version=6, issued=5), acct, 9, 1, True) == "superseded"
+    # Made by discarded weights for the publication the books know: the task must be published again.
+    assert triage(facts("restored", version=5, issued=4), acct, 9, 1, True) == "regenerate"
+    assert triage(facts("restored", version=5, issued=4, status="failed"), acct, 9, 1, True) == "regenerate"
+    # A group from the surviving lineage (the checkpointed weights) is trained, whichever publication it answers.
+    assert triage(facts("cursor", version=4, issued=4), acct, 9, 1, True) == "train"
+    acct.republish("restored", 9, 50.0)
+    task = acct.in_flight["restored"]
+    assert (task.policy_version, task.batch, task.published_s, task.regenerations) == (9, 5, 50.0, 1)
+    assert acct.published == 2 and acct.balanced()  # a republication is not a new task
+    for _ in range(MAX_REGENERATIONS - 1):
+        assert triage(facts("restored", version=7, issued=9), acct, 9, 1, True) == "regenerate"
+        acct.republish("restored", 9, 60.0)
+    assert triage(facts("restored", version=7, issued=9), acct, 9, 1, True) == "stale"  # bounded: then dropped
+    assert triage(facts("restored", version=9, issued=9), acct, 9, 1, True) == "train"
+
+
+def test_state_from_an_earlier_release_restores() -> None:
+    acct = Accounting()
+    acct.publish("t0", 2, 1, 100.0)
+    acct.republish("t0", 3, 101.0)
+    acct.superseded = 4
+    state = acct.to_state(now=110.0)
+    assert Accounting.from_state(state, 0.0).in_flight["t0"].regenerations == 1
+    assert Accounting.from_state(state, 0.0).superseded == 4
+    del state["superseded"]
+    del state["in_flight"][0]["regenerations"]
+    back = Accounting.from_state(state, 0.0)
+    assert back.superseded == 0 and back.in_flight["t0"].regenerations == 0
 
 
 def test_step_quota_refills_zero_variance_within_budget() -> None:

@@ -94,7 +94,8 @@ def test_every_algorithm_knob_is_a_setting_defaulting_to_the_preset(data: Path) 
     for name in knobs:
         assert TrainerSettings.model_fields[name].default is None, f"{name} must default to None (the preset's)"
     s = parse_settings(["--train-data", str(data), "--std-unbiased", "false", "--advantage-eps", "1e-6",
-                        "--reward-clip", "[-1, 1]", "--mask-truncated", "true"])  # fmt: skip
+                        "--reward-clip", "[-1, 1]", "--mask-truncated", "true",
+                        "--zero-variance-on", "accuracy"])  # fmt: skip
     algo = resolve_algo(s)
     assert (algo.std_unbiased, algo.advantage_eps, algo.reward_clip, algo.mask_truncated) == (
         False,
@@ -102,9 +103,12 @@ def test_every_algorithm_knob_is_a_setting_defaulting_to_the_preset(data: Path) 
         (-1, 1),
         True,
     )
+    assert algo.zero_variance_basis() == "accuracy"
     assert learner_config(s, algo).mask_truncated is True
     with pytest.raises(ValidationError, match="lo <= hi"):
         parse_settings(["--train-data", str(data), "--reward-clip", "[1, -1]"])
+    with pytest.raises(ValidationError, match="zero_variance_on"):
+        parse_settings(["--train-data", str(data), "--zero-variance-on", "format"])
 
 
 def test_precedence_file_env_cli(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

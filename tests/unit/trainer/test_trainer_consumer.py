@@ -50,3 +50,34 @@ def test_correctness_reads_math_or_code() -> None:
     sample = queue_pb2.SampleRecord(components={"code": reward_pb2.ComponentResult(score=0.75)})
     assert correctness(sample) == 0.75
     assert correctness(queue_pb2.SampleRecord()) is None
+
+
+def test_zero_variance_signal_follows_the_chosen_basis() -> None:
+    from grpo.trainer.accounting import Accounting, triage
+
+    # All wrong (math 0), but the overlong penalty made the rewards differ: DAPO drops this group, GRPO trains it.
+    all_wrong = record([0.0, -0.3, -0.1])
+    acct = Accounting()
+    acct.publish("g", 4, 0, 0.0)
+    on_reward, on_accuracy = facts_of(all_wrong, "reward"), facts_of(all_wrong, "accuracy")
+    assert on_accuracy.signal == (0.0, 0.0, 0.0) and on_reward.signal == (0.0, -0.3, -0.1)
+    assert triage(on_accuracy, acct, 4, 0, True) == "zero_variance"
+    assert triage(on_reward, acct, 4, 0, True) == "train"
+    # Rewards that differ only past the clip are equal for the advantages, so the group is zero-variance.
+    clipped = facts_of(record([2.0, 3.0]), "reward", (-1.0, 1.0))
+    assert clipped.signal == (1.0, 1.0) and triage(clipped, acct, 4, 0, True) == "zero_variance"
+    # Accuracy without a correctness component (a format-only task) falls back to the reward.
+    bare = record([0.0, 1.0])
+    for sample in bare.samples:
+        del sample.components["math"]
+    assert facts_of(bare, "accuracy").signal == (0.0, 1.0)
+
+
+def test_auto_basis_is_accuracy_only_with_dynamic_sampling() -> None:
+    from grpo.algo import get_preset
+
+    assert get_preset("dapo").zero_variance_basis() == "accuracy"
+    assert get_preset("grpo").zero_variance_basis() == "reward"
+    assert get_preset("grpo").with_overrides(zero_variance_on="accuracy").zero_variance_basis() == "accuracy"
+    with pytest.raises(ValueError, match="zero_variance_on"):
+        get_preset("grpo").with_overrides(zero_variance_on="format").zero_variance_basis()

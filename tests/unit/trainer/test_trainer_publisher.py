@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from grpo.common.queue import RunQueue
 from grpo.trainer.accounting import Accounting
 from grpo.trainer.data import DataCursor, parse_row
-from grpo.trainer.publisher import Publisher, TaskSpec, build_task, task_id
+from grpo.trainer.publisher import Publisher, TaskSpec, build_task, row_of, task_id
 
 SPEC = TaskSpec(group_size=4, temperature=0.8, top_p=1.0, top_k=0, max_new_tokens=16,
                 reward_weights=(("format", 0.2), ("math", 1.0)), overlong_buffer_tokens=4)  # fmt: skip
@@ -42,3 +43,35 @@ def test_publish_counts_and_ids_are_stable(redis_url: str) -> None:
     again = Publisher(queue, ROWS, SPEC, "pubtest", DataCursor(seed=1)).publish(3, 2, 0, Accounting())
     assert again == ids and ids[0] == task_id("pubtest", "e0-0")
     client.close()
+
+
+def test_republish_sends_the_same_task_again(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    queue = RunQueue(client, "republish")
+    queue.ensure_groups()
+    acct = Accounting()
+    pub = Publisher(queue, ROWS, SPEC, "republish", DataCursor(seed=3))
+    ids = pub.publish(7, 2, 0, acct)  # wraps into epoch 1 (5 rows)
+    first = {t.task_id: t for t in (e.message for e in queue.read_tasks("r1", 10, 100)) if t is not None}
+    cursor = pub.cursor
+    for tid in ids:
+        pub.republish(tid, 9, acct)
+    again = [e.message for e in queue.read_tasks("r1", 10, 100)]
+    assert [t.task_id for t in again if t] == ids
+    for task in again:
+        assert task is not None
+        assert task.prompt == first[task.task_id].prompt and task.checks == first[task.task_id].checks
+        assert (task.policy_version, task.attempt) == (9, 1)
+    assert pub.cursor == cursor and acct.published == 7 and acct.in_flight[ids[6]].regenerations == 1
+    client.close()
+
+
+def test_row_of_inverts_the_cursor() -> None:
+    from grpo.trainer.data import take
+
+    picks, _ = take(DataCursor(seed=5), 5, 12)
+    assert [row_of(task_id("run-x", key), 5, 5) for key, _ in picks] == [i for _, i in picks]
+    with pytest.raises(ValueError, match="no cursor position"):
+        row_of("run-eval3", 5, 5)
+    with pytest.raises(ValueError, match="past the dataset"):
+        row_of("run-e0-7", 5, 5)

@@ -30,6 +30,9 @@ class LossConfig:
     group_size: int = 16
     skip_zero_variance: bool = True  # drop groups whose rewards are all equal (their advantages are 0)
     refill_zero_variance: bool = False  # DAPO dynamic sampling: keep sampling until the batch is full
+    # What "all equal" compares: `reward` (clipped, as the advantages see it), `accuracy` (the math/code
+    # correctness score, DAPO's filter), or `auto`: accuracy with dynamic sampling, else the reward.
+    zero_variance_on: str = "auto"
     ref_refresh_steps: int | None = 400  # π_ref ← π_θ every N steps; None = never (or no reference at beta 0)
     overlong_soft_penalty: bool = False  # DAPO soft overlong punishment, applied by the reward service
     overlong_buffer: int | None = None  # tokens before the hard limit where that penalty ramps up
@@ -43,6 +46,19 @@ class LossConfig:
             "std_unbiased": self.std_unbiased,
             "clip": self.reward_clip,
         }
+
+    def zero_variance_basis(self) -> str:
+        """`reward` or `accuracy`: what the zero-variance filter compares (resolves `auto`).
+
+        DAPO filters on accuracy: a group all wrong is dropped even when the overlong penalty varies.
+        Without refills, skipping only drops groups the advantages would zero anyway, so it uses the reward:
+        a group all wrong whose format reward varies still carries a gradient and is trained.
+        """
+        if self.zero_variance_on not in ("auto", "reward", "accuracy"):
+            raise ValueError(f"zero_variance_on must be auto, reward or accuracy, got {self.zero_variance_on!r}")
+        if self.zero_variance_on == "auto":
+            return "accuracy" if self.refill_zero_variance else "reward"
+        return self.zero_variance_on
 
     def loss_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for policy_loss (add max_len for seq_mean_token_sum, sampler_logp for TIS)."""

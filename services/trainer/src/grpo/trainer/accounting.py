@@ -21,8 +21,12 @@ How a killed trainer resumes with nothing lost and nothing trained twice
   not tasks, so they are reported beside the invariant, not inside it.
 * Weight versions keep increasing across a resume (replicas reject older versions): the trainer
   pushes its restored weights as a new version and records an alias (checkpoint version, new
-  version). `lineage_staleness` measures staleness along the surviving lineage; a group made by
-  weights of the discarded lineage (versions between the two) is dropped as `stale`.
+  version). `lineage_staleness` measures staleness along the surviving lineage.
+* A group made by weights of the discarded lineage (versions between an alias pair) teaches the
+  restored model nothing it can use, but its task is not lost: the group is `superseded` (acked,
+  counted beside the invariant like a duplicate) and the task stays in flight. When the books hold a
+  newer publication of the task (the restored cursor republished it), that one's group is awaited;
+  otherwise the task is published again (`regenerate`), at most MAX_REGENERATIONS times.
 * A task whose group never comes (Redis lost it) is dropped as `timeout` after
   `group_timeout_s`, so no run waits forever.
 """
@@ -34,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 DROP_REASONS = ("zero_variance", "stale", "failed", "unscored", "timeout")
+MAX_REGENERATIONS = 3  # a task whose groups keep coming from discarded weights is then dropped as stale
 
 
 class AccountingError(RuntimeError):
@@ -45,9 +50,10 @@ class InFlight:
     """A published task whose group has not been resolved yet."""
 
     task_id: str
-    policy_version: int
+    policy_version: int  # of its latest publication
     batch: int
     published_s: float
+    regenerations: int = 0  # publications after the first (see `regenerate`)
 
 
 @dataclass
@@ -58,6 +64,7 @@ class Accounting:
     trained: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     duplicates: int = 0
+    superseded: int = 0  # groups made by the weights of a discarded lineage (their tasks stay in flight)
     in_flight: dict[str, InFlight] = field(default_factory=dict)
     batches_published: int = 0
     # (old, new): version `new` holds the same weights as `old`; versions in between were discarded.
@@ -74,6 +81,11 @@ class Accounting:
             raise AccountingError(f"task {task_id} published twice while in flight")
         self.in_flight[task_id] = InFlight(task_id, policy_version, batch, now)
         self.published += 1
+
+    def republish(self, task_id: str, policy_version: int, now: float) -> None:
+        """An in-flight task was published again (same id); its timeout restarts. Not a new task."""
+        task = self.in_flight[task_id]
+        self.in_flight[task_id] = InFlight(task_id, policy_version, task.batch, now, task.regenerations + 1)
 
     def resolve(self, task_id: str, outcome: str) -> InFlight:
         """Mark an in-flight task trained (`outcome == "trained"`) or dropped for `outcome`."""
@@ -110,6 +122,7 @@ class Accounting:
             "tasks/trained": self.trained,
             "tasks/in_flight": self.n_in_flight,
             "tasks/duplicates": self.duplicates,
+            "tasks/superseded": self.superseded,
             "tasks/balanced": float(self.balanced()),
         }
         for reason in DROP_REASONS:
@@ -123,6 +136,7 @@ class Accounting:
             "trained": self.trained,
             "dropped": dict(self.dropped),
             "duplicates": self.duplicates,
+            "superseded": self.superseded,
             "batches_published": self.batches_published,
             "version_aliases": [list(a) for a in self.version_aliases],
             "in_flight": [{**asdict(t), "published_s": t.published_s - now} for t in self.in_flight.values()],
@@ -136,13 +150,15 @@ class Accounting:
             trained=int(state["trained"]),
             dropped=Counter({k: int(v) for k, v in state["dropped"].items()}),
             duplicates=int(state["duplicates"]),
+            superseded=int(state.get("superseded", 0)),  # absent in checkpoints of earlier releases
             batches_published=int(state["batches_published"]),
             version_aliases=[(int(a), int(b)) for a, b in state["version_aliases"]],
         )
         for t in state["in_flight"]:
             acct.in_flight[t["task_id"]] = InFlight(
-                t["task_id"], int(t["policy_version"]), int(t["batch"]), now + float(t["published_s"])
-            )
+                t["task_id"], int(t["policy_version"]), int(t["batch"]), now + float(t["published_s"]),
+                int(t.get("regenerations", 0)),
+            )  # fmt: skip
         acct.check()
         return acct
 
@@ -160,18 +176,20 @@ def batches_to_publish(batches_published: int, updates_done: int, max_staleness:
 def lineage_staleness(policy_version: int, weight_version: int, aliases: list[tuple[int, int]]) -> int | None:
     """Policy updates between the weights that generated a group and the current policy.
 
-    None when `weight_version` belongs to a discarded lineage (a version between an alias pair,
-    i.e. pushed by a trainer that crashed before checkpointing it) or is from the future.
+    None when `weight_version` belongs to a discarded lineage (see `discarded`) or is from the future.
     """
-    if weight_version > policy_version:
+    if weight_version > policy_version or discarded(weight_version, aliases):
         return None
     staleness = policy_version - weight_version
     for old, new in aliases:
-        if old < weight_version < new:
-            return None
         if weight_version <= old and new <= policy_version:
             staleness -= new - old
     return staleness
+
+
+def discarded(weight_version: int, aliases: list[tuple[int, int]]) -> bool:
+    """True for a version between an alias pair: pushed by a trainer that crashed before checkpointing it."""
+    return any(old < weight_version < new for old, new in aliases)
 
 
 @dataclass(frozen=True)
@@ -182,6 +200,9 @@ class GroupFacts:
     status: str
     weight_version: int
     rewards: tuple[float | None, ...]
+    policy_version: int = 0  # the version its task was published under
+    # What the zero-variance filter compares (consumer.zero_variance_signal); the rewards when empty.
+    signal: tuple[float, ...] = ()
 
 
 def triage(
@@ -192,9 +213,14 @@ def triage(
     skip_zero_variance: bool,
     group_size: int | None = None,
 ) -> str:
-    """`train`, `duplicate`, or a drop reason, for one group (does not change `acct`)."""
-    if group.group_id not in acct.in_flight:
+    """`train`, `duplicate`, `superseded`, `regenerate`, or a drop reason, for one group (does not change `acct`)."""
+    task = acct.in_flight.get(group.group_id)
+    if task is None:
         return "duplicate"
+    if discarded(group.weight_version, acct.version_aliases):
+        if task.policy_version > group.policy_version:
+            return "superseded"  # a later publication of the task is out; its group will come
+        return "regenerate" if task.regenerations < MAX_REGENERATIONS else "stale"
     if group.status != "ok":
         return "failed"
     if group_size is not None and len(group.rewards) != group_size:
@@ -205,8 +231,8 @@ def triage(
     staleness = lineage_staleness(policy_version, group.weight_version, acct.version_aliases)
     if staleness is None or staleness > max_staleness:
         return "stale"
-    scored = [r for r in group.rewards if r is not None]
-    if skip_zero_variance and max(scored) - min(scored) <= 1e-12:
+    signal = group.signal or [r for r in group.rewards if r is not None]
+    if skip_zero_variance and max(signal) - min(signal) <= 1e-12:
         return "zero_variance"
     return "train"
 

@@ -94,6 +94,7 @@ def learner_config(settings: TrainerSettings, algo: LossConfig) -> LearnerConfig
         sampler_exact=settings.sampler_exact,
         ref_refresh_steps=algo.ref_refresh_steps or 0,
         gradient_checkpointing=settings.gradient_checkpointing,
+        precision=settings.precision,
         zero_stage=settings.zero_stage,
         offload_optimizer=settings.offload_optimizer,
     )

@@ -36,6 +36,7 @@ ALGO_FIELDS = (
     "advantage_eps",
     "reward_clip",
     "mask_truncated",
+    "zero_variance_on",
 )
 
 
@@ -114,6 +115,10 @@ class TrainerSettings(ServiceSettings):
     """Truncated importance sampling cap against the sampler's log-probs. None: the preset's (off)."""
     refill_zero_variance: bool | None = None
     """Refill the batch with new tasks for every zero-variance drop (DAPO). None: the preset's."""
+    zero_variance_on: Literal["auto", "reward", "accuracy"] | None = None
+    """What the zero-variance filter compares: `reward` (clipped as the advantages see it), `accuracy` (the math or
+    code correctness score, DAPO's filter; the reward for groups without one), `auto` (accuracy when refilling,
+    else the reward). None: the preset's (auto)."""
     ref_refresh_steps: int | None = Field(None, ge=0)
     """Copy the policy into the reference model every N steps (R1: 400; 0 = never). None: the preset's."""
     overlong_soft_penalty: bool | None = None
@@ -157,6 +162,10 @@ class TrainerSettings(ServiceSettings):
     """DeepSpeed: keep the optimizer state on the CPU."""
     gradient_checkpointing: bool = False
     """Trade compute for memory."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """The one precision of the policy, π_old and reference forward passes (log-probs, ratios and KL are always
+    computed in fp32 from their logits). `auto`: bf16 on a GPU unless sampler_exact, fp32 on a CPU. Torch backend:
+    autocast over fp32 weights; DeepSpeed: its bf16 mode, with the reference held in bf16 too."""
 
     checkpoint_every: int = Field(50, ge=1)
     """Write a checkpoint every K steps (and at the end / on SIGTERM)."""
@@ -240,6 +249,11 @@ class TrainerSettings(ServiceSettings):
             self.weights_token = self.token
         if self.reward_clip is not None and self.reward_clip[0] > self.reward_clip[1]:
             raise ValueError(f"reward_clip={list(self.reward_clip)} must be [lo, hi] with lo <= hi")
+        if self.sampler_exact and self.precision == "bf16":
+            raise ValueError(
+                "precision bf16 with sampler_exact: the sampler's fp32 log-probs are exact only against an fp32 "
+                "forward; set precision fp32 (or auto), or drop sampler_exact"
+            )
         if self.clip_low is not None and self.clip_low >= 1:
             raise ValueError(f"clip_low={self.clip_low} must be < 1 (the ratio is clipped to [1 - clip_low, ...])")
         if self.mode == "grpo":

@@ -25,8 +25,29 @@ def rewards_of(record: queue_pb2.GroupRecord) -> tuple[float | None, ...]:
     return tuple(s.reward if s.HasField("reward") else None for s in record.samples)
 
 
-def facts_of(record: queue_pb2.GroupRecord) -> GroupFacts:
-    return GroupFacts(record.group_id, record.status, int(record.weight_version), rewards_of(record))
+def facts_of(
+    record: queue_pb2.GroupRecord, zero_variance_on: str = "reward", reward_clip: tuple[float, float] | None = None
+) -> GroupFacts:
+    return GroupFacts(
+        record.group_id, record.status, int(record.weight_version), rewards_of(record), int(record.policy_version),
+        zero_variance_signal(record, zero_variance_on, reward_clip),
+    )  # fmt: skip
+
+
+def zero_variance_signal(
+    record: queue_pb2.GroupRecord, on: str, reward_clip: tuple[float, float] | None
+) -> tuple[float, ...]:
+    """The values whose equality makes a group zero-variance: correctness scores (`accuracy`, when every sample
+    has one), else the rewards clipped as `group_advantages` clips them (two rewards past the clip are equal)."""
+    if on == "accuracy":
+        scores = [correctness(s) for s in record.samples]
+        if scores and all(c is not None for c in scores):
+            return tuple(c for c in scores if c is not None)
+    rewards = [s.reward for s in record.samples if s.HasField("reward")]
+    if reward_clip is not None:
+        lo, hi = reward_clip
+        rewards = [min(max(r, lo), hi) for r in rewards]
+    return tuple(rewards)
 
 
 def correctness(sample: queue_pb2.SampleRecord) -> float | None:

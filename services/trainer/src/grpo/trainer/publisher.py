@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from grpo.common.queue import RunQueue
 from grpo.trainer.accounting import Accounting
-from grpo.trainer.data import DataCursor, PromptRow, take
+from grpo.trainer.data import DataCursor, PromptRow, epoch_order, take
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
 
 log = logging.getLogger(__name__)
@@ -40,9 +41,23 @@ class TaskSpec:
         )
 
 
+_POSITION = re.compile(r"-e(\d+)-(\d+)$")
+
+
 def task_id(run_id: str, position_key: str) -> str:
     """Unique per run and the same after a resume (the position comes from the data cursor)."""
     return f"{run_id}-{position_key}"
+
+
+def row_of(tid: str, n_rows: int, seed: int) -> int:
+    """The dataset row a task id was made from (the inverse of `take` + `task_id`)."""
+    m = _POSITION.search(tid)
+    if m is None:
+        raise ValueError(f"task id {tid!r} has no cursor position (…-e<epoch>-<index>)")
+    epoch, index = int(m.group(1)), int(m.group(2))
+    if index >= n_rows:
+        raise ValueError(f"task id {tid!r}: position {index} is past the dataset's {n_rows} rows")
+    return epoch_order(n_rows, seed, epoch)[index]
 
 
 def build_task(
@@ -101,3 +116,12 @@ class Publisher:
         self.cursor = next_cursor
         log.debug("published %d task(s) under version %d (batch %d)", len(tasks), policy_version, batch)
         return [t.task_id for t in tasks]
+
+    def republish(self, tid: str, policy_version: int, acct: Accounting) -> None:
+        """Publish an in-flight task again under the same id (its group came from discarded weights)."""
+        task = build_task(self.rows[row_of(tid, len(self.rows), self.cursor.seed)], tid, policy_version, self.spec)
+        task.attempt = acct.in_flight[tid].regenerations + 1
+        self.queue.publish_tasks([task])
+        acct.republish(tid, policy_version, time.monotonic())
+        log.info("task %s published again under version %d (its group came from discarded weights)", tid,
+                 policy_version)  # fmt: skip

@@ -245,13 +245,19 @@ class GrpoRun:
             if record is None or record.eval:
                 self.reader.ack_now(entry.entry_id)  # unreadable, or an eval group nobody awaits any more
                 continue
-            facts = facts_of(record)
+            facts = facts_of(record, self.algo.zero_variance_basis(), self.algo.reward_clip)
             verdict = "duplicate" if record.group_id in kept_ids else triage(
                 facts, self.acct, self.version, s.max_staleness, self.algo.skip_zero_variance, self.algo.group_size
             )  # fmt: skip
             outcomes[verdict] = outcomes.get(verdict, 0) + 1
             if verdict == "duplicate":
                 self.acct.duplicates += 1
+                self.reader.ack_now(entry.entry_id)
+                continue
+            if verdict in ("superseded", "regenerate"):  # made by discarded weights: the task stays in flight
+                if verdict == "regenerate":
+                    self._republish(record.group_id)
+                self.acct.superseded += 1
                 self.reader.ack_now(entry.entry_id)
                 continue
             if verdict == "train":
@@ -262,7 +268,7 @@ class GrpoRun:
                 self.acct.resolve(record.group_id, verdict)
                 self.reader.defer_ack(entry.entry_id)
             self._on_resolved(quota, verdict)
-        resolved = sum(v for k, v in outcomes.items() if k != "duplicate")
+        resolved = sum(v for k, v in outcomes.items() if k not in ("duplicate", "superseded", "regenerate"))
         metrics = group_metrics([r for _, r in kept])
         metrics.update({f"groups/{k}": float(v) for k, v in outcomes.items()})
         metrics["groups/zero_variance_fraction"] = outcomes.get("zero_variance", 0) / max(resolved, 1)
@@ -283,6 +289,9 @@ class GrpoRun:
                     raise RuntimeError(f"Redis unavailable for {self.s.redis_outage_s:.0f}s while {what}") from exc
                 log.warning("Redis unavailable while %s (%s); retrying", what, exc)
                 time.sleep(1.0)
+
+    def _republish(self, tid: str) -> None:
+        self._retry(lambda: self.publisher.republish(tid, self.version, self.acct), "republishing a task")
 
     def _on_resolved(self, quota: StepQuota, outcome: str) -> None:
         if quota.on_resolved(outcome):  # DAPO dynamic sampling: replace the zero-variance group

@@ -65,8 +65,9 @@ class LearnerConfig:
 
     # memory / precision
     gradient_checkpointing: bool = False
-    bf16: bool = True
-    """bf16 autocast on GPU (ignored on CPU)."""
+    precision: str = "auto"
+    """"fp32", "bf16" or "auto" (bf16 on GPU unless sampler_exact, fp32 on CPU): the one precision of the policy,
+    π_old and the reference forward passes (see `resolve_precision`); log-probs, ratios and KL are always fp32."""
     lora: LoraOptions | None = None
 
     # deepspeed
@@ -85,8 +86,27 @@ class LearnerConfig:
             (self.lr_schedule in ("constant", "cosine"), "lr_schedule", "must be 'constant' or 'cosine'"),
             (self.beta >= 0, "beta", "must be ≥ 0"),
             (self.zero_stage in (1, 2, 3), "zero_stage", "must be 1, 2 or 3"),
+            (self.precision in ("auto", "fp32", "bf16"), "precision", "must be 'auto', 'fp32' or 'bf16'"),
+            (
+                not (self.sampler_exact and self.precision == "bf16"),
+                "precision",
+                "cannot be 'bf16' with sampler_exact: the sampler's fp32 log-probs are exact only against an fp32 "
+                "forward (use precision fp32, or drop sampler_exact and let the trainer recompute π_old)",
+            ),
             (self.agg != "seq_mean_token_sum" or bool(self.max_len), "max_len", "is required by seq_mean_token_sum"),
         ]
         for ok, name, why in checks:
             if not ok:
                 raise ValueError(f"learner.{name}={getattr(self, name)!r} {why}")
+
+
+def resolve_precision(precision: str, *, on_gpu: bool, sampler_exact: bool) -> str:
+    """`fp32` or `bf16` for a LearnerConfig.precision.
+
+    `auto` is bf16 on a GPU (its speed and memory are why one has a GPU) and fp32 on a CPU, where bf16 is slow and
+    fp32 keeps ratios exact. With sampler_exact it is fp32: π_old is then the sampler's fp32 log-probs, and a bf16
+    forward of the same weights would differ from them by bf16 rounding, not by a policy change.
+    """
+    if precision != "auto":
+        return precision
+    return "bf16" if on_gpu and not sampler_exact else "fp32"

@@ -25,7 +25,7 @@ from grpo.trainer.learner.batch import (
     sample_length,
     sft_to_samples,
 )
-from grpo.trainer.learner.config import LearnerConfig
+from grpo.trainer.learner.config import LearnerConfig, resolve_precision
 from grpo.trainer.learner.policy import add_lora, forward_logprobs, load_causal_lm, prepare_model
 from grpo.trainer.learner.update import (
     MetricPart,
@@ -71,10 +71,12 @@ class Learner:
         self.pad_token_id = (
             pad_token_id if pad_token_id is not None else int(getattr(hf_config, "pad_token_id", 0) or 0)
         )
+        log.info("forward passes (policy, π_old, reference) in %s on %s", self.backend.precision, self.backend.device)
         # The reference exists only when the loss uses it: beta = 0 allocates nothing.
         self.ref_model: torch.nn.Module | None = None
         if config.beta > 0:
-            self.ref_model = load_causal_lm(config.model).to(self.backend.device).eval().requires_grad_(False)
+            ref = load_causal_lm(config.model, dtype=self.backend.reference_dtype)
+            self.ref_model = ref.to(self.backend.device).eval().requires_grad_(False)
             self.refresh_reference()
 
     # ------------------------------------------------------------------ GRPO
@@ -325,5 +327,5 @@ def _build_backend(config: LearnerConfig, model: torch.nn.Module | None) -> Back
         lr_schedule=config.lr_schedule,
         min_lr_ratio=config.min_lr_ratio,
         max_grad_norm=config.max_grad_norm,
-        bf16=config.bf16,
+        precision=resolve_precision(config.precision, on_gpu=device.type == "cuda", sampler_exact=config.sampler_exact),
     )

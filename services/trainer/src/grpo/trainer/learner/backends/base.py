@@ -21,7 +21,10 @@ class Backend(ABC):
     device: torch.device
     rank: int = 0
     world_size: int = 1
-    bf16: bool = False  # autocast on GPU; DeepSpeed keeps it off (its own bf16 mode casts the model)
+    # The one precision of every forward pass (policy, π_old, reference): see LearnerConfig.precision.
+    precision: str = "fp32"
+    autocast_dtype: torch.dtype | None = None  # torch backend in bf16: autocast (fp32 master weights)
+    reference_dtype: torch.dtype = torch.float32  # DeepSpeed in bf16 casts the policy, so the reference too
 
     @abstractmethod
     def backward(self, loss: Tensor, *, last_micro_batch: bool) -> None:
@@ -49,9 +52,9 @@ class Backend(ABC):
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
-        """bf16 autocast on GPU when enabled; a no-op on CPU (fp32 there keeps ratios exact)."""
-        if self.device.type == "cuda" and self.bf16:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+        """Autocast to `autocast_dtype` (on GPU or CPU) when set; else a no-op."""
+        if self.autocast_dtype is not None:
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype):
                 yield
         else:
             yield

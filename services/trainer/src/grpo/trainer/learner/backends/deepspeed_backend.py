@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from grpo.trainer.learner.backends.base import Backend, T
+from grpo.trainer.learner.config import resolve_precision
 from grpo.trainer.learner.optim import build_scheduler
 from grpo.trainer.learner.policy import add_lora, load_causal_lm, prepare_model, push_state_dict
 
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_TAG = "state"
 
 
-def deepspeed_config(config: Any, *, on_gpu: bool) -> dict[str, Any]:
+def deepspeed_config(config: Any, *, precision: str, on_gpu: bool) -> dict[str, Any]:
     """The ZeRO config for a LearnerConfig (pure).
 
     Gradient accumulation is ours: micro-batches vary in number and carry exact loss weights, so
@@ -39,7 +40,7 @@ def deepspeed_config(config: Any, *, on_gpu: bool) -> dict[str, Any]:
         "managed_gradient_accumulation": False,
         "gradient_clipping": config.max_grad_norm,
         "zero_optimization": zero,
-        "bf16": {"enabled": bool(config.bf16 and on_gpu)},
+        "bf16": {"enabled": precision == "bf16"},
         "optimizer": {
             "type": "AdamW",
             "params": {
@@ -98,9 +99,13 @@ class DeepSpeedBackend(Backend):
         self.device = torch.device(f"cuda:{local_rank}") if on_gpu else torch.device("cpu")
         if on_gpu:
             torch.cuda.set_device(self.device)
-        self.bf16 = False  # DeepSpeed's own bf16 mode casts the model; no extra autocast
+        self.precision = precision = resolve_precision(
+            config.precision, on_gpu=on_gpu, sampler_exact=config.sampler_exact
+        )
+        # DeepSpeed's bf16 mode casts the model (no autocast); the reference is then held in bf16 as well.
+        self.reference_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.stage = config.zero_stage
-        ds_config = deepspeed_config(config, on_gpu=on_gpu)
+        ds_config = deepspeed_config(config, precision=precision, on_gpu=on_gpu)
         # ZeRO-3: transformers sees this config (through a weak reference)
         # and builds the model inside deepspeed.zero.Init, loading each weight straight into its
         # partition; the full model never sits on one rank.

@@ -34,11 +34,12 @@ class TorchBackend(Backend):
         lr_schedule: str,
         min_lr_ratio: float,
         max_grad_norm: float | None,
-        bf16: bool,
+        precision: str,
     ) -> None:
         self.device = device
         self.model = model.to(device)
-        self.bf16 = bf16
+        self.precision = precision
+        self.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
         self.max_grad_norm = max_grad_norm
         self.optimizer = build_optimizer(
             model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas, eps=adam_eps
