@@ -17,6 +17,7 @@ HERE = Path(__file__).resolve().parent
 BENCHES = [
     "bench_sandbox.py",
     "bench_reward.py",
+    "bench_math_verify.py",
     "bench_rollout.py",
     "bench_trainer.py",
     "bench_ranks.py",

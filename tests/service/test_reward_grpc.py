@@ -71,6 +71,19 @@ def _items(n: int) -> list[pb.ScoreItem]:
     ]
 
 
+def test_math_settings_over_grpc(stub: reward_pb2_grpc.RewardServiceStub) -> None:
+    """math-verify's settings per request, in VerifyMath and in a Score item's math check."""
+    third = {"answer": "0.3333", "gold": "\\frac{1}{3}"}
+    assert stub.VerifyMath(pb.VerifyMathRequest(**third), timeout=30).status == "incorrect"  # 6 places by default
+    assert stub.VerifyMath(pb.VerifyMathRequest(**third, precision=4), timeout=30).status == "correct"
+    loose = pb.VerifyMathRequest(answer="$f(y)$", gold="$f(x)$", strict=False, extraction=["latex"])
+    assert stub.VerifyMath(loose, timeout=30).status == "correct"
+    checks = [pb.Checks(math=pb.MathCheck(gold="\\frac{1}{3}", precision=p)) for p in (6, 4)]
+    reply = stub.Score(pb.ScoreRequest(items=[pb.ScoreItem(id=str(i), completion="\\boxed{0.3333}", checks=c)
+                                              for i, c in enumerate(checks)]), timeout=30)  # fmt: skip
+    assert [r.reward for r in reply.results] == [0.0, 1.0]
+
+
 def test_score_and_stream_return_every_item(stub: reward_pb2_grpc.RewardServiceStub) -> None:
     batch = stub.Score(pb.ScoreRequest(items=_items(12)), timeout=60)
     assert [r.id for r in batch.results] == [f"i{k}" for k in range(12)]
@@ -86,6 +99,8 @@ def test_score_and_stream_return_every_item(stub: reward_pb2_grpc.RewardServiceS
     [
         ("Execute", pb.ExecuteRequest(language="cobol", code="x"), "language"),
         ("VerifyMath", pb.VerifyMathRequest(answer="1", gold="1", timeout_s=-2), "timeout_s"),
+        ("VerifyMath", pb.VerifyMathRequest(answer="1", gold="1", extraction=["latex", "tex"]), "extraction"),
+        ("VerifyMath", pb.VerifyMathRequest(answer="1", gold="1", precision=-1), "precision"),
         ("VerifyCode", pb.VerifyCodeRequest(language="python", code="x"), "tests"),
         ("Score", pb.ScoreRequest(items=[pb.ScoreItem(id="a", completion="c")]), "checks"),
         (

@@ -29,7 +29,7 @@ def test_health_docs_openapi(live_reward: Any) -> None:
         ("so the answer is \\boxed{\\frac12}", "0.5", "correct", True),
         ("<think>hmm</think><answer>7</answer>", "6", "incorrect", False),
         ("\\boxed{\\frac{1}{2^{98}}}", "\\frac{1}{2^{99}}", "incorrect", False),
-        ("no answer here", "\\frac{1}{2}", "unparseable_answer", None),
+        ("no answer here", "\\frac{1}{2}", "unparseable_answer", False),  # the model gave no answer: wrong
         ("\\boxed{1}", "", "unparseable_gold", None),
     ],
 )

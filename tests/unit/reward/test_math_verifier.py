@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo.reward.verifiers.math import extract_final_answer, last_boxed, numerically_different, verify_math
+from grpo.reward.verifiers.math import answer_region, malformed, numerically_different, verify_math
 
 # (answer or completion, gold, expected status) — the cases math-verify alone gets wrong are marked.
 CASES = [
@@ -35,6 +35,29 @@ CASES = [
     ("<think>maybe 3</think><answer>\\boxed{4} is it</answer>", "4", "correct"),
     ("I think \\boxed{3}, no wait: \\boxed{4}", "4", "correct"),
     ("<think>7</think><answer>6</answer>", "6", "correct"),
+    # several boxes, a final-answer sentence after an intermediate box, boxes with text, number formats
+    ("\\boxed{1},\\boxed{2},\\boxed{3}", "\\{1,2,3\\}", "correct"),
+    ("The roots are \\boxed{-2} and \\boxed{1}.", "1, -2", "correct"),
+    ("\\boxed{3}, \\boxed{4}", "4", "incorrect"),  # two answers where one is asked: not the gold
+    (
+        "$0.05 \\cdot 10,200 = \\boxed{255}$ So she has $10,200 + $255 = $10,455. "
+        "Final Answer: The final answer is $10,455$. I hope it is correct.",
+        "10455",
+        "correct",
+    ),
+    ("worth $\\boxed{\\$16,\\!386.20}$ in the end", "16386.20", "correct"),
+    ("Therefore $\\boxed{\\text{Evelyn}}$ is our answer.", "\\text{Evelyn}", "correct"),
+    (
+        "\\boxed{\\begin{pmatrix} 0 & 3 \\\\ 0 & -1 \\end{pmatrix}}",
+        "\\begin{pmatrix} 0 & 3 \\\\ 0 & -1 \\end{pmatrix}",
+        "correct",
+    ),
+    ("1 000", "1000", "correct"),
+    ("1000,99", "1000.99", "correct"),
+    ("7,425,000", "7425000", "correct"),
+    # a sign error behind an upright constant (math-verify reads both sides as 1)
+    ("1 + \\frac{1}{\\mathrm{e}}", "1 - \\frac{1}{\\mathrm{e}}", "incorrect"),
+    ("1 - \\frac{1}{e}", "1 - \\frac{1}{\\mathrm{e}}", "correct"),
     # cannot judge
     ("\\boxed{}", "5", "unparseable_answer"),
     ("", "3", "unparseable_answer"),
@@ -46,21 +69,7 @@ CASES = [
 def test_verify_math_table(answer: str, gold: str, status: str) -> None:
     verdict = verify_math(answer, gold)
     assert verdict.status == status, verdict
-    assert verdict.correct == {"correct": True, "incorrect": False}.get(status)
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("so \\boxed{\\frac{1}{2}} done", "\\frac{1}{2}"),
-        ("\\boxed{a} then \\boxed{{b}}", "{b}"),
-        ("\\fbox{7}", "7"),
-        ("\\boxed{unbalanced", None),
-        ("nothing", None),
-    ],
-)
-def test_last_boxed(text: str, expected: str | None) -> None:
-    assert last_boxed(text) == expected
+    assert verdict.correct == {"correct": True, "incorrect": False, "unparseable_answer": False}.get(status)
 
 
 @pytest.mark.parametrize(
@@ -68,12 +77,36 @@ def test_last_boxed(text: str, expected: str | None) -> None:
     [
         ("<answer> 12 </answer>", "12"),
         ("<answer>1</answer> later <answer>2</answer>", "2"),
-        ("\\boxed{3} <answer>4</answer>", "3"),
+        ("\\boxed{3} <answer>4</answer>", "4"),  # the answer block is the answer; a box in the reasoning is not
+        ("<think>7</think><answer> </answer> \\boxed{8}", "<think>7</think><answer> </answer> \\boxed{8}"),
         ("  just 5  ", "just 5"),
     ],
 )
-def test_extract_final_answer(completion: str, expected: str) -> None:
-    assert extract_final_answer(completion) == expected
+def test_answer_region(completion: str, expected: str) -> None:
+    assert answer_region(completion) == expected
+
+
+@pytest.mark.parametrize(
+    ("gold", "why"),
+    [
+        ("\\frac{1}{2", "1 unclosed '{'"),
+        ("(1/2", "1 opening and 0 closing brackets"),
+        ("}{", "a '}' closes nothing"),
+        ("[0, 1)", None),
+        ("\\{1, 2\\}", None),
+        ("\\left( \\frac{1}{2}, 3 \\right]", None),
+    ],
+)
+def test_malformed_gold(gold: str, why: str | None) -> None:
+    assert malformed(gold) == why
+
+
+def test_malformed_gold_cannot_be_judged_whatever_the_answer() -> None:
+    for gold in ("\\frac{1}{2", "(1/2", "}{"):
+        for answer in ("\\boxed{\\frac{1}{2}}", "0.5", "7"):
+            verdict = verify_math(answer, gold)
+            assert (verdict.status, verdict.correct) == ("unparseable_gold", None), (answer, gold, verdict)
+            assert "malformed" in verdict.detail
 
 
 def test_guard_only_checks_closed_numbers() -> None:

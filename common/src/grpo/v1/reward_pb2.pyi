@@ -7,14 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class VerifyMathRequest(_message.Message):
-    __slots__ = ("answer", "gold", "timeout_s")
+    __slots__ = ("answer", "gold", "timeout_s", "extraction", "precision", "strict", "allow_set_relation_comp")
     ANSWER_FIELD_NUMBER: _ClassVar[int]
     GOLD_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    EXTRACTION_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_SET_RELATION_COMP_FIELD_NUMBER: _ClassVar[int]
     answer: str
     gold: str
     timeout_s: float
-    def __init__(self, answer: _Optional[str] = ..., gold: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    extraction: _containers.RepeatedScalarFieldContainer[str]
+    precision: int
+    strict: bool
+    allow_set_relation_comp: bool
+    def __init__(self, answer: _Optional[str] = ..., gold: _Optional[str] = ..., timeout_s: _Optional[float] = ..., extraction: _Optional[_Iterable[str]] = ..., precision: _Optional[int] = ..., strict: _Optional[bool] = ..., allow_set_relation_comp: _Optional[bool] = ...) -> None: ...
 
 class VerifyMathResponse(_message.Message):
     __slots__ = ("correct", "status", "extracted_answer", "detail", "wall_s")
@@ -112,10 +120,18 @@ class VerifyCodeResponse(_message.Message):
     def __init__(self, passed: _Optional[int] = ..., total: _Optional[int] = ..., tests: _Optional[_Iterable[_Union[CodeTestResult, _Mapping]]] = ...) -> None: ...
 
 class MathCheck(_message.Message):
-    __slots__ = ("gold",)
+    __slots__ = ("gold", "extraction", "precision", "strict", "allow_set_relation_comp")
     GOLD_FIELD_NUMBER: _ClassVar[int]
+    EXTRACTION_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_SET_RELATION_COMP_FIELD_NUMBER: _ClassVar[int]
     gold: str
-    def __init__(self, gold: _Optional[str] = ...) -> None: ...
+    extraction: _containers.RepeatedScalarFieldContainer[str]
+    precision: int
+    strict: bool
+    allow_set_relation_comp: bool
+    def __init__(self, gold: _Optional[str] = ..., extraction: _Optional[_Iterable[str]] = ..., precision: _Optional[int] = ..., strict: _Optional[bool] = ..., allow_set_relation_comp: _Optional[bool] = ...) -> None: ...
 
 class CodeCheck(_message.Message):
     __slots__ = ("tests", "language", "timeout_s")

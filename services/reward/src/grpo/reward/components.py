@@ -66,7 +66,7 @@ class ComponentRunner:
                 settings.reward_model_path, settings.reward_model_batch_size, settings.reward_model_max_length
             )
 
-    async def math(self, answer: str, gold: str, deadline: float) -> VerifyMathResponse:
+    async def math(self, answer: str, gold: str, deadline: float, options: Any = None) -> VerifyMathResponse:
         """One verification in a worker process, killed at min(math_timeout_s, deadline)."""
         started = time.monotonic()
         # A kill and its answer take a few ms: leave them inside the request deadline.
@@ -74,7 +74,7 @@ class ComponentRunner:
         if timeout <= 0:
             return VerifyMathResponse(correct=None, status="timeout", detail="no time left before the deadline")
         try:
-            verdict = await asyncio.wrap_future(self.pool.submit(verify_math, answer, gold, timeout_s=timeout))
+            verdict = await asyncio.wrap_future(self.pool.submit(verify_math, answer, gold, options, timeout_s=timeout))
         except TaskTimeout as exc:
             wall = _observe("math", "timeout", started)
             return VerifyMathResponse(correct=None, status="timeout", detail=str(exc), wall_s=wall)
@@ -220,7 +220,7 @@ class ScoreBatch:
         judged: dict[str, Judgement] = {}
         waits: dict[str, Any] = {}
         if checks.math is not None:
-            waits["math"] = runner.math(item.completion, checks.math.gold, self.deadline)
+            waits["math"] = runner.math(item.completion, checks.math.gold, self.deadline, checks.math.math_options())
         if checks.code is not None:
             tests = [code_test_dict(t) for t in checks.code.tests]
             waits["code"] = runner.code_tests(item.completion, tests, checks.code.language, checks.code.timeout_s, None)

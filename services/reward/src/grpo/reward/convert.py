@@ -31,6 +31,8 @@ def _drop_empty(data: dict[str, Any], key: str) -> None:
 
 
 def _adapt_checks_in(checks: dict[str, Any]) -> dict[str, Any]:
+    if "math" in checks and not checks["math"].get("extraction"):
+        checks["math"].pop("extraction", None)  # an empty repeated field is "unset": the default parsers
     if "code" in checks:
         checks["code"]["tests"] = _tests_from_proto(checks["code"].get("tests", []))
         _drop_empty(checks["code"], "language")
@@ -51,6 +53,8 @@ def proto_to_dict(msg: Message) -> dict[str, Any]:
     if "tests" in data:
         data["tests"] = _tests_from_proto(data["tests"])
     _drop_empty(data, "language")
+    if data.get("extraction") == []:
+        del data["extraction"]
     for item in data.get("items", []):
         if "checks" in item:
             _adapt_checks_in(item["checks"])

@@ -166,7 +166,7 @@ class RewardCore:
         timeout = min(req.timeout_s or self.settings.math_timeout_s, self.settings.max_timeout_s)
         deadline = self.deadline(timeout, remaining_s)
         with self.admit(1):
-            return await self.components.math(req.answer, req.gold, deadline)
+            return await self.components.math(req.answer, req.gold, deadline, req.math_options())
 
     async def execute(self, req: ExecuteRequest, remaining_s: float | None = None) -> ExecuteResponse:
         self._check_text("code", req.code, self.settings.max_code_chars)

@@ -23,7 +23,32 @@ class Model(BaseModel):
 # ---- math ------------------------------------------------------------------------------
 
 
-class VerifyMathRequest(Model):
+class MathOptions(Model):
+    """math-verify's comparison settings; the defaults are its own."""
+
+    extraction: list[Literal["latex", "expr"]] = Field(
+        default=["latex", "expr"], min_length=1, max_length=2, description="Parsers for the answer and the gold."
+    )
+    precision: int = Field(default=6, ge=0, le=30, description="Decimal places numbers are rounded to.")
+    strict: bool = Field(default=True, description="false: variable and function names may differ (f(x) = f(y)).")
+    allow_set_relation_comp: bool = Field(
+        default=False, description="A gold set or interval may equal a relation (x ∈ [a, b] vs a ≤ x ≤ b)."
+    )
+
+    @field_validator("extraction")
+    @classmethod
+    def _no_repeats(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"extraction lists a parser twice: {value}")
+        return value
+
+    def math_options(self) -> Any:
+        from grpo.reward.verifiers.math import MathOptions as Options
+
+        return Options(tuple(self.extraction), self.precision, self.strict, self.allow_set_relation_comp)
+
+
+class VerifyMathRequest(MathOptions):
     answer: str = Field(description="The model's answer; a whole completion is fine (\\boxed{} first, then <answer>).")
     gold: str = Field(description="The reference answer.")
     timeout_s: Timeout | None = None
@@ -109,7 +134,7 @@ class VerifyCodeResponse(Model):
 # ---- scoring ---------------------------------------------------------------------------
 
 
-class MathCheck(Model):
+class MathCheck(MathOptions):
     gold: str
 
 
