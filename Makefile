@@ -1,6 +1,7 @@
 # Two commands on a fresh machine: `make demo` and `make test`. Both build .venv themselves.
-# System package: redis-server (the demo and the tests start private ones), installed with
-# apt-get when missing and we are root; otherwise the target says what to install.
+# System packages: redis-server (the demo and the tests start private ones), and for the tests the
+# toolchains the code verifier runs (gcc, g++, a JDK, node; Debian: gcc g++ default-jdk-headless nodejs
+# bsdextrautils), installed with apt-get when missing and we are root; otherwise the target says what to install.
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -14,7 +15,7 @@ PYPROJECTS := $(addsuffix /pyproject.toml,$(PKGS))
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-fast test-faults test-compose images lint fmt protos check-protos system-deps clean bench
+.PHONY: demo test test-fast test-faults test-compose images lint fmt protos check-protos system-deps toolchains clean bench
 
 $(STAMP): $(PYPROJECTS) requirements-dev.txt
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -27,10 +28,18 @@ $(STAMP): $(PYPROJECTS) requirements-dev.txt
 $(VLLM_STAMP): scripts/setup_vllm_venv.sh common/pyproject.toml services/rollout/pyproject.toml
 	scripts/setup_vllm_venv.sh
 
+# command:debian-package pairs; `$(call need,PAIRS)` installs the packages of missing commands (as root).
+need = missing=""; for pair in $(1); do command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair\#*:}"; done; \
+	[ -z "$$missing" ] || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "please install:$$missing (apt-get install$$missing)"; exit 1; fi; }
+
 system-deps:
-	@command -v redis-server >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server; \
-	  else echo "please install redis-server (apt-get install redis-server)"; exit 1; fi; }
+	@$(call need,redis-server:redis-server)
+
+# The code verifier's languages, for the tests that build and run them in the sandbox.
+toolchains:
+	@$(call need,gcc:gcc g++:g++ javac:default-jdk-headless node:nodejs rev:bsdextrautils)
 
 protos: $(STAMP)
 	PY=$(PY) scripts/gen_protos.sh
@@ -48,10 +57,10 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff format .
 
 # The fault-injection suite (kill any part mid-run, ~4 min) runs in `make test-faults`.
-test: $(STAMP) $(VLLM_STAMP) system-deps check-protos lint
+test: $(STAMP) $(VLLM_STAMP) system-deps toolchains check-protos lint
 	$(PY) -m pytest -q -m "not faults and not compose" --durations=15  # the slowest, for whoever keeps the suite short
 
-test-fast: $(STAMP) system-deps
+test-fast: $(STAMP) system-deps toolchains
 	$(PY) -m pytest -q -m "not slow and not vllm and not faults and not compose"
 
 # The images through `docker compose up` (needs a Docker engine with compose; ~15 min on 2 cores, images cached).

@@ -18,6 +18,7 @@ BENCHES = [
     "bench_sandbox.py",
     "bench_reward.py",
     "bench_math_verify.py",
+    "bench_languages.py",
     "bench_rollout.py",
     "bench_trainer.py",
     "bench_ranks.py",

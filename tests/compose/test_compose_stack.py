@@ -201,6 +201,23 @@ def test_sandbox_inside_the_reward_container(stack: Stack) -> None:
     assert "reached" not in out["stdout"] and out["stdout"].count("blocked") == 3, out["stdout"]
     health = httpx.get(f"http://127.0.0.1:{stack.reward_port}/healthz", timeout=10).json()
     stack.seen["sandbox_isolation"] = health.get("sandbox", health)
+    # The image's default toolchains, each built and run inside the container's sandbox.
+    assert {"python", "c", "cpp", "java", "javascript", "bash"} <= set(health["languages"]), health
+    programs = {
+        "c": '#include <stdio.h>\nint main(){ int a, b; scanf("%d %d", &a, &b); printf("%d\\n", a + b); }',
+        "cpp": "#include <iostream>\nint main(){ int a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }",
+        "java": "public class Main{public static void main(String[] x){java.util.Scanner s=new java.util.Scanner("
+        "System.in);System.out.println(s.nextInt()+s.nextInt());}}",
+        "javascript": 'const [a,b]=require("fs").readFileSync(0,"utf8").split(/\\s+/).map(Number);console.log(a+b);',
+        "bash": "read a b; echo $((a + b))",
+    }
+    for language, code in programs.items():
+        body = {"language": language, "code": code, "tests": [{"stdin": "2 40", "expected_stdout": "42"}]}
+        verdict = httpx.post(
+            f"http://127.0.0.1:{stack.reward_port}/v1/verify/code", timeout=120, json=body,
+            headers={"authorization": f"Bearer {TOKEN}"},
+        ).json()  # fmt: skip
+        assert verdict["passed"] == 1, (language, verdict)
 
 
 def test_two_rollout_replicas_register(stack: Stack) -> None:

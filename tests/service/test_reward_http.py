@@ -79,6 +79,37 @@ def test_verify_code(live_reward: Any) -> None:
     assert (r.json()["passed"], r.json()["total"]) == (2, 4)
 
 
+CPP_SUM = (
+    "```cpp\n#include <iostream>\nint main(){ long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }\n```"
+)
+
+
+def test_compiled_languages_through_the_api(live_reward: Any) -> None:
+    """C++ built once for three tests, a compile error with the compiler's words, Java and Bash through
+    /v1/execute, C++ in /v1/score, and /healthz naming the installed languages."""
+    health = httpx.get(f"{live_reward.http_url}/healthz", timeout=5).json()
+    assert {"python", "c", "cpp", "java", "javascript", "bash"} <= set(health["languages"])
+    tests = [{"stdin": "1 2", "expected_stdout": "3"}, {"stdin": "-5 5", "expected_stdout": "0"},
+             {"stdin": "2 2", "expected_stdout": "5"}]  # fmt: skip
+    r = post(live_reward, "/v1/verify/code", {"language": "cpp", "code": CPP_SUM, "tests": tests})
+    assert r.status_code == 200, r.text
+    assert [t["verdict"] for t in r.json()["tests"]] == ["pass", "pass", "fail"]
+    assert all(t["cpu_s"] >= 0 and t["peak_memory_mb"] > 0 for t in r.json()["tests"])
+    broken = post(live_reward, "/v1/verify/code", {"language": "c", "code": "int main(){ return 0 }", "tests": tests})
+    assert {t["verdict"] for t in broken.json()["tests"]} == {"compile_error"}
+    assert "expected" in broken.json()["tests"][0]["stderr"]  # gcc's "expected ';' before '}'"
+    java = "public class Main{public static void main(String[] a){System.out.println(6*7);}}"
+    run = post(live_reward, "/v1/execute", {"language": "java", "code": java})
+    assert (run.json()["status"], run.json()["stdout"]) == ("ok", "42\n"), run.text
+    bash = post(live_reward, "/v1/execute", {"language": "bash", "code": "read a; echo $((a * 2))", "stdin": "21"})
+    assert bash.json()["stdout"] == "42\n"
+    item = {"id": "cpp", "completion": CPP_SUM, "checks": {"code": {"language": "cpp", "tests": tests}}}
+    scored = post(live_reward, "/v1/score", {"items": [item]}).json()["results"][0]
+    assert scored["reward"] == pytest.approx(2 / 3), scored
+    asserts = post(live_reward, "/v1/verify/code", {"language": "cpp", "code": CPP_SUM, "tests": [{"assert": "x"}]})
+    assert asserts.status_code == 400 and "assert tests are Python code" in asserts.text
+
+
 def test_score_combines_components(live_reward: Any) -> None:
     items = [
         {

@@ -165,7 +165,7 @@ def test_scratch_is_fresh_each_run(sandbox: Sandbox) -> None:
 def test_bad_limits_and_language_are_value_errors(sandbox: Sandbox) -> None:
     with pytest.raises(ValueError, match="timeout_s"):
         sandbox.run("pass", limits=Limits(timeout_s=-1))
-    with pytest.raises(ValueError, match="unsupported language"):
+    with pytest.raises(ValueError, match="language 'cobol' is not available here"):
         sandbox.run("pass", language="cobol")
 
 

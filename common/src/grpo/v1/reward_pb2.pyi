@@ -53,18 +53,22 @@ class ExecuteRequest(_message.Message):
     def __init__(self, language: _Optional[str] = ..., code: _Optional[str] = ..., stdin: _Optional[str] = ..., timeout_s: _Optional[float] = ..., memory_mb: _Optional[int] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
-    __slots__ = ("status", "exit_code", "stdout", "stderr", "wall_s")
+    __slots__ = ("status", "exit_code", "stdout", "stderr", "wall_s", "cpu_s", "peak_memory_mb")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     STDOUT_FIELD_NUMBER: _ClassVar[int]
     STDERR_FIELD_NUMBER: _ClassVar[int]
     WALL_S_FIELD_NUMBER: _ClassVar[int]
+    CPU_S_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
     status: str
     exit_code: int
     stdout: str
     stderr: str
     wall_s: float
-    def __init__(self, status: _Optional[str] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., wall_s: _Optional[float] = ...) -> None: ...
+    cpu_s: float
+    peak_memory_mb: float
+    def __init__(self, status: _Optional[str] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., wall_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., peak_memory_mb: _Optional[float] = ...) -> None: ...
 
 class CodeTest(_message.Message):
     __slots__ = ("stdio",)
@@ -96,18 +100,24 @@ class VerifyCodeRequest(_message.Message):
     def __init__(self, language: _Optional[str] = ..., code: _Optional[str] = ..., tests: _Optional[_Iterable[_Union[CodeTest, _Mapping]]] = ..., timeout_s: _Optional[float] = ..., memory_mb: _Optional[int] = ...) -> None: ...
 
 class CodeTestResult(_message.Message):
-    __slots__ = ("verdict", "exit_code", "stdout", "stderr", "wall_s")
+    __slots__ = ("verdict", "exit_code", "stdout", "stderr", "wall_s", "detail", "cpu_s", "peak_memory_mb")
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     STDOUT_FIELD_NUMBER: _ClassVar[int]
     STDERR_FIELD_NUMBER: _ClassVar[int]
     WALL_S_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    CPU_S_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
     verdict: str
     exit_code: int
     stdout: str
     stderr: str
     wall_s: float
-    def __init__(self, verdict: _Optional[str] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., wall_s: _Optional[float] = ...) -> None: ...
+    detail: str
+    cpu_s: float
+    peak_memory_mb: float
+    def __init__(self, verdict: _Optional[str] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., wall_s: _Optional[float] = ..., detail: _Optional[str] = ..., cpu_s: _Optional[float] = ..., peak_memory_mb: _Optional[float] = ...) -> None: ...
 
 class VerifyCodeResponse(_message.Message):
     __slots__ = ("passed", "total", "tests")

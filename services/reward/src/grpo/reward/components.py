@@ -120,8 +120,9 @@ class ComponentRunner:
             metrics.SANDBOX_KILLS.labels("sandbox").inc()
         _observe("execute", res.status, started)
         return ExecuteResponse(
-            status=res.status, exit_code=res.exit_code, stdout=res.stdout, stderr=res.stderr, wall_s=res.wall_s
-        )
+            status=res.status, exit_code=res.exit_code, stdout=res.stdout, stderr=res.stderr, wall_s=res.wall_s,
+            cpu_s=res.cpu_s, peak_memory_mb=res.peak_memory_mb,
+        )  # fmt: skip
 
     async def code_tests(
         self, code: str, tests: list[dict[str, str]], language: str, timeout_s: float | None, memory_mb: int | None
@@ -152,6 +153,8 @@ class ComponentRunner:
                 stderr=r.stderr,
                 wall_s=r.wall_s,
                 detail=r.detail,
+                cpu_s=r.cpu_s,
+                peak_memory_mb=r.peak_memory_mb,
             )
             for r in raw
         ]

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -121,6 +121,7 @@ class RewardCore:
             queue_depth=self.pool.queue_depth(),
             inflight=self._inflight,
             version=_version(),
+            languages=self.languages(),
         )
 
     # ---- limits -----------------------------------------------------------------------
@@ -137,6 +138,17 @@ class RewardCore:
             for key, text in code_test_dict(test).items():
                 self._check_text(f"{where}[{i}].{key}", text, self.settings.max_code_chars)
 
+    def languages(self) -> list[str]:
+        return sorted(self.components.sandbox.languages) if self.components.sandbox is not None else []
+
+    def _check_language(self, where: str, language: str, tests: Sequence[Any]) -> None:
+        """A language whose toolchain this server has; assert tests only for Python (they are Python code)."""
+        if self.components.sandbox is not None and language not in self.components.sandbox.languages:
+            metrics.REJECTED.labels("invalid").inc()
+            raise InputError(f"{where}: {language!r} is not installed on this server; available: {self.languages()}")
+        if language != "python" and any(getattr(t, "assert_", None) is not None for t in tests):
+            raise InputError(f"{where}: assert tests are Python code; give {language} stdin/expected_stdout tests")
+
     def check_score(self, req: ScoreRequest) -> None:
         """Server-side limits and names a schema cannot know (raises InputError)."""
         s = self.settings
@@ -151,6 +163,7 @@ class RewardCore:
                 self._check_text(f"items[{i}].checks.math.gold", checks.math.gold, s.max_text_chars)
             if checks.code is not None:
                 self._check_tests(f"items[{i}].checks.code.tests", checks.code.tests)
+                self._check_language(f"items[{i}].checks.code.language", checks.code.language, checks.code.tests)
             if checks.reward_model is not None and self.components.reward_model is None:
                 raise InputError(f"items[{i}]: the reward_model component is not enabled on this server")
             unknown = sorted(set(checks.plugins) - set(self.components.plugins))
@@ -170,6 +183,7 @@ class RewardCore:
 
     async def execute(self, req: ExecuteRequest, remaining_s: float | None = None) -> ExecuteResponse:
         self._check_text("code", req.code, self.settings.max_code_chars)
+        self._check_language("language", req.language, [])
         self._check_text("stdin", req.stdin, self.settings.max_text_chars)
         # req.timeout_s limits the program; the request itself may take the default deadline.
         deadline = self.deadline(None, remaining_s)
@@ -180,6 +194,7 @@ class RewardCore:
     async def verify_code(self, req: VerifyCodeRequest, remaining_s: float | None = None) -> VerifyCodeResponse:
         self._check_text("code", req.code, self.settings.max_code_chars)
         self._check_tests("tests", req.tests)
+        self._check_language("language", req.language, req.tests)
         deadline = self.deadline(None, remaining_s)
         with self.admit(len(req.tests)):
             tests = await self._within(

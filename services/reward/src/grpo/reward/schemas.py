@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-Language = Literal["python"]
+Language = Literal["python", "c", "cpp", "java", "javascript", "bash"]
 Timeout = Annotated[float, Field(gt=0, le=3600, description="Seconds; capped by the server's limit.")]
 MemoryMb = Annotated[int, Field(ge=16, le=65536)]
 TagName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][\w\-]*$")]
@@ -94,7 +94,7 @@ class ExecuteRequest(Model):
     memory_mb: MemoryMb | None = None
 
 
-ExecStatus = Literal["ok", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error"]
+ExecStatus = Literal["ok", "compile_error", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error"]
 
 
 class ExecuteResponse(Model):
@@ -103,6 +103,8 @@ class ExecuteResponse(Model):
     stdout: str = ""
     stderr: str = ""
     wall_s: float = 0.0
+    cpu_s: float = 0.0
+    peak_memory_mb: float = 0.0
 
 
 class VerifyCodeRequest(Model):
@@ -113,7 +115,9 @@ class VerifyCodeRequest(Model):
     memory_mb: MemoryMb | None = None
 
 
-Verdict = Literal["pass", "fail", "timeout", "runtime_error", "memory_limit", "output_limit", "sandbox_error"]
+Verdict = Literal[
+    "pass", "fail", "compile_error", "timeout", "runtime_error", "memory_limit", "output_limit", "sandbox_error"
+]
 
 
 class CodeTestResult(Model):
@@ -123,6 +127,8 @@ class CodeTestResult(Model):
     stderr: str = ""
     wall_s: float = 0.0
     detail: str = Field(default="", description="Why the verdict is what it is (empty for a pass).")
+    cpu_s: float = Field(default=0.0, description="CPU time of the run.")
+    peak_memory_mb: float = Field(default=0.0, description="Peak resident memory of the program.")
 
 
 class VerifyCodeResponse(Model):
@@ -252,3 +258,4 @@ class Health(Model):
     queue_depth: int = 0
     inflight: int = 0
     version: str = ""
+    languages: list[str] = Field(default_factory=list, description="Languages whose toolchains the sandbox has.")

@@ -14,7 +14,7 @@ Per component:
 | component | judged | cannot judge | failed |
 |---|---|---|---|
 | math | correct → 1, incorrect → 0, unparseable_answer → 0 (the model gave no answer) | unparseable_gold; timeout (the expression blew up sympy; worker killed) | error (verifier exception, worker crash, queue full) |
-| code | passed / total over real verdicts (fail, timeout, runtime_error, memory_limit, output_limit count as not passed) | — | any test with sandbox_error, or the sandbox machinery itself failing |
+| code | passed / total over real verdicts (fail, compile_error, timeout, runtime_error, memory_limit, output_limit count as not passed) | — | any test with sandbox_error, or the sandbox machinery itself failing |
 | format | 1 / 0.5 (a block empty) / 0 | — | — |
 | language | share of target-language words (0 when the reasoning has none) | target auto with a prompt that has no words | — |
 | overlong | 0 … -1 | — | — |

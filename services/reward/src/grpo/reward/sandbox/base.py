@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grpo.reward.sandbox.languages import Launch
 
 STATUSES = ("ok", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error")
 
@@ -26,6 +30,12 @@ class ExecResult:
     wall_s: float
     proof: bool = False
     """The harness saw the program run to its end (see languages.py for what that proves)."""
+    files: dict[str, bytes] = field(default_factory=dict)
+    """The scratch files the launch asked to collect (a build's outputs)."""
+    cpu_s: float = 0.0
+    """CPU time of the run (user + system, the program and the children it waited for)."""
+    peak_memory_mb: float = 0.0
+    """Peak resident memory of the program (ru_maxrss)."""
 
 
 @dataclass(frozen=True)
@@ -73,10 +83,18 @@ class Sandbox(ABC):
     """Human-readable description of the isolation in force (for the README and /healthz)."""
     workers: int = 1
     """How many runs can proceed at the same time."""
+    languages: dict[str, dict[str, str]] = {}  # noqa: RUF012 - set per instance
+    """Language -> {tool: real path} for the toolchains this sandbox can run."""
 
     @abstractmethod
+    def execute(self, launch: Launch, stdin: str = "", limits: Limits | None = None) -> ExecResult:
+        """Run one prepared launch (files, argv, what to collect) under `limits`; never raises for the program."""
+
     def run(self, program: str, stdin: str = "", limits: Limits | None = None, language: str = "python") -> ExecResult:
-        """Run `program` with `stdin` under `limits`; never raises for anything the program does."""
+        """Run `program` once with `stdin` (building it first for a compiled language)."""
+        from grpo.reward.sandbox.languages import build_and_run
+
+        return build_and_run(self, language, program, stdin, limits or Limits())
 
     @abstractmethod
     def close(self) -> None:

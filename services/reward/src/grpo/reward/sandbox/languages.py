@@ -20,7 +20,15 @@ against a program written to attack this harness.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from grpo.reward.sandbox.base import ExecResult, Limits
+
+if TYPE_CHECKING:
+    from grpo.reward.sandbox.base import Sandbox
 
 # `posix` is built in and already loaded; `import os` would cost about a millisecond under -S.
 PYTHON_DRIVER = (
@@ -36,10 +44,46 @@ PYTHON_DRIVER = (
 
 @dataclass(frozen=True)
 class Launch:
-    """The files to write into scratch and the argv that runs them."""
+    """One sandboxed process: the files to write into scratch, the argv that runs them, what to read back."""
 
     files: dict[str, str]
     argv: list[str]
+    binary_files: dict[str, bytes] = field(default_factory=dict)
+    collect: tuple[str, ...] = ()  # fnmatch patterns of scratch files returned after the run (build outputs)
+    memory_kind: str = "as"  # "as": RLIMIT_AS; "data": RLIMIT_DATA, for runtimes that reserve address space
+    stack_mb: int | None = None
+    extra_memory_mb: int = 0  # the runtime's own needs, on top of the program's limit
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """How a language is built (once per request) and run (once per test). Paths are resolved at start-up."""
+
+    source: str  # the file the program is written to
+    run: tuple[str, ...]  # argv of a run; "{memory_mb}" is replaced by the run's memory limit
+    compile: tuple[str, ...] = ()  # argv of the build step, none for interpreted languages
+    artifacts: tuple[str, ...] = ()  # what the build leaves for the runs (fnmatch patterns)
+    memory_kind: str = "data"
+    # Native code gets a 64 MB stack for deep recursion; not runtimes with threads (glibc sizes every thread's
+    # stack by RLIMIT_STACK, and under RLIMIT_DATA V8's helper threads then cannot start).
+    stack_mb: int | None = None
+
+
+JVM = ("-Xmx{memory_mb}m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:ActiveProcessorCount=1")
+TOOLCHAINS: dict[str, Toolchain] = {
+    "c": Toolchain("main.c", ("./main",), ("gcc", "-std=c17", "-O2", "-pipe", "-o", "main", "main.c", "-lm"), ("main",),
+                   stack_mb=64),
+    "cpp": Toolchain("main.cpp", ("./main",), ("g++", "-std=c++17", "-O2", "-pipe", "-o", "main", "main.cpp"),
+                     ("main",), stack_mb=64),
+    "java": Toolchain(
+        "Main.java", ("java", *JVM, "-cp", ".", "Main"), ("javac", "-J-Xmx512m", "-encoding", "UTF-8", "Main.java"),
+        ("*.class",),
+    ),
+    "javascript": Toolchain("main.js", ("node", "--max-old-space-size={memory_mb}", "--stack-size=16000", "main.js")),
+    "bash": Toolchain("main.sh", ("bash", "main.sh"), memory_kind="as"),
+}  # fmt: skip
+# Memory a runtime needs on top of what the program may use (the JVM's metaspace, code cache, GC structures).
+RUNTIME_OVERHEAD_MB = {"java": 256, "javascript": 128}
 
 
 def python_launch(program: str, interpreter: str) -> Launch:
@@ -47,12 +91,77 @@ def python_launch(program: str, interpreter: str) -> Launch:
     return Launch(files={"main.py": program}, argv=[interpreter, "-I", "-S", "-c", PYTHON_DRIVER])
 
 
-LAUNCHERS = {"python": python_launch}
+def resolve(argv0: str) -> str | None:
+    """The real path of a tool (the sandbox has no /etc/alternatives to follow), or None when not installed."""
+    found = shutil.which(argv0, path="/usr/local/bin:/usr/bin:/bin")
+    return os.path.realpath(found) if found else None
 
 
-def launch_for(language: str, program: str, interpreter: str) -> Launch:
-    """The launch recipe for `language`; ValueError names the supported ones."""
-    try:
-        return LAUNCHERS[language](program, interpreter)
-    except KeyError:
-        raise ValueError(f"unsupported language {language!r}; supported: {sorted(LAUNCHERS)}") from None
+def available(interpreter: str) -> dict[str, dict[str, str]]:
+    """Language -> {tool name: real path} for every language whose tools are all installed."""
+    out: dict[str, dict[str, str]] = {"python": {"python3": interpreter}}
+    for language, chain in TOOLCHAINS.items():
+        tools = {argv[0] for argv in (chain.run, chain.compile) if argv and not argv[0].startswith("./")}
+        paths = {tool: resolve(tool) for tool in tools}
+        if all(paths.values()):
+            out[language] = {tool: str(path) for tool, path in paths.items()}
+    return out
+
+
+def _argv(template: tuple[str, ...], tools: dict[str, str], memory_mb: int) -> list[str]:
+    argv = [a.replace("{memory_mb}", str(memory_mb)) for a in template]
+    return [tools.get(argv[0], argv[0]), *argv[1:]]
+
+
+def build_launch(language: str, program: str, tools: dict[str, str]) -> Launch | None:
+    """The compile step of `language` (None for interpreted languages)."""
+    chain = TOOLCHAINS.get(language)
+    if chain is None or not chain.compile:
+        return None
+    return Launch(
+        files={chain.source: program}, argv=_argv(chain.compile, tools, 0), collect=chain.artifacts,
+        memory_kind="data",
+    )  # fmt: skip
+
+
+def run_launch(
+    language: str, program: str, tools: dict[str, str], memory_mb: int, built: dict[str, bytes] | None = None
+) -> Launch:
+    """A run of `language`: the built artifacts when there is a build step, else the source itself."""
+    if language == "python":
+        return python_launch(program, tools["python3"])
+    chain = TOOLCHAINS[language]
+    files = {} if chain.compile else {chain.source: program}
+    return Launch(
+        files=files, argv=_argv(chain.run, tools, memory_mb), binary_files=dict(built or {}),
+        memory_kind=chain.memory_kind, stack_mb=chain.stack_mb, extra_memory_mb=RUNTIME_OVERHEAD_MB.get(language, 0),
+    )  # fmt: skip
+
+
+BUILD_LIMITS = Limits(timeout_s=30.0, memory_mb=2048, max_processes=64, max_file_bytes=256 << 20, scratch_mb=512)
+
+
+def build(sandbox: Sandbox, language: str, program: str) -> tuple[ExecResult | None, dict[str, bytes]]:
+    """Compile once: (the build's result when it failed, else None; the artifacts for the runs)."""
+    launch = build_launch(language, program, sandbox.languages[language])
+    if launch is None:
+        return None, {}
+    result = sandbox.execute(launch, "", BUILD_LIMITS)
+    if result.status == "ok" and result.files:
+        return None, result.files
+    if result.status == "sandbox_error":
+        return result, {}
+    why = {"ok": "the build produced nothing", "runtime_error": ""}.get(result.status, f"the build hit {result.status}")
+    stderr = f"{result.stderr}\n{why}".strip() if why else result.stderr
+    return ExecResult("compile_error", result.exit_code, result.stdout, stderr, result.wall_s), {}
+
+
+def build_and_run(sandbox: Sandbox, language: str, program: str, stdin: str, limits: Limits) -> ExecResult:
+    """Build (when the language has a build step) and run once; a failed build is the result."""
+    if language not in sandbox.languages:
+        raise ValueError(f"language {language!r} is not available here; available: {sorted(sandbox.languages)}")
+    failed, built = build(sandbox, language, program)
+    if failed is not None:
+        return failed
+    return sandbox.execute(run_launch(language, program, sandbox.languages[language], limits.memory_mb, built),
+                           stdin, limits)  # fmt: skip

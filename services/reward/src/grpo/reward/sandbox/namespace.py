@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -17,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from grpo.reward.sandbox.base import ExecResult, Limits, Sandbox, SandboxUnavailable
-from grpo.reward.sandbox.languages import Launch, launch_for
+from grpo.reward.sandbox.languages import Launch, available
 
 log = logging.getLogger(__name__)
 
 ZYGOTE = Path(__file__).with_name("zygote.py")
 RO_BINDS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/libx32", "/sbin")
+# Debian's JDK keeps its configuration under /etc (java.security, jvm.cfg); runs see nothing else of /etc.
+ETC_BINDS = ("java-*",)
 RUN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/scratch", "LANG": "C.UTF-8", "TMPDIR": "/scratch"}
 REPLY_SLACK_S = 5.0  # the zygote enforces the deadline itself; this only catches a wedged zygote
 REMEDY = (
@@ -55,7 +58,8 @@ class Zygote:
     """One launcher process and the pipes to it; used by one thread at a time."""
 
     def __init__(self, interpreter: str, uid_base: int) -> None:
-        cfg = {"ro_binds": list(RO_BINDS), "uid_base": uid_base, "check_exists": [interpreter]}
+        etc = sorted(str(p) for pattern in ETC_BINDS for p in Path("/etc").glob(pattern) if p.is_dir())
+        cfg = {"ro_binds": [*RO_BINDS, *etc], "uid_base": uid_base, "check_exists": [interpreter]}
         # Empty environment and isolated interpreter: nothing of the service's environment reaches the zygote.
         try:
             self.proc = subprocess.Popen(
@@ -78,11 +82,12 @@ class Zygote:
             raise SandboxUnavailable(f"sandbox zygote could not start: {hello.get('error')}; {REMEDY}")
         self.uid = int(hello["uid"])
 
-    def request(self, req: dict[str, Any], deadline: float) -> dict[str, Any]:
-        body = json.dumps(req).encode()
+    def request(self, req: dict[str, Any], deadline: float, stdin: bytes = b"") -> dict[str, Any]:
+        """One run: the JSON request, then `stdin` raw (large inputs skip JSON's escaping both ways)."""
+        body = json.dumps({**req, "stdin_bytes": len(stdin)}).encode()
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(struct.pack(">I", len(body)) + body)
+            self.proc.stdin.write(struct.pack(">I", len(body)) + body + stdin)
             self.proc.stdin.flush()
         except OSError as exc:
             raise ZygoteError(f"zygote pipe broken: {exc}") from exc
@@ -136,24 +141,37 @@ def classify(reply: dict[str, Any]) -> tuple[str, int | None]:
         return "timeout", exit_code
     if _died_of_memory(reply["stderr"]):
         return "memory_limit", exit_code
+    # A native program that ignores a failed allocation crashes; at its memory limit, that crash is the limit.
+    if reply.get("peak_mb", 0.0) >= 0.9 * reply.get("memory_limit_mb", float("inf")):
+        return "memory_limit", exit_code
     return "runtime_error", exit_code
 
 
+# The last words of a program that ran out of memory: libc, libstdc++, the JVM, V8 (Python: a final MemoryError).
+OUT_OF_MEMORY = ("Cannot allocate memory", "cannot allocate", "std::bad_alloc", "java.lang.OutOfMemoryError",
+                 "JavaScript heap out of memory", "Allocation failed - process out of memory")  # fmt: skip
+
+
 def _died_of_memory(stderr: str) -> bool:
-    tail = stderr.rstrip().splitlines()[-3:]
-    return any(line.startswith("MemoryError") or "Cannot allocate memory" in line for line in tail)
+    tail = stderr.rstrip().splitlines()[-40:]  # the JVM and V8 print a stack after the message
+    python = any(line.startswith("MemoryError") for line in tail[-3:])
+    return python or any(marker in line for line in tail for marker in OUT_OF_MEMORY)
 
 
-def request_for(launch: Launch, stdin: str, limits: Limits) -> dict[str, Any]:
-    """The zygote's request: what to write, what to exec, with which limits."""
+def request_for(launch: Launch, limits: Limits) -> dict[str, Any]:
+    """The zygote's request: what to write, what to exec, with which limits (stdin follows it raw)."""
     return {
         "argv": launch.argv,
         "files": launch.files,
-        "stdin": stdin,
+        "binary_files": {name: base64.b64encode(data).decode() for name, data in launch.binary_files.items()},
+        "collect": list(launch.collect),
         "env": RUN_ENV,
         "limits": {
             "timeout_s": limits.timeout_s,
-            "memory_mb": limits.memory_mb,
+            "memory_mb": limits.memory_mb + launch.extra_memory_mb,
+            "memory_kind": launch.memory_kind,
+            "stack_mb": launch.stack_mb,
+            "collect_max_bytes": limits.scratch_mb << 20,
             "max_output_bytes": limits.max_output_bytes,
             "max_processes": limits.max_processes,
             "max_file_bytes": limits.max_file_bytes,
@@ -184,6 +202,7 @@ class NamespaceSandbox(Sandbox):
         self.workers = workers
         self.acquire_timeout_s = acquire_timeout_s
         self.interpreter = interpreter or _default_interpreter()
+        self.languages = available(self.interpreter)
         self._uid_base = uid_base
         self._idle: queue.Queue[Zygote] = queue.Queue()
         self._lock = threading.Lock()
@@ -225,17 +244,17 @@ class NamespaceSandbox(Sandbox):
             if zygote in self._all:
                 self._all.remove(zygote)
 
-    def run(self, program: str, stdin: str = "", limits: Limits | None = None, language: str = "python") -> ExecResult:
+    def execute(self, launch: Launch, stdin: str = "", limits: Limits | None = None) -> ExecResult:
         limits = limits or Limits()
         limits.validate()
-        req = request_for(launch_for(language, program, self.interpreter), stdin, limits)
+        req = request_for(launch, limits)
         zygote = self._take()
         if zygote is None:
             why = "sandbox is closed" if self._closed else f"no sandbox worker free within {self.acquire_timeout_s}s"
             return ExecResult("sandbox_error", None, "", why, 0.0)
         started = time.monotonic()
         try:
-            reply = zygote.request(req, started + limits.timeout_s + REPLY_SLACK_S)
+            reply = zygote.request(req, started + limits.timeout_s + REPLY_SLACK_S, stdin.encode())
         except (ZygoteError, OSError, ValueError) as exc:
             log.error("sandbox zygote failed, restarting it: %s", exc)
             self._replace(zygote)
@@ -245,12 +264,19 @@ class NamespaceSandbox(Sandbox):
         else:
             self._idle.put(zygote)
         reply["cpu_limit_s"] = limits.effective_cpu_s()
+        reply["memory_limit_mb"] = req["limits"]["memory_mb"]
         status, exit_code = classify(reply)
         if status == "sandbox_error":
             detail = reply.get("error") or reply.get("setup_error")
             log.error("sandbox set-up failed: %s", detail)
             return ExecResult(status, None, "", f"sandbox failure: {detail}", time.monotonic() - started)
-        return ExecResult(status, exit_code, reply["stdout"], reply["stderr"], reply["wall_s"], reply["proof"])
+        if reply.get("collect_error"):
+            return ExecResult("output_limit", exit_code, reply["stdout"], reply["collect_error"], reply["wall_s"])
+        files = {name: base64.b64decode(data) for name, data in reply.get("files", {}).items()}
+        return ExecResult(
+            status, exit_code, reply["stdout"], reply["stderr"], reply["wall_s"], reply["proof"], files,
+            reply.get("cpu_s", 0.0), reply.get("peak_mb", 0.0),
+        )  # fmt: skip
 
     def _take(self) -> Zygote | None:
         """A free zygote, or None when the sandbox is closed or none became free within acquire_timeout_s."""

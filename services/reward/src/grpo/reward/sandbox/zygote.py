@@ -24,12 +24,14 @@ arrives on fd 3 with the nonce and reports `proof`. See `languages.py` for what 
 """
 
 # Syscall-level code on purpose: plain os calls map one-to-one to what the kernel does.
-# ruff: noqa: PTH103, PTH106, PTH110, PTH112, PTH114, PTH115, PTH211
+# ruff: noqa: PTH103, PTH106, PTH110, PTH112, PTH114, PTH115, PTH208, PTH211
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import fcntl
+import fnmatch
 import json
 import os
 import resource as r
@@ -201,11 +203,45 @@ def _write_msg(fd: int, obj: dict) -> None:
         data = data[os.write(fd, data) :]
 
 
-def _setup_mounts(req: dict, uid: int) -> None:
-    """Fresh mount namespace with a size-capped tmpfs scratch owned by `uid`, and this PID namespace's /proc."""
-    unshare(CLONE_NEWNS | (CLONE_NEWIPC if PER_RUN_IPC else 0))
-    opts = f"size={req['limits']['scratch_mb']}m,nr_inodes=4096,mode=0700,uid={uid},gid={uid}"
+def mount_scratch(req: dict, uid: int) -> None:
+    """A size-capped tmpfs on /scratch owned by `uid`, mounted by the zygote (one run at a time) so that the
+    files a run leaves (a compiler's output) can be read back after its whole PID namespace is gone."""
+    # Group root may read (mode 0750, gid 0): the zygote lists and reads build outputs without CAP_DAC_OVERRIDE.
+    opts = f"size={req['limits']['scratch_mb']}m,nr_inodes=4096,mode=0750,uid={uid},gid=0"
     mount("tmpfs", "/scratch", "tmpfs", MS_NOSUID | MS_NODEV, opts)
+
+
+def collect_files(patterns: list[str], max_bytes: int) -> tuple[dict[str, str], str]:
+    """Regular files in /scratch (top level) matching `patterns`, base64; never follows a link the run planted."""
+    out: dict[str, str] = {}
+    total = 0
+    if not patterns:
+        return out, ""
+    for name in sorted(os.listdir("/scratch")):
+        if not any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            continue
+        try:
+            fd = os.open("/scratch/" + name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue  # a symlink or something else that is not the run's own file
+        try:
+            if os.fstat(fd).st_mode & 0o170000 != 0o100000:  # not S_IFREG
+                continue
+            data = b""
+            while len(data) <= max_bytes - total and (chunk := os.read(fd, 1 << 20)):
+                data += chunk
+        finally:
+            os.close(fd)
+        total += len(data)
+        if total > max_bytes:
+            return out, f"output files exceed {max_bytes} bytes"
+        out[name] = base64.b64encode(data).decode()
+    return out, ""
+
+
+def _setup_mounts() -> None:
+    """Fresh mount namespace (it keeps the zygote's /scratch tmpfs) with this PID namespace's /proc."""
+    unshare(CLONE_NEWNS | (CLONE_NEWIPC if PER_RUN_IPC else 0))
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)  # if memory runs out, the OOM killer takes runs first
     os.write(fd, b"1000")
@@ -228,22 +264,31 @@ def _become(uid: int, cap_last_cap: int) -> None:
 
 def _write_inputs(req: dict) -> int:
     """As the unprivileged uid (no CAP_DAC_OVERRIDE needed): the program's files, and stdin as a memfd."""
-    for name, text in req["files"].items():
-        fd = os.open("/scratch/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        os.write(fd, text.encode())
+    blobs = {name: base64.b64decode(data) for name, data in req.get("binary_files", {}).items()}
+    for name, data in [*((n, t.encode()) for n, t in req["files"].items()), *blobs.items()]:
+        fd = os.open("/scratch/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o755)
+        while data:
+            data = data[os.write(fd, data) :]
         os.close(fd)
     if not req["stdin"]:
         return os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
     stdin = os.memfd_create("stdin")
-    os.write(stdin, req["stdin"].encode())
+    data = req["stdin"]
+    while data:
+        data = data[os.write(stdin, data) :]
     os.lseek(stdin, 0, os.SEEK_SET)
     return stdin
 
 
 def _set_limits(limits: dict) -> None:
     cpu = int(limits["cpu_s"])
+    # RLIMIT_AS counts address space a runtime only reserves (the JVM's class space, V8's code range, Go's
+    # arenas), so those runtimes get RLIMIT_DATA: writable memory actually mapped.
+    memory = r.RLIMIT_DATA if limits.get("memory_kind") == "data" else r.RLIMIT_AS
+    if limits.get("stack_mb"):  # deep recursion in compiled contest code; glibc also sizes thread stacks by it
+        r.setrlimit(r.RLIMIT_STACK, (limits["stack_mb"] << 20, limits["stack_mb"] << 20))
     for res, val in (
-        (r.RLIMIT_AS, limits["memory_mb"] << 20),
+        (memory, limits["memory_mb"] << 20),
         (r.RLIMIT_CPU, cpu),  # an init ignores SIGXCPU, so the hard limit (SIGKILL) is the one that acts
         (r.RLIMIT_NPROC, limits["max_processes"]),
         (r.RLIMIT_FSIZE, limits["max_file_bytes"]),
@@ -261,7 +306,7 @@ def _child(req: dict, uid: int, fds: list[int], status_w: int) -> None:
     process it left behind, and no privileged process exists inside the namespace at all.
     """
     try:
-        _setup_mounts(req, uid)
+        _setup_mounts()
         _become(uid, req["cap_last_cap"])
         stdin = _write_inputs(req)
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in (stdin, *fds)]  # above every target
@@ -319,7 +364,7 @@ def _collect(pid: int, readers: dict[str, int], limits: dict, nonce: bytes, star
     proof = bytes(bufs[readers["proof"]]) == nonce
     setup_error = bytes(bufs[readers["status"]]).decode("utf-8", "replace")
     cpu = usage.ru_utime + usage.ru_stime
-    return verdict, out, err, wait_status, setup_error, proof, wall, cpu
+    return verdict, out, err, wait_status, setup_error, proof, wall, cpu, usage.ru_maxrss / 1024
 
 
 def run_one(req: dict, uid: int, pidns_fd: int) -> dict:
@@ -333,6 +378,7 @@ def run_one(req: dict, uid: int, pidns_fd: int) -> dict:
     os.write(nonce_w, nonce)
     os.close(nonce_w)
     started = time.monotonic()
+    mount_scratch(req, uid)
     unshare(CLONE_NEWPID)
     try:
         pid = os.fork()
@@ -344,14 +390,20 @@ def run_one(req: dict, uid: int, pidns_fd: int) -> dict:
         os.close(fd)
     readers = {"out": out_r, "err": err_r, "proof": proof_r, "status": status_r}
     try:
-        verdict, out, err, wait_status, setup_error, proof, wall, cpu = _collect(
+        verdict, out, err, wait_status, setup_error, proof, wall, cpu, peak_mb = _collect(
             pid, readers, req["limits"], nonce, started
         )
     finally:
         for fd in readers.values():
             os.close(fd)
     exit_code = -os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else os.WEXITSTATUS(wait_status)
+    try:  # every process of the run is gone: what it left in /scratch can be read, then the tmpfs goes
+        collected, collect_error = collect_files(req.get("collect", []), req["limits"].get("collect_max_bytes", 0))
+    finally:
+        _check(libc.umount2(b"/scratch", MNT_DETACH), "umount scratch")
     return {
+        "files": collected,
+        "collect_error": collect_error,
         "verdict": verdict,
         "exit_code": exit_code,
         "setup_error": setup_error,
@@ -360,6 +412,7 @@ def run_one(req: dict, uid: int, pidns_fd: int) -> dict:
         "proof": proof,
         "wall_s": wall,
         "cpu_s": cpu,
+        "peak_mb": peak_mb,
     }
 
 
@@ -385,6 +438,10 @@ def main() -> int:
         req = _read_msg(0)
         if req is None:
             return 0
+        stdin = _read_exact(0, req.pop("stdin_bytes")) if req.get("stdin_bytes") else b""  # raw, after the JSON
+        if stdin is None:
+            return 0
+        req["stdin"] = stdin
         req["cap_last_cap"] = cap_last_cap
         try:
             reply = run_one(req, uid, pidns_fd)

@@ -8,11 +8,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo.reward.sandbox import ExecResult, Limits, Sandbox
-from grpo.reward.sandbox.languages import LAUNCHERS
+from grpo.reward.sandbox.languages import build, run_launch
 
-VERDICTS = ("pass", "fail", "timeout", "runtime_error", "memory_limit", "output_limit", "sandbox_error")
+VERDICTS = (
+    "pass",
+    "fail",
+    "compile_error",
+    "timeout",
+    "runtime_error",
+    "memory_limit",
+    "output_limit",
+    "sandbox_error",
+)
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
-_ALIASES = {"python": {"python", "py", "python3", "py3"}}
+_ALIASES = {
+    "python": {"python", "py", "python3", "py3"},
+    "c": {"c"},
+    "cpp": {"cpp", "c++", "cc", "cxx"},
+    "java": {"java"},
+    "javascript": {"javascript", "js", "node", "nodejs"},
+    "bash": {"bash", "sh", "shell"},
+}
 
 
 @dataclass
@@ -27,6 +43,8 @@ class CodeTestResult:
     wall_s: float
     detail: str = ""
     """Why the verdict is what it is, in words (empty for a pass)."""
+    cpu_s: float = 0.0
+    peak_memory_mb: float = 0.0
 
 
 def extract_code(completion: str, language: str = "python") -> str:
@@ -95,17 +113,33 @@ def run_code_tests(
     timeout_s: float = 10.0,
     memory_mb: int = 512,
 ) -> list[CodeTestResult]:
-    """Run every test in its own sandboxed process, concurrently, and return one result per test, in order."""
+    """Build once (compiled languages), then run every test in its own sandboxed process, concurrently.
+
+    One result per test, in order; when the build fails every test is `compile_error` with the compiler's message.
+    """
     validate_tests(tests)
-    if language not in LAUNCHERS:
-        raise ValueError(f"unsupported language {language!r}; supported: {sorted(LAUNCHERS)}")
+    if language not in sandbox.languages:
+        raise ValueError(f"language {language!r} is not available here; available: {sorted(sandbox.languages)}")
+    if language != "python" and any("assert" in t for t in tests):
+        raise ValueError(f"assert tests are Python programs; give {language} stdin/expected_stdout tests")
     limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
+    failed, built = build(sandbox, language, code)
+    if failed is not None:
+        verdict = "compile_error" if failed.status == "compile_error" else failed.status
+        detail = "the program did not compile" if verdict == "compile_error" else "the build could not run"
+        return [CodeTestResult(verdict, failed.exit_code, failed.stdout, failed.stderr, failed.wall_s, detail)] * len(
+            tests
+        )
+    tools = sandbox.languages[language]
 
     def one(test: dict[str, Any]) -> CodeTestResult:
         program, stdin = program_for(code, test)
-        result = sandbox.run(program, stdin=stdin, limits=limits, language=language)
+        result = sandbox.execute(run_launch(language, program, tools, limits.memory_mb, built), stdin, limits)
         verdict, detail = verdict_for(result, test)
-        return CodeTestResult(verdict, result.exit_code, result.stdout, result.stderr, result.wall_s, detail)
+        return CodeTestResult(
+            verdict, result.exit_code, result.stdout, result.stderr, result.wall_s, detail, result.cpu_s,
+            result.peak_memory_mb,
+        )  # fmt: skip
 
     if len(tests) <= 1:
         return [one(test) for test in tests]

@@ -1,0 +1,132 @@
+"""Per-language sandbox cost: a hello-world run and a run with work (summing 200,000 numbers from stdin) against
+the same built program run bare, and a contest-style problem built once and judged on 50 tests.
+
+The bare reference builds and runs the same source with the same toolchain and flags outside the sandbox, in the
+same process, interleaved with the sandboxed runs. Writes bench/results/languages.json:
+    .venv/bin/python bench/bench_languages.py [--runs 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from grpo.reward.sandbox import Limits, Sandbox, make_sandbox
+from grpo.reward.sandbox.languages import TOOLCHAINS, Launch, build, run_launch
+from grpo.reward.sandbox.namespace import RUN_ENV
+from grpo.reward.verifiers.code import run_code_tests
+
+RESULTS = Path(__file__).parent / "results" / "languages.json"
+log = logging.getLogger("bench_languages")
+HELLO = {
+    "c": '#include <stdio.h>\nint main(){ puts("hi"); return 0; }',
+    "cpp": '#include <iostream>\nint main(){ std::cout << "hi" << std::endl; }',
+    "java": 'public class Main{public static void main(String[] a){System.out.println("hi");}}',
+    "javascript": 'console.log("hi");',
+    "bash": "echo hi",
+}
+SUM = {  # read n numbers, print their sum
+    "c": '#include <stdio.h>\nint main(){ long n, x, s = 0; scanf("%ld", &n); while (n--) { scanf("%ld", &x); s += x; }'
+    ' printf("%ld\\n", s); }',
+    "cpp": "#include <bits/stdc++.h>\nint main(){ long n, x, s = 0; std::cin >> n; while (n--) { std::cin >> x; s += x; }"
+    " std::cout << s << std::endl; }",
+    "java": "import java.util.*;\npublic class Main{public static void main(String[] a){Scanner sc=new Scanner(System.in);"
+    "long n=sc.nextLong(), s=0; while(n-->0) s+=sc.nextLong(); System.out.println(s);}}",
+    "javascript": 'const v=require("fs").readFileSync(0,"utf8").trim().split(/\\s+/).map(Number);'
+    "console.log(v.slice(1).reduce((a,b)=>a+b,0));",
+    "bash": "read n; s=0; for ((i=0;i<n;i++)); do read x; s=$((s+x)); done; echo $s",
+}
+
+
+def bare_argv(language: str, folder: Path, tools: dict[str, str]) -> list[str]:
+    """Build `folder`'s source with the sandbox's own compile line, outside the sandbox; the argv that runs it."""
+    chain = TOOLCHAINS[language]
+    argv = [a.replace("{memory_mb}", "256") for a in chain.run]
+    if chain.compile:
+        subprocess.run([tools.get(chain.compile[0], chain.compile[0]), *chain.compile[1:]], cwd=folder, check=True)
+    return [tools.get(argv[0], argv[0]) if not argv[0].startswith("./") else str(folder / argv[0][2:]), *argv[1:]]
+
+
+N = 200_000
+
+
+def interleaved(
+    runs: int, argv: list[str], folder: Path, sandbox: Sandbox, launch: Launch, stdin: str
+) -> tuple[list[float], list[float]]:
+    """Bare and sandboxed runs in turn (the machine's noise hits both alike); the bare ones get the sandbox's env."""
+    limits = Limits(timeout_s=10.0, memory_mb=256)
+    bare_ms, boxed_ms = [], []
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run(argv, cwd=folder, input=stdin, env=RUN_ENV, capture_output=True, text=True, check=True)
+        bare_ms.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        sandbox.execute(launch, stdin, limits)
+        boxed_ms.append((time.perf_counter() - started) * 1000)
+    return bare_ms, boxed_ms
+
+
+def timed(fn: Any) -> float:
+    started = time.perf_counter()
+    fn()
+    return (time.perf_counter() - started) * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=30)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    sandbox = make_sandbox(workers=1)
+    limits = Limits(timeout_s=10.0, memory_mb=256)
+    out: dict[str, Any] = {"runs": args.runs, "languages": {}}
+    try:
+        for language, source in HELLO.items():
+            tools = sandbox.languages[language]
+            with tempfile.TemporaryDirectory() as tmp:
+                folder = Path(tmp)
+                (folder / TOOLCHAINS[language].source).write_text(source)
+                argv = bare_argv(language, folder, tools)
+                build_ms = timed(lambda: build(sandbox, language, source))  # noqa: B023 - used at once
+                _, built = build(sandbox, language, source)
+                launch = run_launch(language, source, tools, limits.memory_mb, built)
+                bare_ms, boxed_ms = interleaved(args.runs, argv, folder, sandbox, launch, "")
+                (folder / TOOLCHAINS[language].source).write_text(SUM[language])
+                argv = bare_argv(language, folder, tools)
+                _, built = build(sandbox, language, SUM[language])
+                work = run_launch(language, SUM[language], tools, limits.memory_mb, built)
+                big = f"{N}\n" + "\n".join(str(i) for i in range(N)) + "\n"
+                work_bare, work_boxed = interleaved(max(5, args.runs // 3), argv, folder, sandbox, work, big)
+            tests = [{"stdin": f"{k}\n" + "\n".join(str(i) for i in range(k)), "expected_stdout": str(k * (k - 1) // 2)}
+                     for k in range(1, 51)]  # fmt: skip
+            started = time.perf_counter()
+            results = run_code_tests(sandbox, SUM[language], tests, language, timeout_s=10.0, memory_mb=256)
+            judge_s = time.perf_counter() - started
+            bare_med, boxed_med = statistics.median(bare_ms), statistics.median(boxed_ms)
+            out["languages"][language] = {
+                "hello_bare_ms": round(bare_med, 2),
+                "hello_sandbox_ms": round(boxed_med, 2),
+                "hello_overhead_ms": round(boxed_med - bare_med, 2),
+                "hello_ratio": round(boxed_med / bare_med, 3),
+                "work_bare_ms": round(statistics.median(work_bare), 1),
+                "work_sandbox_ms": round(statistics.median(work_boxed), 1),
+                "work_ratio": round(statistics.median(work_boxed) / statistics.median(work_bare), 3),
+                "build_ms": round(build_ms, 1),
+                "build_plus_50_tests_s": round(judge_s, 3),
+                "tests_passed": sum(r.verdict == "pass" for r in results),
+            }
+            log.info("%s %s", language, json.dumps(out["languages"][language]))
+    finally:
+        sandbox.close()
+    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

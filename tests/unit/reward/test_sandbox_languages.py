@@ -1,0 +1,194 @@
+"""Every language the sandbox runs, for real: a build once per request, every verdict, and the attacks each can express.
+
+The toolchains come from the machine (Debian packages: gcc, g++, default-jdk-headless, nodejs, bash); `make
+toolchains` installs what is missing. A language missing here is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from grpo.reward.sandbox import Limits, Sandbox, make_sandbox
+from grpo.reward.verifiers.code import run_code_tests
+
+LANGUAGES = ("c", "cpp", "java", "javascript", "bash")
+REPO = Path(__file__).resolve().parents[3]
+FAST = Limits(timeout_s=5.0, memory_mb=256)
+
+# Reverse the word on stdin: the same task in every language (and a wrong answer: the word unchanged).
+REVERSE = {
+    "c": '#include <stdio.h>\n#include <string.h>\nint main(){char s[256];scanf("%255s",s);'
+    "for(int i=strlen(s)-1;i>=0;i--)putchar(s[i]);putchar(10);return 0;}",
+    "cpp": "#include <bits/stdc++.h>\nint main(){std::string s;std::cin>>s;std::reverse(s.begin(),s.end());"
+    'std::cout<<s<<"\\n";}',
+    "java": "import java.util.*;\npublic class Main{public static void main(String[] a){"
+    "System.out.println(new StringBuilder(new Scanner(System.in).next()).reverse());}}",
+    "javascript": 'const s=require("fs").readFileSync(0,"utf8").trim();console.log([...s].reverse().join(""));',
+    "bash": 'read s; echo "$s" | rev',
+}
+ECHO = {
+    "c": '#include <stdio.h>\nint main(){char s[256];scanf("%255s",s);puts(s);return 0;}',
+    "cpp": "#include <iostream>\nint main(){std::string s;std::cin>>s;std::cout<<s<<std::endl;}",
+    "java": "public class Main{public static void main(String[] a){System.out.println(new java.util.Scanner(System.in).next());}}",
+    "javascript": 'console.log(require("fs").readFileSync(0,"utf8").trim());',
+    "bash": 'read s; echo "$s"',
+}
+SYNTAX_ERROR = {
+    "c": "int main(){ return 0 }",
+    "cpp": "int main(){ undeclared(); }",
+    "java": "public class Main{ void f( }",
+}
+CRASH = {
+    "c": "int main(){ volatile int *p = 0; *p = 1; return 0; }",
+    "cpp": '#include <stdexcept>\nint main(){ throw std::runtime_error("boom"); }',
+    "java": 'public class Main{public static void main(String[] a){throw new RuntimeException("boom");}}',
+    "javascript": 'throw new Error("boom");',
+    "bash": "exit 3",
+}
+SPIN = {
+    "c": "int main(){ volatile unsigned long i = 0; for(;;) i++; }",
+    "cpp": "int main(){ volatile unsigned long i = 0; for(;;) i++; }",
+    "java": "public class Main{public static void main(String[] a){long i=0; while(true) i++;}}",
+    "javascript": "for(;;){}",
+    "bash": "while :; do :; done",
+}
+HOG = {  # allocate and touch memory until it runs out
+    "c": "#include <stdlib.h>\n#include <string.h>\nint main(){ for(;;){ char *p = malloc(1 << 20); memset(p, 1, 1 << 20); } }",
+    "cpp": "#include <vector>\nint main(){ std::vector<std::vector<char>> v; for(;;) v.emplace_back(1 << 20, 1); }",
+    "java": "import java.util.*;\npublic class Main{public static void main(String[] a){"
+    "List<long[]> l=new ArrayList<>(); while(true) l.add(new long[1<<17]);}}",
+    "javascript": "const a=[]; for(;;) a.push(new Array(1 << 17).fill(1.5));",
+    "bash": "x=a; while :; do x=$x$x; done",
+}
+READ_REPO = {  # the host's files are not in the sandbox root
+    "c": f'#include <stdio.h>\nint main(){{ FILE *f = fopen("{REPO}/README.md", "r"); puts(f ? "visible" : "hidden"); }}',
+    "cpp": f'#include <fstream>\n#include <iostream>\nint main(){{ std::ifstream f("{REPO}/README.md"); '
+    'std::cout << (f.good() ? "visible" : "hidden") << "\\n"; }',
+    "java": "public class Main{public static void main(String[] a){"
+    f'System.out.println(new java.io.File("{REPO}/README.md").exists() ? "visible" : "hidden");}}}}',
+    "javascript": f'console.log(require("fs").existsSync("{REPO}/README.md") ? "visible" : "hidden");',
+    "bash": f'[ -e "{REPO}/README.md" ] && echo visible || echo hidden',
+}
+WRITE_USR = {  # the root is read-only
+    "c": '#include <stdio.h>\nint main(){ FILE *f = fopen("/usr/grpo-attack", "w"); puts(f ? "written" : "refused"); }',
+    "cpp": '#include <fstream>\n#include <iostream>\nint main(){ std::ofstream f("/usr/grpo-attack"); '
+    'std::cout << (f.good() ? "written" : "refused") << "\\n"; }',
+    "java": 'public class Main{public static void main(String[] a){try{new java.io.FileWriter("/usr/grpo-attack");'
+    'System.out.println("written");}catch(Exception e){System.out.println("refused");}}}',
+    "javascript": 'try{require("fs").writeFileSync("/usr/grpo-attack","x");console.log("written")}'
+    'catch(e){console.log("refused")}',
+    "bash": "(echo x > /usr/grpo-attack) 2>/dev/null && echo written || echo refused",
+}
+
+
+def connect_program(language: str, port: int) -> str:
+    return {
+        "c": "#include <stdio.h>\n#include <arpa/inet.h>\n#include <sys/socket.h>\nint main(){"
+        "int s = socket(AF_INET, SOCK_STREAM, 0); struct sockaddr_in a = {0}; a.sin_family = AF_INET;"
+        f"a.sin_port = htons({port}); a.sin_addr.s_addr = htonl(0x7f000001);"
+        'puts(connect(s, (struct sockaddr*)&a, sizeof a) == 0 ? "connected" : "refused"); }',
+        "cpp": "#include <cstdio>\n#include <arpa/inet.h>\n#include <sys/socket.h>\nint main(){"
+        "int s = socket(AF_INET, SOCK_STREAM, 0); sockaddr_in a{}; a.sin_family = AF_INET;"
+        f"a.sin_port = htons({port}); a.sin_addr.s_addr = htonl(0x7f000001);"
+        'std::puts(connect(s, (sockaddr*)&a, sizeof a) == 0 ? "connected" : "refused"); }',
+        "java": 'public class Main{public static void main(String[] a){try{new java.net.Socket("127.0.0.1",'
+        f'{port});System.out.println("connected");}}catch(Exception e){{System.out.println("refused");}}}}}}',
+        "javascript": f'require("net").connect({port},"127.0.0.1").on("connect",()=>{{console.log("connected");'
+        'process.exit(0)}).on("error",()=>console.log("refused"));',
+        "bash": f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo connected || echo refused",
+    }[language]
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    box = make_sandbox(workers=2)
+    yield box
+    box.close()
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    """A TCP server of the test process on loopback; no language may reach it."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    accepted: list[object] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept())
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    server.close()
+    assert not accepted, "a sandboxed program reached the test's loopback server"
+
+
+def test_every_language_is_installed(sandbox: Sandbox) -> None:
+    assert set(LANGUAGES) | {"python"} <= set(sandbox.languages), sandbox.languages
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_pass_and_wrong_answer(sandbox: Sandbox, language: str) -> None:
+    tests = [{"stdin": "abc\n", "expected_stdout": "cba\n"}, {"stdin": "grpo\n", "expected_stdout": "oprg"}]
+    right = run_code_tests(sandbox, REVERSE[language], tests, language, timeout_s=10.0, memory_mb=256)
+    assert [r.verdict for r in right] == ["pass", "pass"], [r.stderr for r in right]
+    assert all(r.cpu_s > 0 and r.peak_memory_mb > 0 for r in right)
+    wrong = run_code_tests(sandbox, ECHO[language], tests, language, timeout_s=10.0, memory_mb=256)
+    assert [r.verdict for r in wrong] == ["fail", "fail"], [r.stderr for r in wrong]
+
+
+@pytest.mark.parametrize("language", sorted(SYNTAX_ERROR))
+def test_compile_error_carries_the_compilers_message(sandbox: Sandbox, language: str) -> None:
+    tests = [{"stdin": "", "expected_stdout": ""}] * 3
+    results = run_code_tests(sandbox, SYNTAX_ERROR[language], tests, language, timeout_s=10.0)
+    assert [r.verdict for r in results] == ["compile_error"] * 3
+    assert "error" in results[0].stderr and results[0].detail == "the program did not compile"
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_runtime_error_timeout_and_memory_limit(sandbox: Sandbox, language: str) -> None:
+    crash = sandbox.run(CRASH[language], limits=FAST, language=language)
+    assert crash.status == "runtime_error" and crash.exit_code != 0, crash
+    spin = sandbox.run(SPIN[language], limits=Limits(timeout_s=1.5), language=language)
+    assert spin.status == "timeout", spin
+    hog = sandbox.run(HOG[language], limits=Limits(timeout_s=20.0, memory_mb=128), language=language)
+    assert hog.status == "memory_limit", (hog.status, hog.exit_code, hog.peak_memory_mb, hog.stderr[-500:])
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_attacks_are_contained(sandbox: Sandbox, language: str, listener: int) -> None:
+    for program, expected in (
+        (connect_program(language, listener), "refused"),
+        (READ_REPO[language], "hidden"),
+        (WRITE_USR[language], "refused"),
+    ):
+        result = sandbox.run(program, limits=FAST, language=language)
+        assert (result.status, result.stdout.strip()) == ("ok", expected), (program, result)
+    assert not Path("/usr/grpo-attack").exists()
+
+
+@pytest.mark.parametrize("language", ["c", "bash"])
+def test_fork_bomb_and_background_processes_die_with_the_run(sandbox: Sandbox, language: str) -> None:
+    bomb = {"c": "#include <unistd.h>\nint main(){ for(;;) fork(); }", "bash": "b(){ b | b & }; b"}[language]
+    result = sandbox.run(bomb, limits=Limits(timeout_s=2.0), language=language)
+    assert result.status in ("timeout", "runtime_error", "ok"), result
+    leftover = {"c": "#include <unistd.h>\nint main(){ if(fork()==0){ setsid(); sleep(100); } return 0; }",
+                "bash": "setsid sleep 100 & sleep 100 & echo started"}[language]  # fmt: skip
+    result = sandbox.run(leftover, limits=Limits(timeout_s=5.0), language=language)
+    assert result.status == "ok" and result.wall_s < 3.0, result  # the run ends with its init, orphans and all
+    after = sandbox.run(REVERSE[language], "ok\n", FAST, language)
+    assert after.stdout == "ko\n"  # the sandbox still serves
