@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from grpo.reward.sandbox import ExecResult, Sandbox, make_sandbox
+from grpo.reward.sandbox import ExecResult, Sandbox
 from grpo.reward.verifiers.code import (
     extract_code,
     program_for,
@@ -104,13 +102,6 @@ def test_program_for_appends_the_assert_program() -> None:
         "",
     )
     assert program_for("print(input())", {"stdin": "7\n", "expected_stdout": "7"}) == ("print(input())", "7\n")
-
-
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[Sandbox]:
-    box = make_sandbox(workers=2)
-    yield box
-    box.close()
 
 
 def _verdicts(sandbox: Sandbox, code: str, tests: list[dict[str, str]], **kw: float) -> list[str]:

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -16,13 +15,6 @@ from grpo.reward.sandbox import Limits, Sandbox, SandboxUnavailable, make_sandbo
 from grpo.reward.sandbox.namespace import NamespaceSandbox, classify
 
 FAST = Limits(timeout_s=2.0)
-
-
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[Sandbox]:
-    box = make_sandbox(workers=2)
-    yield box
-    box.close()
 
 
 def test_ok_run_prints_and_proves_completion(sandbox: Sandbox) -> None:

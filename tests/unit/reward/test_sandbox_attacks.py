@@ -3,53 +3,18 @@
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from grpo.reward.sandbox import Limits, Sandbox, make_sandbox
+from grpo.reward.sandbox import Limits, Sandbox
 from tests.unit.reward.helpers import host_processes_with
 
 FAST = Limits(timeout_s=3.0)
 REPO = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[Sandbox]:
-    box = make_sandbox(workers=2)
-    yield box
-    box.close()
-
-
-@pytest.fixture
-def listener() -> Iterator[int]:
-    """A TCP server of the test process on loopback; the sandbox must not reach it."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    server.settimeout(0.2)
-    accepted: list[object] = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                accepted.append(server.accept())
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join()
-    server.close()
-    assert not accepted, "the sandbox reached the test's loopback server"
 
 
 def _probe(sandbox: Sandbox, body: str) -> str:

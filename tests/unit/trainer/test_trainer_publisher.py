@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import redis
 
@@ -29,10 +31,21 @@ def test_eval_task_is_single_greedy_sample() -> None:
     assert task.eval and task.sampling.n == 1 and task.sampling.temperature == 0.0
 
 
-def test_publish_counts_and_ids_are_stable(redis_url: str) -> None:
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
-    queue = RunQueue(client, "pubtest")
+    yield client
+    client.close()
+
+
+def run_queue(client: redis.Redis, run: str) -> RunQueue:
+    queue = RunQueue(client, run)
     queue.ensure_groups()
+    return queue
+
+
+def test_publish_counts_and_ids_are_stable(client: redis.Redis) -> None:
+    queue = run_queue(client, "pubtest")
     acct = Accounting()
     pub = Publisher(queue, ROWS, SPEC, "pubtest", DataCursor(seed=1))
     ids = pub.publish(3, 2, 0, acct)
@@ -42,13 +55,10 @@ def test_publish_counts_and_ids_are_stable(redis_url: str) -> None:
     # a resumed publisher at the same cursor issues the same ids
     again = Publisher(queue, ROWS, SPEC, "pubtest", DataCursor(seed=1)).publish(3, 2, 0, Accounting())
     assert again == ids and ids[0] == task_id("pubtest", "e0-0")
-    client.close()
 
 
-def test_republish_sends_the_same_task_again(redis_url: str) -> None:
-    client = redis.Redis.from_url(redis_url)
-    queue = RunQueue(client, "republish")
-    queue.ensure_groups()
+def test_republish_sends_the_same_task_again(client: redis.Redis) -> None:
+    queue = run_queue(client, "republish")
     acct = Accounting()
     pub = Publisher(queue, ROWS, SPEC, "republish", DataCursor(seed=3))
     ids = pub.publish(7, 2, 0, acct)  # wraps into epoch 1 (5 rows)
@@ -63,7 +73,6 @@ def test_republish_sends_the_same_task_again(redis_url: str) -> None:
         assert task.prompt == first[task.task_id].prompt and task.checks == first[task.task_id].checks
         assert (task.policy_version, task.attempt) == (9, 1)
     assert pub.cursor == cursor and acct.published == 7 and acct.in_flight[ids[6]].regenerations == 1
-    client.close()
 
 
 def test_row_of_inverts_the_cursor() -> None:
