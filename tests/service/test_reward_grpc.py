@@ -84,6 +84,15 @@ def test_math_settings_over_grpc(stub: reward_pb2_grpc.RewardServiceStub) -> Non
     assert [r.reward for r in reply.results] == [0.0, 1.0]
 
 
+def test_judge_options_over_grpc(stub: reward_pb2_grpc.RewardServiceStub) -> None:
+    tests = [pb.CodeTest(stdio=pb.StdioTest(stdin="3", expected_stdout="0.333333333"))]
+    request = pb.VerifyCodeRequest(language="python", code="print(1 / int(input()))", tests=tests)
+    assert stub.VerifyCode(request, timeout=30).tests[0].verdict == "fail"  # lines: the default
+    request.compare = "float"
+    reply = stub.VerifyCode(request, timeout=30)
+    assert reply.tests[0].verdict == "pass" and reply.tests[0].peak_memory_mb > 0
+
+
 def test_score_and_stream_return_every_item(stub: reward_pb2_grpc.RewardServiceStub) -> None:
     batch = stub.Score(pb.ScoreRequest(items=_items(12)), timeout=60)
     assert [r.id for r in batch.results] == [f"i{k}" for k in range(12)]

@@ -110,6 +110,22 @@ def test_compiled_languages_through_the_api(live_reward: Any) -> None:
     assert asserts.status_code == 400 and "assert tests are Python code" in asserts.text
 
 
+def test_judge_options_through_the_api(live_reward: Any) -> None:
+    """Float tolerance, stop at the first failure, and all-or-nothing scoring, in verify/code and in a score item."""
+    code = "```python\nk = int(input())\nprint(1 / k if k != 4 else 0)\n```"
+    tests = [{"stdin": str(k), "expected_stdout": f"{1 / k:.9f}"} for k in (2, 3, 4, 5, 6)]
+    body = {"code": code, "tests": tests, "compare": "float", "abs_tol": 1e-6, "stop_on_first_failure": True}
+    r = post(live_reward, "/v1/verify/code", body)
+    assert r.status_code == 200, r.text
+    assert [t["verdict"] for t in r.json()["tests"]] == ["pass", "pass", "fail", "skipped", "skipped"]
+    bad = post(live_reward, "/v1/verify/code", {**body, "compare": "fuzzy"})
+    assert bad.status_code == 422 and "compare" in bad.text
+    items = [{"id": f"p{flag}", "completion": code,
+              "checks": {"code": {"tests": tests, "compare": "float", "partial_credit": flag}}} for flag in (True, False)]  # fmt: skip
+    scores = [res["reward"] for res in post(live_reward, "/v1/score", {"items": items}).json()["results"]]
+    assert scores == [pytest.approx(0.8), 0.0]
+
+
 def test_score_combines_components(live_reward: Any) -> None:
     items = [
         {

@@ -6,6 +6,7 @@ import pytest
 
 from grpo.reward.sandbox import ExecResult, Sandbox
 from grpo.reward.verifiers.code import (
+    Judge,
     extract_code,
     program_for,
     run_code_tests,
@@ -60,6 +61,35 @@ def test_stdout_matches(actual: str, expected: str, match: bool) -> None:
 
 STDIO = {"stdin": "", "expected_stdout": "42\n"}
 ASSERT = {"assert": "assert f() == 1"}
+
+
+@pytest.mark.parametrize(
+    ("compare", "actual", "expected", "match"),
+    [
+        ("exact", "1 2\n", "1 2\n", True),
+        ("exact", "1 2\n", "1 2", False),
+        ("lines", "1 2  \n\n", "1 2", True),
+        ("lines", "1  2\n", "1 2\n", False),
+        ("tokens", "1  2\n3", "1 2 3", True),
+        ("tokens", "1 2", "1 2 3", False),
+        ("case_insensitive", "YES\nno", "yes NO", True),
+        ("case_insensitive", "YES", "yess", False),
+        ("float", "0.3333333 2", "0.33333333 2", True),  # within 1e-6
+        ("float", "0.333 2", "0.3333333 2", False),
+        ("float", "1e9", "1000000500", True),  # relative: 5e-7 of 1e9
+        ("float", "nan", "nan", True),  # the same token
+        ("float", "inf", "1e308", False),
+        ("float", "abc 1.0", "abc 1", True),
+        ("float", "abd 1.0", "abc 1", False),
+    ],
+)
+def test_compare_modes(compare: str, actual: str, expected: str, match: bool) -> None:
+    assert stdout_matches(actual, expected, Judge(compare)) is match
+
+
+def test_unknown_compare_mode_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="unknown compare mode 'fuzzy'"):
+        stdout_matches("1", "1", Judge("fuzzy"))
 
 
 @pytest.mark.parametrize(
@@ -151,3 +181,21 @@ def test_timeout_and_memory_verdicts(sandbox: Sandbox) -> None:
 def test_unsupported_language_is_a_value_error(sandbox: Sandbox) -> None:
     with pytest.raises(ValueError, match="language 'rust' is not available here"):
         run_code_tests(sandbox, "fn main(){}", [STDIO], language="rust")
+
+
+def test_stop_on_first_failure_skips_the_rest(sandbox: Sandbox) -> None:
+    tests = [{"stdin": str(k), "expected_stdout": str(2 * k if k != 3 else -1)} for k in range(8)]
+    code = "print(int(input()) * 2)"
+    every = run_code_tests(sandbox, code, tests, timeout_s=5.0)
+    assert [r.verdict for r in every] == ["pass"] * 3 + ["fail"] + ["pass"] * 4
+    stopped = run_code_tests(sandbox, code, tests, timeout_s=5.0, judge=Judge(stop_on_first_failure=True))
+    assert [r.verdict for r in stopped] == ["pass"] * 3 + ["fail"] + ["skipped"] * 4
+    assert stopped[4].detail == "not run: test 3 did not pass"
+
+
+def test_float_judge_through_the_sandbox(sandbox: Sandbox) -> None:
+    tests = [{"stdin": "3", "expected_stdout": "0.333333333"}]
+    code = "print(1 / int(input()))"
+    assert run_code_tests(sandbox, code, tests, timeout_s=5.0)[0].verdict == "fail"  # lines: text must be equal
+    floated = run_code_tests(sandbox, code, tests, timeout_s=5.0, judge=Judge("float", abs_tol=1e-6))
+    assert floated[0].verdict == "pass"

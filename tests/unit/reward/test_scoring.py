@@ -84,3 +84,9 @@ def test_code_judgement(verdicts: list[str], score: float | None, status: str) -
     judged = code_judgement([_t(v) for v in verdicts])
     assert judged.score == score
     assert judged.status == status
+
+
+def test_code_judgement_all_or_nothing() -> None:
+    assert code_judgement([_t("pass"), _t("fail"), _t("skipped")], partial_credit=False).score == 0.0
+    assert code_judgement([_t("pass"), _t("pass")], partial_credit=False).score == 1.0
+    assert code_judgement([_t("pass"), _t("skipped")]).score == 0.5  # a skipped test is not passed

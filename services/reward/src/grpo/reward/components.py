@@ -125,7 +125,13 @@ class ComponentRunner:
         )  # fmt: skip
 
     async def code_tests(
-        self, code: str, tests: list[dict[str, str]], language: str, timeout_s: float | None, memory_mb: int | None
+        self,
+        code: str,
+        tests: list[dict[str, str]],
+        language: str,
+        timeout_s: float | None,
+        memory_mb: int | None,
+        judge: Any = None,
     ) -> list[CodeTestResult]:
         """Every test of one candidate (the last fenced block of a completion) in the sandbox."""
         from grpo.reward.verifiers.code import extract_code, run_code_tests
@@ -139,7 +145,9 @@ class ComponentRunner:
         try:
             raw = await loop.run_in_executor(
                 self.code_threads,
-                lambda: run_code_tests(self.sandbox, program, tests, language, limits.timeout_s, limits.memory_mb),
+                lambda: run_code_tests(
+                    self.sandbox, program, tests, language, limits.timeout_s, limits.memory_mb, judge
+                ),
             )
         except Exception as exc:
             log.exception("code tests failed in the sandbox machinery")
@@ -226,7 +234,8 @@ class ScoreBatch:
             waits["math"] = runner.math(item.completion, checks.math.gold, self.deadline, checks.math.math_options())
         if checks.code is not None:
             tests = [code_test_dict(t) for t in checks.code.tests]
-            waits["code"] = runner.code_tests(item.completion, tests, checks.code.language, checks.code.timeout_s, None)
+            code = checks.code
+            waits["code"] = runner.code_tests(item.completion, tests, code.language, code.timeout_s, None, code.judge())
         if checks.format is not None:
             f = checks.format
             judged["format"] = format_reward(item.completion, f.think_tag, f.answer_tag, f.think_prefilled)
@@ -243,7 +252,7 @@ class ScoreBatch:
             if name == "math":
                 judged[name] = math_judgement(value)
             elif name == "code":
-                judged[name] = code_judgement(value)
+                judged[name] = code_judgement(value, checks.code.partial_credit if checks.code else True)
             else:
                 judged[name] = value[item.id]
         for name in ("format", "language", "overlong"):

@@ -36,6 +36,7 @@ def _adapt_checks_in(checks: dict[str, Any]) -> dict[str, Any]:
     if "code" in checks:
         checks["code"]["tests"] = _tests_from_proto(checks["code"].get("tests", []))
         _drop_empty(checks["code"], "language")
+        _drop_empty(checks["code"], "compare")
     if "language" in checks:
         _drop_empty(checks["language"], "target")
     for name, plugin in checks.get("plugins", {}).items():
@@ -53,6 +54,7 @@ def proto_to_dict(msg: Message) -> dict[str, Any]:
     if "tests" in data:
         data["tests"] = _tests_from_proto(data["tests"])
     _drop_empty(data, "language")
+    _drop_empty(data, "compare")
     if data.get("extraction") == []:
         del data["extraction"]
     for item in data.get("items", []):

@@ -199,7 +199,12 @@ class RewardCore:
         with self.admit(len(req.tests)):
             tests = await self._within(
                 self.components.code_tests(
-                    req.code, [code_test_dict(t) for t in req.tests], req.language, req.timeout_s, req.memory_mb
+                    req.code,
+                    [code_test_dict(t) for t in req.tests],
+                    req.language,
+                    req.timeout_s,
+                    req.memory_mb,
+                    req.judge(),
                 ),
                 deadline,
             )

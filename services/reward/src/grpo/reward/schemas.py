@@ -49,7 +49,9 @@ class MathOptions(Model):
 
 
 class VerifyMathRequest(MathOptions):
-    answer: str = Field(description="The model's answer; a whole completion is fine (\\boxed{} first, then <answer>).")
+    answer: str = Field(
+        description="The model's answer; a whole completion is fine (its last <answer> block, else all)."
+    )
     gold: str = Field(description="The reference answer.")
     timeout_s: Timeout | None = None
 
@@ -107,7 +109,27 @@ class ExecuteResponse(Model):
     peak_memory_mb: float = 0.0
 
 
-class VerifyCodeRequest(Model):
+class JudgeOptions(Model):
+    """How stdio tests are judged (see grpo.reward.verifiers.code.Judge)."""
+
+    compare: Literal["lines", "exact", "tokens", "case_insensitive", "float"] = Field(
+        default="lines",
+        description="lines: line by line, trailing spaces ignored; exact; tokens: whitespace-separated tokens; "
+        "case_insensitive: tokens ignoring case; float: tokens, numbers within abs_tol or rel_tol.",
+    )
+    abs_tol: float = Field(default=1e-6, ge=0, le=1e6, description="compare float: absolute tolerance.")
+    rel_tol: float = Field(default=1e-6, ge=0, le=1, description="compare float: relative tolerance.")
+    stop_on_first_failure: bool = Field(
+        default=False, description="Run the tests in order and skip the rest after the first that does not pass."
+    )
+
+    def judge(self) -> Any:
+        from grpo.reward.verifiers.code import Judge
+
+        return Judge(self.compare, self.abs_tol, self.rel_tol, self.stop_on_first_failure)
+
+
+class VerifyCodeRequest(JudgeOptions):
     language: Language = "python"
     code: str = Field(description="Candidate code; a whole completion is fine (the last fenced block is taken).")
     tests: list[CodeTest] = Field(min_length=1)
@@ -116,7 +138,15 @@ class VerifyCodeRequest(Model):
 
 
 Verdict = Literal[
-    "pass", "fail", "compile_error", "timeout", "runtime_error", "memory_limit", "output_limit", "sandbox_error"
+    "pass",
+    "fail",
+    "compile_error",
+    "timeout",
+    "runtime_error",
+    "memory_limit",
+    "output_limit",
+    "skipped",
+    "sandbox_error",
 ]
 
 
@@ -144,10 +174,13 @@ class MathCheck(MathOptions):
     gold: str
 
 
-class CodeCheck(Model):
+class CodeCheck(JudgeOptions):
     tests: list[CodeTest] = Field(min_length=1)
     language: Language = "python"
     timeout_s: Timeout | None = None
+    partial_credit: bool = Field(
+        default=True, description="Score the fraction of tests passed; false: 1 only when every test passes."
+    )
 
 
 class FormatCheck(Model):

@@ -14,7 +14,7 @@ Per component:
 | component | judged | cannot judge | failed |
 |---|---|---|---|
 | math | correct → 1, incorrect → 0, unparseable_answer → 0 (the model gave no answer) | unparseable_gold; timeout (the expression blew up sympy; worker killed) | error (verifier exception, worker crash, queue full) |
-| code | passed / total over real verdicts (fail, compile_error, timeout, runtime_error, memory_limit, output_limit count as not passed) | — | any test with sandbox_error, or the sandbox machinery itself failing |
+| code | passed / total over real verdicts (fail, compile_error, timeout, runtime_error, memory_limit, output_limit, skipped count as not passed); all-or-nothing with `partial_credit: false` | — | any test with sandbox_error, or the sandbox machinery itself failing |
 | format | 1 / 0.5 (a block empty) / 0 | — | — |
 | language | share of target-language words (0 when the reasoning has none) | target auto with a prompt that has no words | — |
 | overlong | 0 … -1 | — | — |
@@ -46,8 +46,8 @@ def math_judgement(result: VerifyMathResponse) -> Judgement:
     return Judgement(None, "error", result.detail or "math verifier failed")
 
 
-def code_judgement(tests: Sequence[CodeTestResult]) -> Judgement:
-    """passed / total, unless a test could not run (sandbox_error): then the component failed."""
+def code_judgement(tests: Sequence[CodeTestResult], partial_credit: bool = True) -> Judgement:
+    """passed / total (or all-or-nothing), unless a test could not run (sandbox_error): then the component failed."""
     if not tests:
         return Judgement(None, "cannot_judge", "no tests")
     broken = [i for i, t in enumerate(tests) if t.verdict == "sandbox_error"]
@@ -55,7 +55,8 @@ def code_judgement(tests: Sequence[CodeTestResult]) -> Judgement:
         first = tests[broken[0]]
         return Judgement(None, "sandbox_error", f"{len(broken)} test(s) hit a sandbox error: {first.stderr[:200]}")
     passed = sum(t.verdict == "pass" for t in tests)
-    return Judgement(passed / len(tests), "ok", f"{passed}/{len(tests)} tests passed")
+    score = passed / len(tests) if partial_credit else float(passed == len(tests))
+    return Judgement(score, "ok", f"{passed}/{len(tests)} tests passed")
 
 
 def combine(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -10,16 +11,26 @@ from typing import Any
 from grpo.reward.sandbox import ExecResult, Limits, Sandbox
 from grpo.reward.sandbox.languages import build, run_launch
 
-VERDICTS = (
-    "pass",
-    "fail",
-    "compile_error",
-    "timeout",
-    "runtime_error",
-    "memory_limit",
-    "output_limit",
-    "sandbox_error",
-)
+VERDICTS = ("pass", "fail", "compile_error", "timeout", "runtime_error", "memory_limit", "output_limit", "skipped",
+            "sandbox_error")  # fmt: skip
+COMPARES = ("lines", "exact", "tokens", "case_insensitive", "float")
+
+
+@dataclass(frozen=True)
+class Judge:
+    """How stdout is compared with the expected output, and whether judging stops at the first failure.
+
+    lines: equal line by line, trailing spaces and trailing blank lines ignored (the default); exact: byte for
+    byte; tokens: the same whitespace-separated tokens; case_insensitive: tokens, ignoring case; float: tokens,
+    numbers equal within abs_tol or rel_tol (|a − b| ≤ max(abs_tol, rel_tol·|b|)), other tokens exactly.
+    """
+
+    compare: str = "lines"
+    abs_tol: float = 1e-6
+    rel_tol: float = 1e-6
+    stop_on_first_failure: bool = False
+
+
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _ALIASES = {
     "python": {"python", "py", "python3", "py3"},
@@ -61,19 +72,45 @@ def extract_code(completion: str, language: str = "python") -> str:
     return (tagged or [body for _, body in blocks])[-1]
 
 
-def stdout_matches(actual: str, expected: str) -> bool:
-    """Equal line by line, ignoring trailing whitespace per line and trailing blank lines; line counts must match."""
-
-    def lines(text: str) -> list[str]:
-        out = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
-        while out and not out[-1]:
-            out.pop()
-        return out
-
-    return lines(actual) == lines(expected)
+def _lines(text: str) -> list[str]:
+    out = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    while out and not out[-1]:
+        out.pop()
+    return out
 
 
-def verdict_for(result: ExecResult, test: dict[str, Any]) -> tuple[str, str]:
+def _close(actual: str, expected: str, abs_tol: float, rel_tol: float) -> bool:
+    if actual == expected:
+        return True
+    try:
+        a, e = float(actual), float(expected)
+    except ValueError:
+        return False
+    if not (math.isfinite(a) and math.isfinite(e)):
+        return False
+    return abs(a - e) <= max(abs_tol, rel_tol * abs(e))
+
+
+def stdout_matches(actual: str, expected: str, judge: Judge | None = None) -> bool:
+    """Whether the program's output is the expected one under `judge.compare` (see Judge)."""
+    mode = judge.compare if judge else "lines"
+    if mode == "exact":
+        return actual == expected
+    if mode == "lines":
+        return _lines(actual) == _lines(expected)
+    got, want = actual.split(), expected.split()
+    if len(got) != len(want):
+        return False
+    if mode == "tokens":
+        return got == want
+    if mode == "case_insensitive":
+        return [t.casefold() for t in got] == [t.casefold() for t in want]
+    if mode == "float" and judge is not None:
+        return all(_close(g, w, judge.abs_tol, judge.rel_tol) for g, w in zip(got, want, strict=True))
+    raise ValueError(f"unknown compare mode {mode!r}; choose one of {COMPARES}")
+
+
+def verdict_for(result: ExecResult, test: dict[str, Any], judge: Judge | None = None) -> tuple[str, str]:
     """Map one sandbox result to (verdict, detail) for `test` (stdio or assert)."""
     if result.status != "ok":
         return result.status, f"program ended with status {result.status} (exit code {result.exit_code})"
@@ -81,9 +118,9 @@ def verdict_for(result: ExecResult, test: dict[str, Any]) -> tuple[str, str]:
         if not result.proof:
             return "fail", "the program exited before the tests ran to completion (no proof of completion)"
         return "pass", ""
-    if stdout_matches(result.stdout, test["expected_stdout"]):
+    if stdout_matches(result.stdout, test["expected_stdout"], judge):
         return "pass", ""
-    return "fail", "stdout does not match the expected output"
+    return "fail", f"stdout does not match the expected output ({judge.compare if judge else 'lines'})"
 
 
 def validate_tests(tests: list[dict[str, Any]]) -> None:
@@ -112,11 +149,15 @@ def run_code_tests(
     language: str = "python",
     timeout_s: float = 10.0,
     memory_mb: int = 512,
+    judge: Judge | None = None,
 ) -> list[CodeTestResult]:
     """Build once (compiled languages), then run every test in its own sandboxed process, concurrently.
 
     One result per test, in order; when the build fails every test is `compile_error` with the compiler's message.
+    With `judge.stop_on_first_failure` tests run in order, a batch of `sandbox.workers` at a time, and every test
+    after the first that does not pass is `skipped` (not run).
     """
+    judge = judge or Judge()
     validate_tests(tests)
     if language not in sandbox.languages:
         raise ValueError(f"language {language!r} is not available here; available: {sorted(sandbox.languages)}")
@@ -135,13 +176,23 @@ def run_code_tests(
     def one(test: dict[str, Any]) -> CodeTestResult:
         program, stdin = program_for(code, test)
         result = sandbox.execute(run_launch(language, program, tools, limits.memory_mb, built), stdin, limits)
-        verdict, detail = verdict_for(result, test)
+        verdict, detail = verdict_for(result, test, judge)
         return CodeTestResult(
             verdict, result.exit_code, result.stdout, result.stderr, result.wall_s, detail, result.cpu_s,
             result.peak_memory_mb,
         )  # fmt: skip
 
+    width = max(1, sandbox.workers)
     if len(tests) <= 1:
         return [one(test) for test in tests]
-    with ThreadPoolExecutor(max_workers=min(len(tests), max(1, sandbox.workers))) as pool:
-        return list(pool.map(one, tests))
+    with ThreadPoolExecutor(max_workers=min(len(tests), width)) as pool:
+        if not judge.stop_on_first_failure:
+            return list(pool.map(one, tests))
+        out: list[CodeTestResult] = []
+        for start in range(0, len(tests), width):
+            out += pool.map(one, tests[start : start + width])
+            bad = next((i for i, r in enumerate(out) if r.verdict != "pass"), None)
+            if bad is not None:
+                skipped = CodeTestResult("skipped", None, "", "", 0.0, f"not run: test {bad} did not pass")
+                return out[: bad + 1] + [skipped] * (len(tests) - bad - 1)
+        return out
