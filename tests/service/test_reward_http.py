@@ -124,6 +124,16 @@ def test_judge_options_through_the_api(live_reward: Any) -> None:
               "checks": {"code": {"tests": tests, "compare": "float", "partial_credit": flag}}} for flag in (True, False)]  # fmt: skip
     scores = [res["reward"] for res in post(live_reward, "/v1/score", {"items": items}).json()["results"]]
     assert scores == [pytest.approx(0.8), 0.0]
+    # a C++ special judge: any two numbers summing to n are right
+    checker = {"language": "cpp", "code": (
+        "#include <fstream>\nint main(int c, char** v){ std::ifstream in(v[1]), out(v[2]); long n, a, b;"
+        " in >> n; if (!(out >> a >> b)) return 2; return a + b == n ? 0 : 1; }")}  # fmt: skip
+    two = {"code": "n = int(input())\nprint(1, n - 1)", "checker": checker,
+           "tests": [{"stdin": "5", "expected_stdout": "0 5"}, {"stdin": "9", "expected_stdout": "4 5"}]}  # fmt: skip
+    judged = post(live_reward, "/v1/verify/code", two)
+    assert [t["verdict"] for t in judged.json()["tests"]] == ["pass", "pass"], judged.text
+    wrong = post(live_reward, "/v1/verify/code", {**two, "code": "print(0, 0)"})
+    assert [t["verdict"] for t in wrong.json()["tests"]] == ["fail", "fail"]
 
 
 def test_score_combines_components(live_reward: Any) -> None:

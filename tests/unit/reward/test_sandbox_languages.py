@@ -156,3 +156,32 @@ def test_fork_bomb_and_background_processes_die_with_the_run(sandbox: Sandbox, l
     assert result.status == "ok" and result.wall_s < 3.0, result  # the run ends with its init, orphans and all
     after = sandbox.run(REVERSE[language], "ok\n", FAST, language)
     assert after.stdout == "ko\n"  # the sandbox still serves
+
+
+# Any two non-negative numbers that sum to n: many right answers, so a checker decides.
+TWO_SUMMANDS = {"python": "n = int(input())\nprint(n // 2, n - n // 2)", "c": ECHO["c"]}
+CHECKERS = {
+    "cpp": "#include <fstream>\n#include <iostream>\nint main(int argc, char** argv){"
+    " std::ifstream in(argv[1]), out(argv[2]); long n, a, b;"
+    ' if (!(in >> n)) return 3; if (!(out >> a >> b)) { std::cerr << "no two numbers"; return 2; }'
+    ' if (a < 0 || b < 0 || a + b != n) { std::cerr << a << "+" << b << " != " << n; return 1; } return 0; }',
+    "python": "import sys\nn = int(open(sys.argv[1]).read())\ntry:\n    a, b = map(int, open(sys.argv[2]).read().split())\n"
+    "except ValueError:\n    sys.exit('no two numbers')\n"
+    "if a < 0 or b < 0 or a + b != n:\n    print(f'{a}+{b} != {n}', file=sys.stderr)\n    sys.exit(1)\n",
+}
+
+
+@pytest.mark.parametrize("checker_language", sorted(CHECKERS))
+def test_checker_programs_decide(sandbox: Sandbox, checker_language: str) -> None:
+    """A special judge in C++ and in Python: accepts any right answer, rejects a wrong one with its message."""
+    from grpo.reward.verifiers.code import Checker, Judge
+
+    judge = Judge(checker=Checker(checker_language, CHECKERS[checker_language]))
+    tests = [{"stdin": f"{n}\n", "expected_stdout": f"0 {n}"} for n in (7, 10)]
+    right = run_code_tests(sandbox, TWO_SUMMANDS["python"], tests, "python", timeout_s=10.0, judge=judge)
+    assert [r.verdict for r in right] == ["pass", "pass"], [r.detail for r in right]  # "3 4" is not "0 7", yet right
+    wrong = run_code_tests(sandbox, "print(1, 1)", tests, "python", timeout_s=10.0, judge=judge)
+    assert [r.verdict for r in wrong] == ["fail", "fail"] and "1+1 != 7" in wrong[0].detail
+    broken = Judge(checker=Checker(checker_language, "this is not a program {"))
+    [result] = run_code_tests(sandbox, "print(3, 4)", tests[:1], "python", timeout_s=10.0, judge=broken)
+    assert result.verdict == "checker_error"  # the judge failed: never a verdict on the program

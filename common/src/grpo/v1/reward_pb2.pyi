@@ -86,7 +86,7 @@ class StdioTest(_message.Message):
     def __init__(self, stdin: _Optional[str] = ..., expected_stdout: _Optional[str] = ...) -> None: ...
 
 class VerifyCodeRequest(_message.Message):
-    __slots__ = ("language", "code", "tests", "timeout_s", "memory_mb", "compare", "abs_tol", "rel_tol", "stop_on_first_failure")
+    __slots__ = ("language", "code", "tests", "timeout_s", "memory_mb", "compare", "abs_tol", "rel_tol", "stop_on_first_failure", "checker")
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     TESTS_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class VerifyCodeRequest(_message.Message):
     ABS_TOL_FIELD_NUMBER: _ClassVar[int]
     REL_TOL_FIELD_NUMBER: _ClassVar[int]
     STOP_ON_FIRST_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    CHECKER_FIELD_NUMBER: _ClassVar[int]
     language: str
     code: str
     tests: _containers.RepeatedCompositeFieldContainer[CodeTest]
@@ -105,7 +106,16 @@ class VerifyCodeRequest(_message.Message):
     abs_tol: float
     rel_tol: float
     stop_on_first_failure: bool
-    def __init__(self, language: _Optional[str] = ..., code: _Optional[str] = ..., tests: _Optional[_Iterable[_Union[CodeTest, _Mapping]]] = ..., timeout_s: _Optional[float] = ..., memory_mb: _Optional[int] = ..., compare: _Optional[str] = ..., abs_tol: _Optional[float] = ..., rel_tol: _Optional[float] = ..., stop_on_first_failure: _Optional[bool] = ...) -> None: ...
+    checker: CheckerProgram
+    def __init__(self, language: _Optional[str] = ..., code: _Optional[str] = ..., tests: _Optional[_Iterable[_Union[CodeTest, _Mapping]]] = ..., timeout_s: _Optional[float] = ..., memory_mb: _Optional[int] = ..., compare: _Optional[str] = ..., abs_tol: _Optional[float] = ..., rel_tol: _Optional[float] = ..., stop_on_first_failure: _Optional[bool] = ..., checker: _Optional[_Union[CheckerProgram, _Mapping]] = ...) -> None: ...
+
+class CheckerProgram(_message.Message):
+    __slots__ = ("language", "code")
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    language: str
+    code: str
+    def __init__(self, language: _Optional[str] = ..., code: _Optional[str] = ...) -> None: ...
 
 class CodeTestResult(_message.Message):
     __slots__ = ("verdict", "exit_code", "stdout", "stderr", "wall_s", "detail", "cpu_s", "peak_memory_mb")
@@ -152,7 +162,7 @@ class MathCheck(_message.Message):
     def __init__(self, gold: _Optional[str] = ..., extraction: _Optional[_Iterable[str]] = ..., precision: _Optional[int] = ..., strict: _Optional[bool] = ..., allow_set_relation_comp: _Optional[bool] = ...) -> None: ...
 
 class CodeCheck(_message.Message):
-    __slots__ = ("tests", "language", "timeout_s", "compare", "abs_tol", "rel_tol", "stop_on_first_failure", "partial_credit")
+    __slots__ = ("tests", "language", "timeout_s", "compare", "abs_tol", "rel_tol", "stop_on_first_failure", "partial_credit", "checker")
     TESTS_FIELD_NUMBER: _ClassVar[int]
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +171,7 @@ class CodeCheck(_message.Message):
     REL_TOL_FIELD_NUMBER: _ClassVar[int]
     STOP_ON_FIRST_FAILURE_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_CREDIT_FIELD_NUMBER: _ClassVar[int]
+    CHECKER_FIELD_NUMBER: _ClassVar[int]
     tests: _containers.RepeatedCompositeFieldContainer[CodeTest]
     language: str
     timeout_s: float
@@ -169,7 +180,8 @@ class CodeCheck(_message.Message):
     rel_tol: float
     stop_on_first_failure: bool
     partial_credit: bool
-    def __init__(self, tests: _Optional[_Iterable[_Union[CodeTest, _Mapping]]] = ..., language: _Optional[str] = ..., timeout_s: _Optional[float] = ..., compare: _Optional[str] = ..., abs_tol: _Optional[float] = ..., rel_tol: _Optional[float] = ..., stop_on_first_failure: _Optional[bool] = ..., partial_credit: _Optional[bool] = ...) -> None: ...
+    checker: CheckerProgram
+    def __init__(self, tests: _Optional[_Iterable[_Union[CodeTest, _Mapping]]] = ..., language: _Optional[str] = ..., timeout_s: _Optional[float] = ..., compare: _Optional[str] = ..., abs_tol: _Optional[float] = ..., rel_tol: _Optional[float] = ..., stop_on_first_failure: _Optional[bool] = ..., partial_credit: _Optional[bool] = ..., checker: _Optional[_Union[CheckerProgram, _Mapping]] = ...) -> None: ...
 
 class FormatCheck(_message.Message):
     __slots__ = ("think_tag", "answer_tag", "think_prefilled")

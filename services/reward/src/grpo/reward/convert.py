@@ -37,6 +37,8 @@ def _adapt_checks_in(checks: dict[str, Any]) -> dict[str, Any]:
         checks["code"]["tests"] = _tests_from_proto(checks["code"].get("tests", []))
         _drop_empty(checks["code"], "language")
         _drop_empty(checks["code"], "compare")
+        if "checker" in checks["code"]:
+            _drop_empty(checks["code"]["checker"], "language")
     if "language" in checks:
         _drop_empty(checks["language"], "target")
     for name, plugin in checks.get("plugins", {}).items():
@@ -55,6 +57,8 @@ def proto_to_dict(msg: Message) -> dict[str, Any]:
         data["tests"] = _tests_from_proto(data["tests"])
     _drop_empty(data, "language")
     _drop_empty(data, "compare")
+    if "checker" in data:
+        _drop_empty(data["checker"], "language")
     if data.get("extraction") == []:
         del data["extraction"]
     for item in data.get("items", []):

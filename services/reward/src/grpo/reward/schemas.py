@@ -109,6 +109,13 @@ class ExecuteResponse(Model):
     peak_memory_mb: float = 0.0
 
 
+class CheckerProgram(Model):
+    """testlib's convention: `checker input.txt output.txt answer.txt`; exit 0 accepts, 1 or 2 rejects."""
+
+    language: Language = "cpp"
+    code: str = Field(min_length=1)
+
+
 class JudgeOptions(Model):
     """How stdio tests are judged (see grpo.reward.verifiers.code.Judge)."""
 
@@ -122,11 +129,15 @@ class JudgeOptions(Model):
     stop_on_first_failure: bool = Field(
         default=False, description="Run the tests in order and skip the rest after the first that does not pass."
     )
+    checker: CheckerProgram | None = Field(
+        default=None, description="A special judge that decides each stdio test instead of `compare`."
+    )
 
     def judge(self) -> Any:
-        from grpo.reward.verifiers.code import Judge
+        from grpo.reward.verifiers.code import Checker, Judge
 
-        return Judge(self.compare, self.abs_tol, self.rel_tol, self.stop_on_first_failure)
+        checker = Checker(self.checker.language, self.checker.code) if self.checker else None
+        return Judge(self.compare, self.abs_tol, self.rel_tol, self.stop_on_first_failure, checker)
 
 
 class VerifyCodeRequest(JudgeOptions):
@@ -146,6 +157,7 @@ Verdict = Literal[
     "memory_limit",
     "output_limit",
     "skipped",
+    "checker_error",
     "sandbox_error",
 ]
 

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from grpo.reward.schemas import CodeTestResult, ComponentResult, ScoreResult, VerifyMathResponse
 from grpo.reward.verifiers.result import Judgement
 
-FAILED_STATUSES = frozenset({"error", "sandbox_error", "pool_error"})
+FAILED_STATUSES = frozenset({"error", "sandbox_error", "checker_error", "pool_error"})
 MATH_SCORES = {"correct": 1.0, "incorrect": 0.0, "unparseable_answer": 0.0}
 MATH_CANNOT_JUDGE = frozenset({"unparseable_gold", "timeout"})
 
@@ -50,10 +50,11 @@ def code_judgement(tests: Sequence[CodeTestResult], partial_credit: bool = True)
     """passed / total (or all-or-nothing), unless a test could not run (sandbox_error): then the component failed."""
     if not tests:
         return Judgement(None, "cannot_judge", "no tests")
-    broken = [i for i, t in enumerate(tests) if t.verdict == "sandbox_error"]
-    if broken:
+    broken = [i for i, t in enumerate(tests) if t.verdict in ("sandbox_error", "checker_error")]
+    if broken:  # the judge itself failed: never a score
         first = tests[broken[0]]
-        return Judgement(None, "sandbox_error", f"{len(broken)} test(s) hit a sandbox error: {first.stderr[:200]}")
+        why = first.detail or first.stderr
+        return Judgement(None, first.verdict, f"{len(broken)} test(s) could not be judged: {why[:200]}")
     passed = sum(t.verdict == "pass" for t in tests)
     score = passed / len(tests) if partial_credit else float(passed == len(tests))
     return Judgement(score, "ok", f"{passed}/{len(tests)} tests passed")

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 # `posix` is built in and already loaded; `import os` would cost about a millisecond under -S.
 PYTHON_DRIVER = (
     "import posix, sys\n"
-    "sys.argv = ['main.py']\n"
+    "sys.argv = ['main.py', *sys.argv[1:]]\n"
     "with open('main.py', 'rb') as f:\n"
     "    code = compile(f.read(), 'main.py', 'exec')\n"
     "del f\n"

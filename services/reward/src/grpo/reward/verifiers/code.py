@@ -5,15 +5,25 @@ from __future__ import annotations
 import math
 import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from grpo.reward.sandbox import ExecResult, Limits, Sandbox
 from grpo.reward.sandbox.languages import build, run_launch
 
 VERDICTS = ("pass", "fail", "compile_error", "timeout", "runtime_error", "memory_limit", "output_limit", "skipped",
-            "sandbox_error")  # fmt: skip
+            "checker_error", "sandbox_error")  # fmt: skip
 COMPARES = ("lines", "exact", "tokens", "case_insensitive", "float")
+
+
+@dataclass(frozen=True)
+class Checker:
+    """A special judge (testlib's convention): run as `checker input.txt output.txt answer.txt` with the test's
+    input, the program's output and the expected output; exit 0 accepts, 1 (wrong answer) and 2 (presentation
+    error) reject, anything else is a checker failure. What it prints on stderr is the verdict's detail."""
+
+    language: str
+    code: str
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,7 @@ class Judge:
     abs_tol: float = 1e-6
     rel_tol: float = 1e-6
     stop_on_first_failure: bool = False
+    checker: Checker | None = None
 
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -163,6 +174,9 @@ def run_code_tests(
         raise ValueError(f"language {language!r} is not available here; available: {sorted(sandbox.languages)}")
     if language != "python" and any("assert" in t for t in tests):
         raise ValueError(f"assert tests are Python programs; give {language} stdin/expected_stdout tests")
+    checker = judge.checker
+    if checker is not None and checker.language not in sandbox.languages:
+        raise ValueError(f"checker language {checker.language!r} is not available here")
     limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
     failed, built = build(sandbox, language, code)
     if failed is not None:
@@ -171,12 +185,39 @@ def run_code_tests(
         return [CodeTestResult(verdict, failed.exit_code, failed.stdout, failed.stderr, failed.wall_s, detail)] * len(
             tests
         )
+    checker_built: dict[str, bytes] = {}
+    if checker is not None:
+        failed, checker_built = build(sandbox, checker.language, checker.code)
+        if failed is not None:
+            detail = f"the checker could not be built: {failed.stderr[-500:]}"
+            return [CodeTestResult("checker_error", None, "", failed.stderr, 0.0, detail)] * len(tests)
     tools = sandbox.languages[language]
+
+    def check(test: dict[str, Any], stdin: str, output: str) -> tuple[str, str]:
+        assert checker is not None
+        files = {
+            "input.txt": stdin.encode(),
+            "output.txt": output.encode(),
+            "answer.txt": test["expected_stdout"].encode(),
+        }
+        launch = run_launch(checker.language, checker.code, sandbox.languages[checker.language], 512, checker_built)
+        launch = replace(launch, argv=[*launch.argv, *files], binary_files={**launch.binary_files, **files})
+        said = sandbox.execute(launch, "", Limits(timeout_s=max(timeout_s, 10.0), memory_mb=512))
+        message = (said.stderr or said.stdout).strip()[:500]
+        if said.status == "ok":
+            return "pass", ""
+        # A Python checker that raises also exits 1: its traceback marks a crash, not a rejection.
+        crashed = checker.language == "python" and "Traceback (most recent call last)" in said.stderr
+        if said.status == "runtime_error" and said.exit_code in (1, 2) and not crashed:
+            return "fail", f"the checker rejected the output: {message}"
+        return "checker_error", f"the checker failed ({said.status}, exit code {said.exit_code}): {message}"
 
     def one(test: dict[str, Any]) -> CodeTestResult:
         program, stdin = program_for(code, test)
         result = sandbox.execute(run_launch(language, program, tools, limits.memory_mb, built), stdin, limits)
         verdict, detail = verdict_for(result, test, judge)
+        if checker is not None and "expected_stdout" in test and result.status == "ok":
+            verdict, detail = check(test, stdin, result.stdout)
         return CodeTestResult(
             verdict, result.exit_code, result.stdout, result.stderr, result.wall_s, detail, result.cpu_s,
             result.peak_memory_mb,
