@@ -110,6 +110,22 @@ def test_compiled_languages_through_the_api(live_reward: Any) -> None:
     assert asserts.status_code == 400 and "assert tests are Python code" in asserts.text
 
 
+def test_files_in_and_out(live_reward: Any) -> None:
+    """Files written into the working directory before the run; files the run writes, read back after it."""
+    code = (
+        '#include <fstream>\nint main(){ std::ifstream in("data.txt"); long a, b; in >> a >> b;'
+        ' std::ofstream("sum.txt") << a + b; std::ofstream("note.log") << "done"; }'
+    )
+    body = {"language": "cpp", "code": code, "files": {"data.txt": "40 2"}, "read_back": ["*.txt"]}
+    r = post(live_reward, "/v1/execute", body)
+    assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+    assert r.json()["files"] == {"data.txt": "40 2", "sum.txt": "42"}  # note.log does not match the pattern
+    clash = post(live_reward, "/v1/execute", {**body, "files": {"main.cpp": "x"}})
+    assert clash.status_code == 400 and "the program's own file names" in clash.text
+    bad = post(live_reward, "/v1/execute", {**body, "files": {"../escape": "x"}})
+    assert bad.status_code == 422
+
+
 def test_judge_options_through_the_api(live_reward: Any) -> None:
     """Float tolerance, stop at the first failure, and all-or-nothing scoring, in verify/code and in a score item."""
     code = "```python\nk = int(input())\nprint(1 / k if k != 4 else 0)\n```"

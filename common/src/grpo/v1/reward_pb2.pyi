@@ -39,21 +39,39 @@ class VerifyMathResponse(_message.Message):
     def __init__(self, correct: _Optional[bool] = ..., status: _Optional[str] = ..., extracted_answer: _Optional[str] = ..., detail: _Optional[str] = ..., wall_s: _Optional[float] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("language", "code", "stdin", "timeout_s", "memory_mb")
+    __slots__ = ("language", "code", "stdin", "timeout_s", "memory_mb", "files", "read_back")
+    class FilesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     STDIN_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    READ_BACK_FIELD_NUMBER: _ClassVar[int]
     language: str
     code: str
     stdin: str
     timeout_s: float
     memory_mb: int
-    def __init__(self, language: _Optional[str] = ..., code: _Optional[str] = ..., stdin: _Optional[str] = ..., timeout_s: _Optional[float] = ..., memory_mb: _Optional[int] = ...) -> None: ...
+    files: _containers.ScalarMap[str, str]
+    read_back: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, language: _Optional[str] = ..., code: _Optional[str] = ..., stdin: _Optional[str] = ..., timeout_s: _Optional[float] = ..., memory_mb: _Optional[int] = ..., files: _Optional[_Mapping[str, str]] = ..., read_back: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
-    __slots__ = ("status", "exit_code", "stdout", "stderr", "wall_s", "cpu_s", "peak_memory_mb")
+    __slots__ = ("status", "exit_code", "stdout", "stderr", "wall_s", "cpu_s", "peak_memory_mb", "files")
+    class FilesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     STATUS_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     STDOUT_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +79,7 @@ class ExecuteResponse(_message.Message):
     WALL_S_FIELD_NUMBER: _ClassVar[int]
     CPU_S_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
     status: str
     exit_code: int
     stdout: str
@@ -68,7 +87,8 @@ class ExecuteResponse(_message.Message):
     wall_s: float
     cpu_s: float
     peak_memory_mb: float
-    def __init__(self, status: _Optional[str] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., wall_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., peak_memory_mb: _Optional[float] = ...) -> None: ...
+    files: _containers.ScalarMap[str, str]
+    def __init__(self, status: _Optional[str] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., wall_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., peak_memory_mb: _Optional[float] = ..., files: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CodeTest(_message.Message):
     __slots__ = ("stdio",)

@@ -110,7 +110,15 @@ class ComponentRunner:
         loop = asyncio.get_running_loop()
         try:
             res = await loop.run_in_executor(
-                self.code_threads, lambda: self.sandbox.run(req.code, req.stdin, limits, req.language)
+                self.code_threads,
+                lambda: self.sandbox.run(
+                    req.code,
+                    req.stdin,
+                    limits,
+                    req.language,
+                    {k: v.encode() for k, v in req.files.items()},
+                    tuple(req.read_back),
+                ),
             )
         except Exception as exc:
             log.exception("sandbox run failed")
@@ -122,6 +130,7 @@ class ComponentRunner:
         return ExecuteResponse(
             status=res.status, exit_code=res.exit_code, stdout=res.stdout, stderr=res.stderr, wall_s=res.wall_s,
             cpu_s=res.cpu_s, peak_memory_mb=res.peak_memory_mb,
+            files={name: data.decode("utf-8", "replace") for name, data in res.files.items()},
         )  # fmt: skip
 
     async def code_tests(

@@ -19,6 +19,7 @@ from grpo.reward import metrics
 from grpo.reward.components import ComponentRunner
 from grpo.reward.errors import DeadlineExceeded, InputError, Overloaded
 from grpo.reward.pool import WorkerPool
+from grpo.reward.sandbox.languages import program_files
 from grpo.reward.schemas import (
     CodeTestResult,
     ExecuteRequest,
@@ -184,6 +185,11 @@ class RewardCore:
     async def execute(self, req: ExecuteRequest, remaining_s: float | None = None) -> ExecuteResponse:
         self._check_text("code", req.code, self.settings.max_code_chars)
         self._check_language("language", req.language, [])
+        reserved = sorted(set(req.files) & program_files(req.language))
+        if reserved:
+            raise InputError(f"files: {reserved} are the program's own file names in {req.language}; rename them")
+        for name, text in req.files.items():
+            self._check_text(f"files[{name!r}]", text, self.settings.max_text_chars)
         self._check_text("stdin", req.stdin, self.settings.max_text_chars)
         # req.timeout_s limits the program; the request itself may take the default deadline.
         deadline = self.deadline(None, remaining_s)

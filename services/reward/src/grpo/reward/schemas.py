@@ -88,12 +88,21 @@ def code_test_dict(test: CodeTest) -> dict[str, str]:
     return {"stdin": test.stdin, "expected_stdout": test.expected_stdout}
 
 
+FileName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")]
+
+
 class ExecuteRequest(Model):
     language: Language = "python"
     code: str
     stdin: str = ""
     timeout_s: Timeout | None = None
     memory_mb: MemoryMb | None = None
+    files: dict[FileName, str] = Field(
+        default_factory=dict, max_length=64, description="Text files written into the working directory first."
+    )
+    read_back: list[Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^/]+$")]] = Field(
+        default_factory=list, max_length=16, description="Patterns (fnmatch) of working-directory files to return."
+    )
 
 
 ExecStatus = Literal["ok", "compile_error", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error"]
@@ -107,6 +116,7 @@ class ExecuteResponse(Model):
     wall_s: float = 0.0
     cpu_s: float = 0.0
     peak_memory_mb: float = 0.0
+    files: dict[str, str] = Field(default_factory=dict, description="The files asked for by read_back (UTF-8).")
 
 
 class CheckerProgram(Model):

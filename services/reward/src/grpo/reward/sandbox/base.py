@@ -90,11 +90,19 @@ class Sandbox(ABC):
     def execute(self, launch: Launch, stdin: str = "", limits: Limits | None = None) -> ExecResult:
         """Run one prepared launch (files, argv, what to collect) under `limits`; never raises for the program."""
 
-    def run(self, program: str, stdin: str = "", limits: Limits | None = None, language: str = "python") -> ExecResult:
-        """Run `program` once with `stdin` (building it first for a compiled language)."""
+    def run(
+        self,
+        program: str,
+        stdin: str = "",
+        limits: Limits | None = None,
+        language: str = "python",
+        files: dict[str, bytes] | None = None,
+        read_back: tuple[str, ...] = (),
+    ) -> ExecResult:
+        """Run `program` once with `stdin` (building it first for a compiled language); see build_and_run."""
         from grpo.reward.sandbox.languages import build_and_run
 
-        return build_and_run(self, language, program, stdin, limits or Limits())
+        return build_and_run(self, language, program, stdin, limits or Limits(), files, read_back)
 
     @abstractmethod
     def close(self) -> None:

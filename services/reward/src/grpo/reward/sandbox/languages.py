@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from grpo.reward.sandbox.base import ExecResult, Limits
@@ -84,6 +84,14 @@ TOOLCHAINS: dict[str, Toolchain] = {
 }  # fmt: skip
 # Memory a runtime needs on top of what the program may use (the JVM's metaspace, code cache, GC structures).
 RUNTIME_OVERHEAD_MB = {"java": 256, "javascript": 128}
+
+
+def program_files(language: str) -> set[str]:
+    """The scratch file names a language's own run uses (user files may not replace them)."""
+    if language == "python":
+        return {"main.py"}
+    chain = TOOLCHAINS.get(language)
+    return {chain.source, *(a for a in chain.artifacts if "*" not in a)} if chain else set()
 
 
 def python_launch(program: str, interpreter: str) -> Launch:
@@ -156,12 +164,28 @@ def build(sandbox: Sandbox, language: str, program: str) -> tuple[ExecResult | N
     return ExecResult("compile_error", result.exit_code, result.stdout, stderr, result.wall_s), {}
 
 
-def build_and_run(sandbox: Sandbox, language: str, program: str, stdin: str, limits: Limits) -> ExecResult:
-    """Build (when the language has a build step) and run once; a failed build is the result."""
+def build_and_run(
+    sandbox: Sandbox,
+    language: str,
+    program: str,
+    stdin: str,
+    limits: Limits,
+    files: dict[str, bytes] | None = None,
+    read_back: tuple[str, ...] = (),
+) -> ExecResult:
+    """Build (when the language has a build step) and run once; a failed build is the result.
+
+    `files` are written into the run's scratch directory first; scratch files matching `read_back` come back in
+    the result's `files`.
+    """
     if language not in sandbox.languages:
         raise ValueError(f"language {language!r} is not available here; available: {sorted(sandbox.languages)}")
     failed, built = build(sandbox, language, program)
     if failed is not None:
         return failed
-    return sandbox.execute(run_launch(language, program, sandbox.languages[language], limits.memory_mb, built),
-                           stdin, limits)  # fmt: skip
+    launch = run_launch(language, program, sandbox.languages[language], limits.memory_mb, built)
+    clash = sorted(set(files or {}) & (set(launch.files) | set(launch.binary_files)))
+    if clash:
+        raise ValueError(f"files {clash} would replace the program's own files")
+    launch = replace(launch, binary_files={**launch.binary_files, **(files or {})}, collect=read_back)
+    return sandbox.execute(launch, stdin, limits)
