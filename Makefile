@@ -1,7 +1,7 @@
 # Two commands on a fresh machine: `make demo` and `make test`. Both build .venv themselves.
 # System packages: redis-server (the demo and the tests start private ones), and for the tests the
-# toolchains the code verifier runs (gcc, g++, a JDK, node; Debian: gcc g++ default-jdk-headless nodejs
-# bsdextrautils), installed with apt-get when missing and we are root; otherwise the target says what to install.
+# toolchains the code verifier runs (Debian: gcc g++ default-jdk-headless nodejs node-typescript golang-go
+# rustc bsdextrautils), installed with apt-get when missing and we are root; otherwise the target says what to install.
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -39,7 +39,8 @@ system-deps:
 
 # The code verifier's languages, for the tests that build and run them in the sandbox.
 toolchains:
-	@$(call need,gcc:gcc g++:g++ javac:default-jdk-headless node:nodejs rev:bsdextrautils)
+	@$(call need,gcc:gcc g++:g++ javac:default-jdk-headless node:nodejs tsc:node-typescript go:golang-go \
+	  /usr/bin/rustc:rustc rev:bsdextrautils)
 
 protos: $(STAMP)
 	PY=$(PY) scripts/gen_protos.sh

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo.reward.sandbox import Limits, Sandbox, make_sandbox
-from grpo.reward.sandbox.languages import TOOLCHAINS, Launch, build, run_launch
+from grpo.reward.sandbox.languages import TOOLCHAINS, Launch, argv_for, build, run_launch
 from grpo.reward.sandbox.namespace import RUN_ENV
 from grpo.reward.verifiers.code import run_code_tests
 
@@ -30,6 +30,9 @@ HELLO = {
     "cpp": '#include <iostream>\nint main(){ std::cout << "hi" << std::endl; }',
     "java": 'public class Main{public static void main(String[] a){System.out.println("hi");}}',
     "javascript": 'console.log("hi");',
+    "typescript": 'const greeting: string = "hi"; console.log(greeting);',
+    "go": 'package main\nimport "fmt"\nfunc main(){ fmt.Println("hi") }',
+    "rust": 'fn main(){ println!("hi"); }',
     "bash": "echo hi",
 }
 SUM = {  # read n numbers, print their sum
@@ -41,6 +44,12 @@ SUM = {  # read n numbers, print their sum
     "long n=sc.nextLong(), s=0; while(n-->0) s+=sc.nextLong(); System.out.println(s);}}",
     "javascript": 'const v=require("fs").readFileSync(0,"utf8").trim().split(/\\s+/).map(Number);'
     "console.log(v.slice(1).reduce((a,b)=>a+b,0));",
+    "typescript": 'const v: number[] = require("fs").readFileSync(0,"utf8").trim().split(/\\s+/).map(Number);'
+    "console.log(v.slice(1).reduce((a,b)=>a+b,0));",
+    "go": 'package main\nimport ("bufio"; "fmt"; "os")\nfunc main(){ r := bufio.NewReader(os.Stdin); var n, x, s int64;'
+    " fmt.Fscan(r, &n); for i := int64(0); i < n; i++ { fmt.Fscan(r, &x); s += x }; fmt.Println(s) }",
+    "rust": "use std::io::*;\nfn main(){ let mut t = String::new(); stdin().read_to_string(&mut t).unwrap();"
+    ' let v: Vec<i64> = t.split_whitespace().map(|x| x.parse().unwrap()).collect(); println!("{}", v[1..].iter().sum::<i64>()); }',
     "bash": "read n; s=0; for ((i=0;i<n;i++)); do read x; s=$((s+x)); done; echo $s",
 }
 
@@ -48,10 +57,10 @@ SUM = {  # read n numbers, print their sum
 def bare_argv(language: str, folder: Path, tools: dict[str, str]) -> list[str]:
     """Build `folder`'s source with the sandbox's own compile line, outside the sandbox; the argv that runs it."""
     chain = TOOLCHAINS[language]
-    argv = [a.replace("{memory_mb}", "256") for a in chain.run]
     if chain.compile:
-        subprocess.run([tools.get(chain.compile[0], chain.compile[0]), *chain.compile[1:]], cwd=folder, check=True)
-    return [tools.get(argv[0], argv[0]) if not argv[0].startswith("./") else str(folder / argv[0][2:]), *argv[1:]]
+        subprocess.run(argv_for(chain.compile, tools, 256), cwd=folder, check=True, capture_output=True)
+    argv = argv_for(chain.run, tools, 256)
+    return [str(folder / argv[0][2:]) if argv[0].startswith("./") else argv[0], *argv[1:]]
 
 
 N = 200_000

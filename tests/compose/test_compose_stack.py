@@ -202,13 +202,20 @@ def test_sandbox_inside_the_reward_container(stack: Stack) -> None:
     health = httpx.get(f"http://127.0.0.1:{stack.reward_port}/healthz", timeout=10).json()
     stack.seen["sandbox_isolation"] = health.get("sandbox", health)
     # The image's default toolchains, each built and run inside the container's sandbox.
-    assert {"python", "c", "cpp", "java", "javascript", "bash"} <= set(health["languages"]), health
+    assert {"python", "c", "cpp", "java", "javascript", "typescript", "go", "rust", "bash"} <= set(
+        health["languages"]
+    ), health
     programs = {
         "c": '#include <stdio.h>\nint main(){ int a, b; scanf("%d %d", &a, &b); printf("%d\\n", a + b); }',
         "cpp": "#include <iostream>\nint main(){ int a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }",
         "java": "public class Main{public static void main(String[] x){java.util.Scanner s=new java.util.Scanner("
         "System.in);System.out.println(s.nextInt()+s.nextInt());}}",
         "javascript": 'const [a,b]=require("fs").readFileSync(0,"utf8").split(/\\s+/).map(Number);console.log(a+b);',
+        "typescript": 'const [a, b]: number[] = require("fs").readFileSync(0, "utf8").split(/\\s+/).map(Number);'
+        "console.log(a + b);",
+        "go": 'package main\nimport "fmt"\nfunc main(){ var a, b int; fmt.Scan(&a, &b); fmt.Println(a + b) }',
+        "rust": "fn main(){ let mut s = String::new(); std::io::stdin().read_line(&mut s).unwrap();"
+        ' let v: Vec<i64> = s.split_whitespace().map(|x| x.parse().unwrap()).collect(); println!("{}", v[0] + v[1]); }',
         "bash": "read a b; echo $((a + b))",
     }
     for language, code in programs.items():

@@ -88,7 +88,7 @@ def test_compiled_languages_through_the_api(live_reward: Any) -> None:
     """C++ built once for three tests, a compile error with the compiler's words, Java and Bash through
     /v1/execute, C++ in /v1/score, and /healthz naming the installed languages."""
     health = httpx.get(f"{live_reward.http_url}/healthz", timeout=5).json()
-    assert {"python", "c", "cpp", "java", "javascript", "bash"} <= set(health["languages"])
+    assert {"python", "c", "cpp", "java", "javascript", "typescript", "go", "rust", "bash"} <= set(health["languages"])
     tests = [{"stdin": "1 2", "expected_stdout": "3"}, {"stdin": "-5 5", "expected_stdout": "0"},
              {"stdin": "2 2", "expected_stdout": "5"}]  # fmt: skip
     r = post(live_reward, "/v1/verify/code", {"language": "cpp", "code": CPP_SUM, "tests": tests})

@@ -179,8 +179,8 @@ def test_timeout_and_memory_verdicts(sandbox: Sandbox) -> None:
 
 
 def test_unsupported_language_is_a_value_error(sandbox: Sandbox) -> None:
-    with pytest.raises(ValueError, match="language 'rust' is not available here"):
-        run_code_tests(sandbox, "fn main(){}", [STDIO], language="rust")
+    with pytest.raises(ValueError, match="language 'cobol' is not available here"):
+        run_code_tests(sandbox, "fn main(){}", [STDIO], language="cobol")
 
 
 def test_stop_on_first_failure_skips_the_rest(sandbox: Sandbox) -> None:

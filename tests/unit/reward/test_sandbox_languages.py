@@ -1,7 +1,7 @@
 """Every language the sandbox runs, for real: a build once per request, every verdict, and the attacks each can express.
 
-The toolchains come from the machine (Debian packages: gcc, g++, default-jdk-headless, nodejs, bash); `make
-toolchains` installs what is missing. A language missing here is a failure, not a skip.
+The toolchains come from the machine (Debian packages: gcc, g++, default-jdk-headless, nodejs, node-typescript,
+golang-go, rustc, bash); `make toolchains` installs what is missing. A language missing here is a failure, not a skip.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from grpo.reward.sandbox import Limits, Sandbox
 from grpo.reward.verifiers.code import run_code_tests
 
-LANGUAGES = ("c", "cpp", "java", "javascript", "bash")
+LANGUAGES = ("c", "cpp", "java", "javascript", "typescript", "go", "rust", "bash")
 REPO = Path(__file__).resolve().parents[3]
 FAST = Limits(timeout_s=5.0, memory_mb=256)
 
@@ -27,6 +27,11 @@ REVERSE = {
     "System.out.println(new StringBuilder(new Scanner(System.in).next()).reverse());}}",
     "javascript": 'const s=require("fs").readFileSync(0,"utf8").trim();console.log([...s].reverse().join(""));',
     "bash": 'read s; echo "$s" | rev',
+    "typescript": 'const s: string = require("fs").readFileSync(0, "utf8").trim();console.log([...s].reverse().join(""));',
+    "go": 'package main\nimport "fmt"\nfunc main(){ var s string; fmt.Scan(&s); r := []rune(s);'
+    " for i, j := 0, len(r)-1; i < j; i, j = i+1, j-1 { r[i], r[j] = r[j], r[i] }; fmt.Println(string(r)) }",
+    "rust": "use std::io::*;\nfn main(){ let mut s = String::new(); stdin().read_line(&mut s).unwrap();"
+    ' println!("{}", s.trim().chars().rev().collect::<String>()); }',
 }
 ECHO = {
     "c": '#include <stdio.h>\nint main(){char s[256];scanf("%255s",s);puts(s);return 0;}',
@@ -34,11 +39,17 @@ ECHO = {
     "java": "public class Main{public static void main(String[] a){System.out.println(new java.util.Scanner(System.in).next());}}",
     "javascript": 'console.log(require("fs").readFileSync(0,"utf8").trim());',
     "bash": 'read s; echo "$s"',
+    "typescript": 'console.log(require("fs").readFileSync(0, "utf8").trim() as string);',
+    "go": 'package main\nimport "fmt"\nfunc main(){ var s string; fmt.Scan(&s); fmt.Println(s) }',
+    "rust": 'fn main(){ let mut s = String::new(); std::io::stdin().read_line(&mut s).unwrap(); println!("{}", s.trim()); }',
 }
 SYNTAX_ERROR = {
     "c": "int main(){ return 0 }",
     "cpp": "int main(){ undeclared(); }",
     "java": "public class Main{ void f( }",
+    "typescript": "const x: number = ;",
+    "go": "package main\nfunc main(){ x := }",
+    "rust": 'fn main(){ let x: i32 = "no"; }',
 }
 CRASH = {
     "c": "int main(){ volatile int *p = 0; *p = 1; return 0; }",
@@ -46,6 +57,9 @@ CRASH = {
     "java": 'public class Main{public static void main(String[] a){throw new RuntimeException("boom");}}',
     "javascript": 'throw new Error("boom");',
     "bash": "exit 3",
+    "typescript": 'throw new Error("boom");',
+    "go": 'package main\nfunc main(){ panic("boom") }',
+    "rust": 'fn main(){ panic!("boom"); }',
 }
 SPIN = {
     "c": "int main(){ volatile unsigned long i = 0; for(;;) i++; }",
@@ -53,6 +67,9 @@ SPIN = {
     "java": "public class Main{public static void main(String[] a){long i=0; while(true) i++;}}",
     "javascript": "for(;;){}",
     "bash": "while :; do :; done",
+    "typescript": "for(;;){}",
+    "go": "package main\nfunc main(){ i := 0; for { i++ } }",
+    "rust": 'fn main(){ let mut i: u64 = 1; loop { i = i.wrapping_mul(3); if i == 0 { println!("never"); } } }',
 }
 HOG = {  # allocate and touch memory until it runs out
     "c": "#include <stdlib.h>\n#include <string.h>\nint main(){ for(;;){ char *p = malloc(1 << 20); memset(p, 1, 1 << 20); } }",
@@ -61,6 +78,9 @@ HOG = {  # allocate and touch memory until it runs out
     "List<long[]> l=new ArrayList<>(); while(true) l.add(new long[1<<17]);}}",
     "javascript": "const a=[]; for(;;) a.push(new Array(1 << 17).fill(1.5));",
     "bash": "x=a; while :; do x=$x$x; done",
+    "typescript": "const a: number[][] = []; for(;;) a.push(new Array(1 << 17).fill(1.5));",
+    "go": "package main\nfunc main(){ var l [][]byte; for { b := make([]byte, 1<<20); for i := range b { b[i] = 1 }; l = append(l, b) } }",
+    "rust": "fn main(){ let mut v: Vec<Vec<u8>> = Vec::new(); loop { v.push(vec![1u8; 1 << 20]); } }",
 }
 READ_REPO = {  # the host's files are not in the sandbox root
     "c": f'#include <stdio.h>\nint main(){{ FILE *f = fopen("{REPO}/README.md", "r"); puts(f ? "visible" : "hidden"); }}',
@@ -70,6 +90,11 @@ READ_REPO = {  # the host's files are not in the sandbox root
     f'System.out.println(new java.io.File("{REPO}/README.md").exists() ? "visible" : "hidden");}}}}',
     "javascript": f'console.log(require("fs").existsSync("{REPO}/README.md") ? "visible" : "hidden");',
     "bash": f'[ -e "{REPO}/README.md" ] && echo visible || echo hidden',
+    "typescript": f'console.log(require("fs").existsSync("{REPO}/README.md") ? "visible" : "hidden");',
+    "go": f'package main\nimport ("fmt"; "os")\nfunc main(){{ if _, e := os.Stat("{REPO}/README.md"); e == nil'
+    ' { fmt.Println("visible") } else { fmt.Println("hidden") } }',
+    "rust": f'fn main(){{ println!("{{}}", if std::path::Path::new("{REPO}/README.md").exists() {{ "visible" }}'
+    ' else { "hidden" }); }',
 }
 WRITE_USR = {  # the root is read-only
     "c": '#include <stdio.h>\nint main(){ FILE *f = fopen("/usr/grpo-attack", "w"); puts(f ? "written" : "refused"); }',
@@ -80,6 +105,12 @@ WRITE_USR = {  # the root is read-only
     "javascript": 'try{require("fs").writeFileSync("/usr/grpo-attack","x");console.log("written")}'
     'catch(e){console.log("refused")}',
     "bash": "(echo x > /usr/grpo-attack) 2>/dev/null && echo written || echo refused",
+    "typescript": 'try{require("fs").writeFileSync("/usr/grpo-attack","x");console.log("written")}'
+    'catch(e){console.log("refused")}',
+    "go": 'package main\nimport ("fmt"; "os")\nfunc main(){ if e := os.WriteFile("/usr/grpo-attack", nil, 0644);'
+    ' e == nil { fmt.Println("written") } else { fmt.Println("refused") } }',
+    "rust": 'fn main(){ println!("{}", if std::fs::write("/usr/grpo-attack", "x").is_ok() { "written" }'
+    ' else { "refused" }); }',
 }
 
 
@@ -98,6 +129,12 @@ def connect_program(language: str, port: int) -> str:
         "javascript": f'require("net").connect({port},"127.0.0.1").on("connect",()=>{{console.log("connected");'
         'process.exit(0)}).on("error",()=>console.log("refused"));',
         "bash": f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo connected || echo refused",
+        "typescript": f'require("net").connect({port},"127.0.0.1").on("connect",()=>{{console.log("connected");'
+        'process.exit(0)}).on("error",()=>console.log("refused"));',
+        "go": f'package main\nimport ("fmt"; "net")\nfunc main(){{ if _, e := net.Dial("tcp", "127.0.0.1:{port}");'
+        ' e == nil { fmt.Println("connected") } else { fmt.Println("refused") } }',
+        "rust": f'fn main(){{ println!("{{}}", if std::net::TcpStream::connect("127.0.0.1:{port}").is_ok()'
+        ' { "connected" } else { "refused" }); }',
     }[language]
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-Language = Literal["python", "c", "cpp", "java", "javascript", "bash"]
+Language = Literal["python", "c", "cpp", "java", "javascript", "typescript", "go", "rust", "bash"]
 Timeout = Annotated[float, Field(gt=0, le=3600, description="Seconds; capped by the server's limit.")]
 MemoryMb = Annotated[int, Field(ge=16, le=65536)]
 TagName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][\w\-]*$")]

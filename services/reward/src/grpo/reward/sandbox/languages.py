@@ -21,8 +21,10 @@ against a program written to attack this harness.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo.reward.sandbox.base import ExecResult, Limits
@@ -63,12 +65,28 @@ class Toolchain:
     run: tuple[str, ...]  # argv of a run; "{memory_mb}" is replaced by the run's memory limit
     compile: tuple[str, ...] = ()  # argv of the build step, none for interpreted languages
     artifacts: tuple[str, ...] = ()  # what the build leaves for the runs (fnmatch patterns)
+    needs: tuple[str, ...] = ()  # node modules the build requires, under /usr/share/nodejs (Debian's packages)
     memory_kind: str = "data"
     # Native code gets a 64 MB stack for deep recursion; not runtimes with threads (glibc sizes every thread's
     # stack by RLIMIT_STACK, and under RLIMIT_DATA V8's helper threads then cannot start).
     stack_mb: int | None = None
 
 
+NODE = ("node", "--max-old-space-size={memory_mb}", "--stack-size=16000", "main.js")
+# TypeScript is transpiled without type checking (as ts-node --transpile-only, esbuild and bun do): programs use
+# `require` and `process` without @types/node; syntax errors still fail the build with tsc's messages.
+TS_TRANSPILE = (
+    'const ts = require("/usr/share/nodejs/typescript"), fs = require("fs");'
+    'const out = ts.transpileModule(fs.readFileSync("main.ts", "utf8"), {reportDiagnostics: true, fileName: "main.ts",'
+    " compilerOptions: {target: ts.ScriptTarget.ES2020, module: ts.ModuleKind.CommonJS}});"
+    "const errors = (out.diagnostics || []).filter(d => d.category === ts.DiagnosticCategory.Error);"
+    "for (const d of errors) {"
+    "  const at = d.file ? d.file.getLineAndCharacterOfPosition(d.start) : {line: 0, character: 0};"
+    "  console.error(`main.ts(${at.line + 1},${at.character + 1}): error TS${d.code}: ` +"
+    '    ts.flattenDiagnosticMessageText(d.messageText, "\\n"));'
+    "}"
+    'if (errors.length) process.exit(1); fs.writeFileSync("main.js", out.outputText);'
+)
 JVM = ("-Xmx{memory_mb}m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:ActiveProcessorCount=1")
 TOOLCHAINS: dict[str, Toolchain] = {
     "c": Toolchain("main.c", ("./main",), ("gcc", "-std=c17", "-O2", "-pipe", "-o", "main", "main.c", "-lm"), ("main",),
@@ -79,11 +97,15 @@ TOOLCHAINS: dict[str, Toolchain] = {
         "Main.java", ("java", *JVM, "-cp", ".", "Main"), ("javac", "-J-Xmx512m", "-encoding", "UTF-8", "Main.java"),
         ("*.class",),
     ),
-    "javascript": Toolchain("main.js", ("node", "--max-old-space-size={memory_mb}", "--stack-size=16000", "main.js")),
+    "javascript": Toolchain("main.js", NODE),
+    "typescript": Toolchain("main.ts", NODE, ("node", "-e", TS_TRANSPILE), ("main.js",), needs=("typescript",)),
+    "go": Toolchain("main.go", ("./main",), ("go", "build", "-ldflags=-s -w", "-o", "main", "main.go"), ("main",)),
+    "rust": Toolchain("main.rs", ("./main",), ("rustc", "-O", "--edition", "2021", "-C", "strip=symbols",
+                                               "-C", "linker={gcc}", "-o", "main", "main.rs"), ("main",), stack_mb=64),
     "bash": Toolchain("main.sh", ("bash", "main.sh"), memory_kind="as"),
 }  # fmt: skip
 # Memory a runtime needs on top of what the program may use (the JVM's metaspace, code cache, GC structures).
-RUNTIME_OVERHEAD_MB = {"java": 256, "javascript": 128}
+RUNTIME_OVERHEAD_MB = {"java": 256, "javascript": 128, "typescript": 128}
 
 
 def program_files(language: str) -> set[str]:
@@ -110,14 +132,19 @@ def available(interpreter: str) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {"python": {"python3": interpreter}}
     for language, chain in TOOLCHAINS.items():
         tools = {argv[0] for argv in (chain.run, chain.compile) if argv and not argv[0].startswith("./")}
+        tools |= {m for argv in (chain.run, chain.compile) for a in argv for m in _TOOL.findall(a)}
         paths = {tool: resolve(tool) for tool in tools}
-        if all(paths.values()):
+        modules = all(Path("/usr/share/nodejs", module).is_dir() for module in chain.needs)
+        if all(paths.values()) and modules:
             out[language] = {tool: str(path) for tool, path in paths.items()}
     return out
 
 
-def _argv(template: tuple[str, ...], tools: dict[str, str], memory_mb: int) -> list[str]:
-    argv = [a.replace("{memory_mb}", str(memory_mb)) for a in template]
+_TOOL = re.compile(r"\{(?!memory_mb\})(\w+)\}")  # "{gcc}" in an argument: that tool's real path
+
+
+def argv_for(template: tuple[str, ...], tools: dict[str, str], memory_mb: int) -> list[str]:
+    argv = [_TOOL.sub(lambda m: tools[m.group(1)], a.replace("{memory_mb}", str(memory_mb))) for a in template]
     return [tools.get(argv[0], argv[0]), *argv[1:]]
 
 
@@ -127,7 +154,7 @@ def build_launch(language: str, program: str, tools: dict[str, str]) -> Launch |
     if chain is None or not chain.compile:
         return None
     return Launch(
-        files={chain.source: program}, argv=_argv(chain.compile, tools, 0), collect=chain.artifacts,
+        files={chain.source: program}, argv=argv_for(chain.compile, tools, 0), collect=chain.artifacts,
         memory_kind="data",
     )  # fmt: skip
 
@@ -141,7 +168,7 @@ def run_launch(
     chain = TOOLCHAINS[language]
     files = {} if chain.compile else {chain.source: program}
     return Launch(
-        files=files, argv=_argv(chain.run, tools, memory_mb), binary_files=dict(built or {}),
+        files=files, argv=argv_for(chain.run, tools, memory_mb), binary_files=dict(built or {}),
         memory_kind=chain.memory_kind, stack_mb=chain.stack_mb, extra_memory_mb=RUNTIME_OVERHEAD_MB.get(language, 0),
     )  # fmt: skip
 

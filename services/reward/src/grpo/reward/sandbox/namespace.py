@@ -82,12 +82,16 @@ class Zygote:
             raise SandboxUnavailable(f"sandbox zygote could not start: {hello.get('error')}; {REMEDY}")
         self.uid = int(hello["uid"])
 
-    def request(self, req: dict[str, Any], deadline: float, stdin: bytes = b"") -> dict[str, Any]:
-        """One run: the JSON request, then `stdin` raw (large inputs skip JSON's escaping both ways)."""
-        body = json.dumps({**req, "stdin_bytes": len(stdin)}).encode()
+    def request(
+        self, req: dict[str, Any], deadline: float, stdin: bytes = b"", blobs: dict[str, bytes] | None = None
+    ) -> dict[str, Any]:
+        """One run: the JSON request, then `stdin` and the binary files raw (no JSON or base64 for megabytes)."""
+        blobs = blobs or {}
+        sizes = [[name, len(data)] for name, data in blobs.items()]
+        body = json.dumps({**req, "stdin_bytes": len(stdin), "blob_sizes": sizes}).encode()
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(struct.pack(">I", len(body)) + body + stdin)
+            self.proc.stdin.write(struct.pack(">I", len(body)) + body + stdin + b"".join(blobs.values()))
             self.proc.stdin.flush()
         except OSError as exc:
             raise ZygoteError(f"zygote pipe broken: {exc}") from exc
@@ -147,15 +151,18 @@ def classify(reply: dict[str, Any]) -> tuple[str, int | None]:
     return "runtime_error", exit_code
 
 
-# The last words of a program that ran out of memory: libc, libstdc++, the JVM, V8 (Python: a final MemoryError).
-OUT_OF_MEMORY = ("Cannot allocate memory", "cannot allocate", "std::bad_alloc", "java.lang.OutOfMemoryError",
+# The last words of a program that ran out of memory: libc, libstdc++, Go, Rust, the JVM, V8 (Python: MemoryError).
+OUT_OF_MEMORY = ("Cannot allocate memory", "cannot allocate", "std::bad_alloc", "runtime: out of memory",
+                 "memory allocation of", "java.lang.OutOfMemoryError",
                  "JavaScript heap out of memory", "Allocation failed - process out of memory")  # fmt: skip
 
 
 def _died_of_memory(stderr: str) -> bool:
-    tail = stderr.rstrip().splitlines()[-40:]  # the JVM and V8 print a stack after the message
-    python = any(line.startswith("MemoryError") for line in tail[-3:])
-    return python or any(marker in line for line in tail for marker in OUT_OF_MEMORY)
+    lines = stderr.rstrip().splitlines()
+    # The JVM and V8 print a stack after the message; Go prints it first, then every goroutine.
+    ends = lines[:3] + lines[-40:]
+    python = any(line.startswith("MemoryError") for line in lines[-3:])
+    return python or any(marker in line for line in ends for marker in OUT_OF_MEMORY)
 
 
 def request_for(launch: Launch, limits: Limits) -> dict[str, Any]:
@@ -163,7 +170,6 @@ def request_for(launch: Launch, limits: Limits) -> dict[str, Any]:
     return {
         "argv": launch.argv,
         "files": launch.files,
-        "binary_files": {name: base64.b64encode(data).decode() for name, data in launch.binary_files.items()},
         "collect": list(launch.collect),
         "env": RUN_ENV,
         "limits": {
@@ -254,7 +260,7 @@ class NamespaceSandbox(Sandbox):
             return ExecResult("sandbox_error", None, "", why, 0.0)
         started = time.monotonic()
         try:
-            reply = zygote.request(req, started + limits.timeout_s + REPLY_SLACK_S, stdin.encode())
+            reply = zygote.request(req, started + limits.timeout_s + REPLY_SLACK_S, stdin.encode(), launch.binary_files)
         except (ZygoteError, OSError, ValueError) as exc:
             log.error("sandbox zygote failed, restarting it: %s", exc)
             self._replace(zygote)

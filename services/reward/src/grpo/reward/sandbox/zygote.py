@@ -264,8 +264,7 @@ def _become(uid: int, cap_last_cap: int) -> None:
 
 def _write_inputs(req: dict) -> int:
     """As the unprivileged uid (no CAP_DAC_OVERRIDE needed): the program's files, and stdin as a memfd."""
-    blobs = {name: base64.b64decode(data) for name, data in req.get("binary_files", {}).items()}
-    for name, data in [*((n, t.encode()) for n, t in req["files"].items()), *blobs.items()]:
+    for name, data in [*((n, t.encode()) for n, t in req["files"].items()), *req["blobs"].items()]:
         fd = os.open("/scratch/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o755)
         while data:
             data = data[os.write(fd, data) :]
@@ -438,10 +437,13 @@ def main() -> int:
         req = _read_msg(0)
         if req is None:
             return 0
-        stdin = _read_exact(0, req.pop("stdin_bytes")) if req.get("stdin_bytes") else b""  # raw, after the JSON
-        if stdin is None:
+        # Raw after the JSON: stdin, then each binary file (a built program), in the order the sizes are listed.
+        sizes = [("stdin", req.pop("stdin_bytes", 0)), *req.pop("blob_sizes", [])]
+        raw = {name: _read_exact(0, n) if n else b"" for name, n in sizes}
+        if any(data is None for data in raw.values()):
             return 0
-        req["stdin"] = stdin
+        req["stdin"] = raw.pop("stdin")
+        req["blobs"] = raw
         req["cap_last_cap"] = cap_last_cap
         try:
             reply = run_one(req, uid, pidns_fd)

@@ -49,6 +49,9 @@ _ALIASES = {
     "cpp": {"cpp", "c++", "cc", "cxx"},
     "java": {"java"},
     "javascript": {"javascript", "js", "node", "nodejs"},
+    "typescript": {"typescript", "ts"},
+    "go": {"go", "golang"},
+    "rust": {"rust", "rs"},
     "bash": {"bash", "sh", "shell"},
 }
 
