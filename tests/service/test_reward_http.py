@@ -126,6 +126,15 @@ def test_files_in_and_out(live_reward: Any) -> None:
     assert bad.status_code == 422
 
 
+def test_a_tests_own_limits_are_capped_by_the_server(live_reward: Any) -> None:
+    spin = {"code": "while True: pass", "tests": [{"stdin": "", "expected_stdout": "", "timeout_s": 0.5}]}
+    r = post(live_reward, "/v1/verify/code", spin)
+    assert r.status_code == 200 and r.json()["tests"][0]["verdict"] == "timeout"
+    assert r.json()["tests"][0]["wall_s"] < 2.0  # its own 0.5 s, not the request's default
+    bad = post(live_reward, "/v1/verify/code", {**spin, "tests": [{"expected_stdout": "", "memory_mb": 1}]})
+    assert bad.status_code == 422 and "memory_mb" in bad.text
+
+
 def test_judge_options_through_the_api(live_reward: Any) -> None:
     """Float tolerance, stop at the first failure, and all-or-nothing scoring, in verify/code and in a score item."""
     code = "```python\nk = int(input())\nprint(1 / k if k != 4 else 0)\n```"

@@ -199,3 +199,17 @@ def test_float_judge_through_the_sandbox(sandbox: Sandbox) -> None:
     assert run_code_tests(sandbox, code, tests, timeout_s=5.0)[0].verdict == "fail"  # lines: text must be equal
     floated = run_code_tests(sandbox, code, tests, timeout_s=5.0, judge=Judge("float", abs_tol=1e-6))
     assert floated[0].verdict == "pass"
+
+
+def test_per_test_limits(sandbox: Sandbox) -> None:
+    """A test's own time and memory limits replace the request's for that test only."""
+    code = "import time\nn = int(input())\ntime.sleep(n / 10)\nx = bytearray(n * (32 << 20))\nprint('ok')"
+    tests = [
+        {"stdin": "5", "expected_stdout": "ok"},  # 0.5 s, 160 MiB: fits the request's limits
+        {"stdin": "5", "expected_stdout": "ok", "timeout_s": 0.2},  # its own, shorter deadline
+        {"stdin": "5", "expected_stdout": "ok", "memory_mb": 64},  # its own, smaller memory
+    ]
+    results = run_code_tests(sandbox, code, tests, timeout_s=5.0, memory_mb=512)
+    assert [r.verdict for r in results] == ["pass", "timeout", "memory_limit"], [r.stderr[-200:] for r in results]
+    with pytest.raises(ValueError, match=r"tests\[0\].timeout_s must be a number above 0"):
+        run_code_tests(sandbox, code, [{"stdin": "", "expected_stdout": "", "timeout_s": -1}])

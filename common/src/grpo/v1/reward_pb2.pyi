@@ -98,12 +98,16 @@ class CodeTest(_message.Message):
     def __init__(self, stdio: _Optional[_Union[StdioTest, _Mapping]] = ..., **kwargs) -> None: ...
 
 class StdioTest(_message.Message):
-    __slots__ = ("stdin", "expected_stdout")
+    __slots__ = ("stdin", "expected_stdout", "timeout_s", "memory_mb")
     STDIN_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_STDOUT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
     stdin: str
     expected_stdout: str
-    def __init__(self, stdin: _Optional[str] = ..., expected_stdout: _Optional[str] = ...) -> None: ...
+    timeout_s: float
+    memory_mb: int
+    def __init__(self, stdin: _Optional[str] = ..., expected_stdout: _Optional[str] = ..., timeout_s: _Optional[float] = ..., memory_mb: _Optional[int] = ...) -> None: ...
 
 class VerifyCodeRequest(_message.Message):
     __slots__ = ("language", "code", "tests", "timeout_s", "memory_mb", "compare", "abs_tol", "rel_tol", "stop_on_first_failure", "checker")

@@ -136,7 +136,7 @@ class ComponentRunner:
     async def code_tests(
         self,
         code: str,
-        tests: list[dict[str, str]],
+        tests: list[dict[str, Any]],
         language: str,
         timeout_s: float | None,
         memory_mb: int | None,
@@ -149,6 +149,10 @@ class ComponentRunner:
         if self.sandbox is None:
             return [CodeTestResult(verdict="sandbox_error", stderr="no sandbox available on this server")] * len(tests)
         limits = self._limits(timeout_s, memory_mb)
+        for test in tests:  # a test's own limits are capped by the server's, as the request's are
+            if "timeout_s" in test or "memory_mb" in test:
+                own = self._limits(test.get("timeout_s", limits.timeout_s), test.get("memory_mb", limits.memory_mb))
+                test.update(timeout_s=own.timeout_s, memory_mb=own.memory_mb)
         program = extract_code(code, language)
         loop = asyncio.get_running_loop()
         try:

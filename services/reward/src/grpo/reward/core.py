@@ -137,7 +137,8 @@ class RewardCore:
             raise InputError(f"{where}: {len(tests)} tests; the limit is {self.settings.max_tests}")
         for i, test in enumerate(tests):
             for key, text in code_test_dict(test).items():
-                self._check_text(f"{where}[{i}].{key}", text, self.settings.max_code_chars)
+                if isinstance(text, str):
+                    self._check_text(f"{where}[{i}].{key}", text, self.settings.max_code_chars)
 
     def languages(self) -> list[str]:
         return sorted(self.components.sandbox.languages) if self.components.sandbox is not None else []

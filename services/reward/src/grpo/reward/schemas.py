@@ -70,6 +70,8 @@ class VerifyMathResponse(Model):
 class StdioTest(Model):
     stdin: str = ""
     expected_stdout: str
+    timeout_s: Timeout | None = Field(default=None, description="This test's time limit (else the request's).")
+    memory_mb: MemoryMb | None = Field(default=None, description="This test's memory limit (else the request's).")
 
 
 class AssertTest(Model):
@@ -81,11 +83,12 @@ class AssertTest(Model):
 CodeTest = StdioTest | AssertTest
 
 
-def code_test_dict(test: CodeTest) -> dict[str, str]:
-    """The plain dict form the code verifier takes."""
+def code_test_dict(test: CodeTest) -> dict[str, Any]:
+    """The plain dict form the code verifier takes (per-test limits only when given)."""
     if isinstance(test, AssertTest):
         return {"assert": test.assert_}
-    return {"stdin": test.stdin, "expected_stdout": test.expected_stdout}
+    limits = {k: v for k, v in (("timeout_s", test.timeout_s), ("memory_mb", test.memory_mb)) if v is not None}
+    return {"stdin": test.stdin, "expected_stdout": test.expected_stdout, **limits}
 
 
 FileName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")]

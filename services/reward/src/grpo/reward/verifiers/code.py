@@ -147,6 +147,10 @@ def validate_tests(tests: list[dict[str, Any]]) -> None:
                 raise ValueError(f"tests[{i}].assert must be a string")
         elif not isinstance(test.get("expected_stdout"), str) or not isinstance(test.get("stdin", ""), str):
             raise ValueError(f"tests[{i}] needs 'stdin' and 'expected_stdout' strings, or an 'assert' string")
+        for key, low in (("timeout_s", 0.0), ("memory_mb", 16)):
+            value = test.get(key)
+            if value is not None and not (isinstance(value, int | float) and value > low):
+                raise ValueError(f"tests[{i}].{key} must be a number above {low}, got {value!r}")
 
 
 def program_for(code: str, test: dict[str, Any]) -> tuple[str, str]:
@@ -180,7 +184,6 @@ def run_code_tests(
     checker = judge.checker
     if checker is not None and checker.language not in sandbox.languages:
         raise ValueError(f"checker language {checker.language!r} is not available here")
-    limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
     failed, built = build(sandbox, language, code)
     if failed is not None:
         verdict = "compile_error" if failed.status == "compile_error" else failed.status
@@ -217,7 +220,8 @@ def run_code_tests(
 
     def one(test: dict[str, Any]) -> CodeTestResult:
         program, stdin = program_for(code, test)
-        result = sandbox.execute(run_launch(language, program, tools, limits.memory_mb, built), stdin, limits)
+        own = Limits(timeout_s=test.get("timeout_s", timeout_s), memory_mb=test.get("memory_mb", memory_mb))
+        result = sandbox.execute(run_launch(language, program, tools, own.memory_mb, built), stdin, own)
         verdict, detail = verdict_for(result, test, judge)
         if checker is not None and "expected_stdout" in test and result.status == "ok":
             verdict, detail = check(test, stdin, result.stdout)
