@@ -354,7 +354,12 @@ def test_a_group_of_discarded_weights_gets_its_task_regenerated(
         late = queue_pb2.GroupRecord(group_id=tid, task_id=tid, policy_version=4, weight_version=6, status="ok")
         late.samples.add().reward = 1.0
         run.queue.client.xadd(run.queue.groups_key, {"data": late.SerializeToString()})  # as a replica writes it
+        deadline = time.monotonic() + 60
+        while not run._live():  # registered (its first heartbeat) before the push, or the push has no target
+            assert time.monotonic() < deadline, "the replica never registered"
+            time.sleep(0.2)
         run._sync_replicas()  # the replica now holds the restored weights as version 9
+        assert list(run.confirmed.values()) == [9], run.confirmed
         kept, metrics = run._collect()
     finally:
         run.close()

@@ -50,6 +50,7 @@ class GrpoRun:
         s = self.s = settings
         self.control = control
         self.algo = resolve_algo(s)
+        self.zero_variance_on = self.algo.zero_variance_basis()  # resolved (and checked) once
         self.spec = task_spec(s, self.algo)
         assert s.train_data is not None
         self.rows = load_rows(s.train_data)
@@ -245,7 +246,7 @@ class GrpoRun:
             if record is None or record.eval:
                 self.reader.ack_now(entry.entry_id)  # unreadable, or an eval group nobody awaits any more
                 continue
-            facts = facts_of(record, self.algo.zero_variance_basis(), self.algo.reward_clip)
+            facts = facts_of(record, self.zero_variance_on, self.algo.reward_clip)
             verdict = "duplicate" if record.group_id in kept_ids else triage(
                 facts, self.acct, self.version, s.max_staleness, self.algo.skip_zero_variance, self.algo.group_size
             )  # fmt: skip

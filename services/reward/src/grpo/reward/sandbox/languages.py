@@ -70,6 +70,7 @@ class Toolchain:
     # Native code gets a 64 MB stack for deep recursion; not runtimes with threads (glibc sizes every thread's
     # stack by RLIMIT_STACK, and under RLIMIT_DATA V8's helper threads then cannot start).
     stack_mb: int | None = None
+    extra_memory_mb: int = 0  # what the runtime itself needs on top of the program's limit (JVM metaspace, V8)
 
 
 NODE = ("node", "--max-old-space-size={memory_mb}", "--stack-size=16000", "main.js")
@@ -95,17 +96,16 @@ TOOLCHAINS: dict[str, Toolchain] = {
                      ("main",), stack_mb=64),
     "java": Toolchain(
         "Main.java", ("java", *JVM, "-cp", ".", "Main"), ("javac", "-J-Xmx512m", "-encoding", "UTF-8", "Main.java"),
-        ("*.class",),
+        ("*.class",), extra_memory_mb=256,
     ),
-    "javascript": Toolchain("main.js", NODE),
-    "typescript": Toolchain("main.ts", NODE, ("node", "-e", TS_TRANSPILE), ("main.js",), needs=("typescript",)),
+    "javascript": Toolchain("main.js", NODE, extra_memory_mb=128),
+    "typescript": Toolchain("main.ts", NODE, ("node", "-e", TS_TRANSPILE), ("main.js",), needs=("typescript",),
+                            extra_memory_mb=128),
     "go": Toolchain("main.go", ("./main",), ("go", "build", "-ldflags=-s -w", "-o", "main", "main.go"), ("main",)),
     "rust": Toolchain("main.rs", ("./main",), ("rustc", "-O", "--edition", "2021", "-C", "strip=symbols",
                                                "-C", "linker={gcc}", "-o", "main", "main.rs"), ("main",), stack_mb=64),
     "bash": Toolchain("main.sh", ("bash", "main.sh"), memory_kind="as"),
 }  # fmt: skip
-# Memory a runtime needs on top of what the program may use (the JVM's metaspace, code cache, GC structures).
-RUNTIME_OVERHEAD_MB = {"java": 256, "javascript": 128, "typescript": 128}
 
 
 def program_files(language: str) -> set[str]:
@@ -169,7 +169,7 @@ def run_launch(
     files = {} if chain.compile else {chain.source: program}
     return Launch(
         files=files, argv=argv_for(chain.run, tools, memory_mb), binary_files=dict(built or {}),
-        memory_kind=chain.memory_kind, stack_mb=chain.stack_mb, extra_memory_mb=RUNTIME_OVERHEAD_MB.get(language, 0),
+        memory_kind=chain.memory_kind, stack_mb=chain.stack_mb, extra_memory_mb=chain.extra_memory_mb,
     )  # fmt: skip
 
 
