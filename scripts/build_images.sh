@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the three CPU images docker-compose.yml names (grpo-{reward,rollout,trainer}:$GRPO_TAG) and write
+# Build the three CPU images docker-compose.yml names (grpo-{reward,rollout,trainer}:$GRPO_TAG), and the slim
+# verifier grpo-reward:$GRPO_TAG-python, and write
 # each one's build seconds and size to a JSON file (default runs/images.json).
 #
 # The Dockerfiles are built from copies without their `# syntax=` line: BuildKit would pull that
@@ -23,21 +24,28 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$(dirname "$out")"
 echo "{" > "$tmp/images.json"
 sep=""
-for svc in reward rollout trainer; do
+# name, service, image tag, extra build arguments. reward-python is the slim verifier: Python (and Bash) only.
+builds=(
+  "reward reward $tag"
+  "reward-python reward $tag-python --build-arg LANGUAGES=python"
+  "rollout rollout $tag --target cpu"
+  "trainer trainer $tag --target cpu"
+)
+for build in "${builds[@]}"; do
+  read -r name svc image_tag args <<< "$build"
+  read -r -a args <<< "${args:-}"
   sed '/^# syntax=/d' "services/$svc/Dockerfile" > "$tmp/$svc.Dockerfile"
-  target=()
-  [ "$svc" = reward ] || target=(--target cpu)
   start=$(date +%s.%N)
-  if ! DOCKER_BUILDKIT=1 $docker build --network host --progress plain -f "$tmp/$svc.Dockerfile" "${target[@]}" \
-      -t "grpo-$svc:$tag" . > "$tmp/$svc.log" 2>&1; then
-    tail -40 "$tmp/$svc.log" >&2
-    echo "building grpo-$svc failed (log above)" >&2
+  if ! DOCKER_BUILDKIT=1 $docker build --network host --progress plain -f "$tmp/$svc.Dockerfile" "${args[@]}" \
+      -t "grpo-$svc:$image_tag" . > "$tmp/$name.log" 2>&1; then
+    tail -40 "$tmp/$name.log" >&2
+    echo "building grpo-$svc:$image_tag failed (log above)" >&2
     exit 1
   fi
   seconds=$(python3 -c "import time; print(round(time.time() - $start, 1))")
-  bytes=$($docker image inspect -f '{{.Size}}' "grpo-$svc:$tag")
-  echo "grpo-$svc:$tag built in ${seconds}s, $((bytes / 1000000)) MB"
-  printf '%s "%s": {"build_s": %s, "size_mb": %s}' "$sep" "$svc" "$seconds" "$((bytes / 1000000))" >> "$tmp/images.json"
+  bytes=$($docker image inspect -f '{{.Size}}' "grpo-$svc:$image_tag")
+  echo "grpo-$svc:$image_tag built in ${seconds}s, $((bytes / 1000000)) MB"
+  printf '%s "%s": {"build_s": %s, "size_mb": %s}' "$sep" "$name" "$seconds" "$((bytes / 1000000))" >> "$tmp/images.json"
   sep=$',\n'
 done
 printf '\n}\n' >> "$tmp/images.json"

@@ -222,3 +222,34 @@ def test_checker_programs_decide(sandbox: Sandbox, checker_language: str) -> Non
     broken = Judge(checker=Checker(checker_language, "this is not a program {"))
     [result] = run_code_tests(sandbox, "print(3, 4)", tests[:1], "python", timeout_s=10.0, judge=broken)
     assert result.verdict == "checker_error"  # the judge failed: never a verdict on the program
+
+
+# The same judge written the Codeforces way: testlib's streams, ranges and verdicts (testlib.h ships with the sandbox).
+TESTLIB_CHECKER = """#include "testlib.h"
+int main(int argc, char* argv[]) {
+    registerTestlibCmd(argc, argv);
+    long long n = inf.readLong();
+    long long want = ans.readLong();
+    if (want < 0 || want > n) quitf(_fail, "the answer file is broken: %lld", want);
+    long long a = ouf.readLong(0, n, "a"), b = ouf.readLong(0, n, "b");
+    if (a + b != n) quitf(_wa, "%lld + %lld != %lld", a, b, n);
+    quitf(_ok, "n = %lld", n);
+}
+"""
+
+
+def test_a_testlib_checker_builds_and_decides(sandbox: Sandbox) -> None:
+    """testlib's verdicts map to ours: _ok passes, _wa, a value out of range and a truncated output fail with
+    testlib's message, _fail (the checker's own failure) is a checker_error. One request: one checker build."""
+    from grpo.reward.verifiers.code import Checker, Judge
+
+    program = "n = int(input())\nprint({7: '3 4', 10: '1 1', 5: '3', 6: '-1 7', 8: '4 4'}[n])"
+    tests = [{"stdin": f"{n}\n", "expected_stdout": answer} for n, answer in
+             ((7, "0 7"), (10, "10 0"), (5, "0 5"), (6, "0 6"), (8, "99"))]  # fmt: skip
+    judge = Judge(checker=Checker("cpp", TESTLIB_CHECKER))
+    results = run_code_tests(sandbox, program, tests, "python", timeout_s=10.0, judge=judge)
+    verdicts = [(r.verdict, r.detail) for r in results]
+    assert [v for v, _ in verdicts] == ["pass", "fail", "fail", "fail", "checker_error"], verdicts
+    for (_, detail), said in zip(verdicts[1:], ("1 + 1 != 10", "Unexpected end of file", "violates the range [0, 6]",
+                                                 "answer file is broken: 99"), strict=True):  # fmt: skip
+        assert said in detail, (said, detail)

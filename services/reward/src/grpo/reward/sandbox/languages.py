@@ -20,6 +20,7 @@ against a program written to attack this harness.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -71,8 +72,10 @@ class Toolchain:
     # stack by RLIMIT_STACK, and under RLIMIT_DATA V8's helper threads then cannot start).
     stack_mb: int | None = None
     extra_memory_mb: int = 0  # what the runtime itself needs on top of the program's limit (JVM metaspace, V8)
+    headers: tuple[str, ...] = ()  # files from include/ written beside the source for the build
 
 
+INCLUDE = Path(__file__).parent / "include"
 NODE = ("node", "--max-old-space-size={memory_mb}", "--stack-size=16000", "main.js")
 # TypeScript is transpiled without type checking (as ts-node --transpile-only, esbuild and bun do): programs use
 # `require` and `process` without @types/node; syntax errors still fail the build with tsc's messages.
@@ -92,8 +95,9 @@ JVM = ("-Xmx{memory_mb}m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:A
 TOOLCHAINS: dict[str, Toolchain] = {
     "c": Toolchain("main.c", ("./main",), ("gcc", "-std=c17", "-O2", "-pipe", "-o", "main", "main.c", "-lm"), ("main",),
                    stack_mb=64),
+    # testlib.h beside the source: Codeforces-style checkers, validators and generators `#include "testlib.h"`.
     "cpp": Toolchain("main.cpp", ("./main",), ("g++", "-std=c++17", "-O2", "-pipe", "-o", "main", "main.cpp"),
-                     ("main",), stack_mb=64),
+                     ("main",), stack_mb=64, headers=("testlib.h",)),
     "java": Toolchain(
         "Main.java", ("java", *JVM, "-cp", ".", "Main"), ("javac", "-J-Xmx512m", "-encoding", "UTF-8", "Main.java"),
         ("*.class",), extra_memory_mb=256,
@@ -155,8 +159,13 @@ def build_launch(language: str, program: str, tools: dict[str, str]) -> Launch |
         return None
     return Launch(
         files={chain.source: program}, argv=argv_for(chain.compile, tools, 0), collect=chain.artifacts,
-        memory_kind="data",
+        memory_kind="data", binary_files={name: header(name) for name in chain.headers},
     )  # fmt: skip
+
+
+@functools.cache
+def header(name: str) -> bytes:
+    return (INCLUDE / name).read_bytes()
 
 
 def run_launch(

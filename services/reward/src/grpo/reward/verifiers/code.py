@@ -14,13 +14,16 @@ from grpo.reward.sandbox.languages import build, run_launch
 VERDICTS = ("pass", "fail", "compile_error", "timeout", "runtime_error", "memory_limit", "output_limit", "skipped",
             "checker_error", "sandbox_error")  # fmt: skip
 COMPARES = ("lines", "exact", "tokens", "case_insensitive", "float")
+CHECKER_REJECTS = frozenset({1, 2, 4, 7, 8})  # testlib's _wa, _pe, _dirt, _points, _unexpected_eof
 
 
 @dataclass(frozen=True)
 class Checker:
     """A special judge (testlib's convention): run as `checker input.txt output.txt answer.txt` with the test's
-    input, the program's output and the expected output; exit 0 accepts, 1 (wrong answer) and 2 (presentation
-    error) reject, anything else is a checker failure. What it prints on stderr is the verdict's detail."""
+    input, the program's output and the expected output. testlib's exit codes: 0 accepts; 1 (wrong answer),
+    2 (presentation error), 4 (dirt after the answer), 7 (points: partial credit, not a pass) and 8 (unexpected
+    end of output) reject; 3 (the checker's own failure) and anything else are a checker failure. What it prints
+    on stderr is the verdict's detail. C++ checkers may `#include "testlib.h"` (shipped with the sandbox)."""
 
     language: str
     code: str
@@ -214,7 +217,7 @@ def run_code_tests(
             return "pass", ""
         # A Python checker that raises also exits 1: its traceback marks a crash, not a rejection.
         crashed = checker.language == "python" and "Traceback (most recent call last)" in said.stderr
-        if said.status == "runtime_error" and said.exit_code in (1, 2) and not crashed:
+        if said.status == "runtime_error" and said.exit_code in CHECKER_REJECTS and not crashed:
             return "fail", f"the checker rejected the output: {message}"
         return "checker_error", f"the checker failed ({said.status}, exit code {said.exit_code}): {message}"
 
