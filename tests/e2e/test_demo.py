@@ -79,3 +79,21 @@ def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out[-4000:]
     assert _leftovers(run_dir, state) == []
+
+
+def test_demo_with_step_rewards_trains_on_them(tmp_path: Path) -> None:
+    """`grpo demo --preset prm`: the reward service scores each scratchpad column (rule column_addition), the
+    rollout places the steps on tokens, the trainer turns them into per-token advantages, and the model learns."""
+    proc = _demo(tmp_path, "--quick", "--preset", "prm", "--steps", "20", "--run-id", "prm")
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    run_dir = tmp_path / "runs" / "prm"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["grpo_steps"] == 20 and summary["config"]["preset"] == "prm"
+    assert summary["eval_accuracy_after"] > summary["eval_accuracy_before"], summary["eval_history"]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "train/loss" in r]
+    assert len(trained) == 20 and all("train/step_score_mean" in r for r in trained)
+    # Three columns and the answer for a well-formed answer: the steps are the scratchpad's, not one per sample.
+    assert max(r["train/steps_per_completion"] for r in trained) > 3.0
+    assert rows[-1]["tasks/dropped/unscored"] == 0 and rows[-1]["tasks/dropped/failed"] == 0

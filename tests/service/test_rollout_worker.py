@@ -231,3 +231,42 @@ def test_batches_group_equal_sampling_params_and_score_items_carry_token_counts(
     sample = Sample(token_ids=[5, 6, 7], logprobs=[-0.1] * 3, text="x", finish_reason="length")
     (item,) = score_items([a], Generated([[1]], [[sample]], 3, "sha"))
     assert item.id == "a/0" and item.checks.overlong.completion_tokens == 3 and item.checks.math.gold == "2"
+
+
+def test_step_scores_travel_with_their_token_ends(
+    service: RolloutService, queue: RunQueue, redis_url: str, live_reward: Any
+) -> None:
+    """A task asking for step scores: each sample carries the reward service's steps and, per step, the fewest
+    completion tokens whose text reaches its end (the rollout's own tokenizer, multi-character BPE tokens)."""
+    task = math_task("st1", 47, 586, text="047+586=")
+    task.checks.steps.CopyFrom(reward_pb2.StepsCheck(source="rule", rule="column_addition"))
+    queue.publish_tasks([task])
+    with worker(service, redis_url, live_reward.grpc_addr):
+        (group,) = wait_groups(queue, {"st1"})["st1"]
+    assert group.status == "ok", group.error
+    tokenizer = service.tokenizer
+    for sample in group.samples:
+        ids, text = list(sample.completion.token_ids), sample.completion.text
+        assert sample.steps and len(sample.step_token_ends) == len(sample.steps)
+        assert all(s.HasField("score") for s in sample.steps)  # a random model's text is judged, not skipped
+        for step, end in zip(sample.steps, sample.step_token_ends, strict=True):
+            assert 0 <= step.start <= step.end <= len(text) and 0 <= end <= len(ids)
+            reached = tokenizer.decode(ids[:end], skip_special_tokens=True)
+            assert len(reached) >= step.end  # the tokens cover the step ...
+            if end > 0:  # ... and one token fewer would not
+                assert len(tokenizer.decode(ids[: end - 1], skip_special_tokens=True)) < step.end
+        assert list(sample.step_token_ends) == sorted(sample.step_token_ends)
+
+
+def test_token_ends_with_tokens_of_several_characters() -> None:
+    from grpo.rollout.records import token_ends
+
+    pieces = ["<think>", "13", " ", "1", "3 0", "6", "</think>"]  # token i decodes to pieces[i]
+
+    def decode(ids: list[int]) -> str:
+        return "".join(pieces[i] for i in ids)
+
+    ids = list(range(len(pieces)))
+    # char ends: after "13" (9), inside the token "3 0" (13: after "3"), the very end (22), and 0
+    assert token_ends(decode, ids, [9, 13, 22, 0]) == [2, 5, 7, 0]
+    assert token_ends(decode, [], [0]) == [0]

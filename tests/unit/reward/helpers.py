@@ -66,3 +66,24 @@ def self_signed_cert(folder: Path) -> tuple[Path, Path]:
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     return cert, key
+
+
+def save_tiny_prm(path: Path, step_token: str = "<extra_0>") -> Path:
+    """A randomly initialised one-layer Qwen2 token classifier (2 labels: bad, good step) with `step_token` added to
+    its tokenizer, saved as Qwen2.5-Math-PRM's folder would be read (token-classification head)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForTokenClassification
+
+    from grpo.common.tiny_model import build_tokenizer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer(vocab_size=300)
+    tokenizer.add_special_tokens({"additional_special_tokens": [step_token]})
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=512, num_labels=2, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    Qwen2ForTokenClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -114,3 +114,13 @@ def test_a_bad_row_fails_on_every_rank_before_any_pass() -> None:
     for rank in (0, 1):
         with pytest.raises(ValueError, match="1 sampler log-probs for 3 completion tokens"):
             plan_rank(batch, rank=rank, world_size=2, micro_batch_size=1, max_tokens=None, mask_truncated=True)
+
+
+def test_token_advantages_align_with_targets_and_are_validated() -> None:
+    mb = collate([sample(2, 3, token_advantages=[1.0, -2.0, 0.5]), sample(3, 1)], pad_id=0, mask_truncated=True)
+    # row 0: the targets at 1..3 are its completion; row 1 (target 2) has no per-token advantages: its scalar, 1.0
+    assert mb.advantages.shape == (2, 4)
+    assert mb.advantages[0].tolist() == [0.0, 1.0, -2.0, 0.5] and mb.advantages[1].tolist() == [0.0, 0.0, 1.0, 0.0]
+    assert collate([sample(2, 3)], pad_id=0, mask_truncated=True).advantages.shape == (1,)  # outcome: one each
+    with pytest.raises(ValueError, match="2 token advantages for 3 completion tokens"):
+        collate([sample(2, 3, token_advantages=[1.0, 2.0])], pad_id=0, mask_truncated=True)

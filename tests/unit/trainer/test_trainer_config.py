@@ -169,3 +169,27 @@ def test_task_spec_and_overlong_cap(data: Path) -> None:
     assert overlong_buffer(s, algo) == 8  # DAPO's 4096 capped to half the budget
     spec = task_spec(s, algo)
     assert spec.group_size == 4 and spec.sampling().n == 4 and spec.sampling().max_new_tokens == 16
+
+
+def test_step_credit_needs_a_step_check_and_sends_it_with_every_training_task(data: Path) -> None:
+    from grpo.trainer.assemble import check_step_credit
+    from grpo.trainer.data import load_rows
+    from grpo.trainer.publisher import build_task
+
+    s = parse_settings(["--train-data", str(data), "--preset", "prm"])
+    algo = resolve_algo(s)
+    assert algo.credit == "process" and algo.process_weight == 0.5
+    rows = load_rows(data)
+    with pytest.raises(ValueError, match=r"needs step scores, but 1 of 1 rows .* set `step_check`"):
+        check_step_credit(s, algo, rows)
+    s = parse_settings(["--train-data", str(data), "--preset", "prm", "--step-check",
+                        '{"source": "rule", "rule": "column_addition"}'])  # fmt: skip
+    check_step_credit(s, algo, rows)
+    spec = task_spec(s, algo)
+    task = build_task(rows[0], "t-e0-0", 0, spec)
+    assert task.checks.steps.source == "rule" and task.checks.steps.rule == "column_addition"
+    assert not build_task(rows[0], "t-e0-0", 0, spec, evaluation=True).checks.HasField("steps")  # eval: outcome only
+    with pytest.raises(ValidationError, match=r'step_check: .*no field named "rules"'):
+        parse_settings(["--train-data", str(data), "--step-check", '{"source": "rule", "rules": "x"}'])
+    with pytest.raises(ValidationError, match=r"step_check\.source must be rule or prm"):
+        parse_settings(["--train-data", str(data), "--step-check", '{"rule": "column_addition"}'])

@@ -81,3 +81,45 @@ def test_auto_basis_is_accuracy_only_with_dynamic_sampling() -> None:
     assert get_preset("grpo").with_overrides(zero_variance_on="accuracy").zero_variance_basis() == "accuracy"
     with pytest.raises(ValueError, match="zero_variance_on"):
         get_preset("grpo").with_overrides(zero_variance_on="format").zero_variance_basis()
+
+
+def stepped(rewards: list[float], steps: list[list[float | None]], ends: list[list[int]]) -> queue_pb2.GroupRecord:
+    """A group whose samples carry step scores (None: not judged) and their token ends."""
+    rec = record(list(rewards))
+    for sample, scores, token_ends in zip(rec.samples, steps, ends, strict=True):
+        sample.completion.token_ids[:] = [7] * (token_ends[-1] + 1)  # one trailing token after the last step
+        for k, score in enumerate(scores):
+            step = sample.steps.add(start=k, end=k + 1, status="ok" if score is not None else "cannot_judge")
+            if score is not None:
+                step.score = score
+        sample.step_token_ends.extend(token_ends)
+    return rec
+
+
+def test_process_credit_spreads_step_advantages_over_tokens() -> None:
+    from grpo.algo import get_preset
+    from grpo.trainer.consumer import process_credit
+
+    # Step scores {1, 0 | 1, 1}, eps 0: normalised [0.5, −1.5 | 0.5, 0.5], cumulative [−1, −1.5 | 1, 0.5].
+    rec = stepped([0.0, 1.0], [[1.0, 0.0], [1.0, 1.0]], [[2, 3], [1, 2]])
+    algo = get_preset("prm").with_overrides(advantage_eps=0.0, process_weight=1.0)
+    tokens = process_credit(rec, [-0.7, 0.7], algo)
+    assert tokens[0] == pytest.approx([-1.0, -1.0, -1.5, -1.5])  # step 0: tokens 0–1; step 1: token 2 and the tail
+    assert tokens[1] == pytest.approx([1.0, 0.5, 0.5])
+    half = process_credit(rec, [-0.7, 0.7], algo.with_overrides(process_weight=0.5))
+    assert half[0] == pytest.approx([-0.85, -0.85, -1.1, -1.1])  # (−0.7 − 1) / 2, (−0.7 − 1.5) / 2
+    aligned = process_credit(rec, [0.0, 0.0], algo.with_overrides(process_advantage="step_aligned"))
+    assert aligned[0][0] == 0.0 and aligned[0][-1] < 0 < aligned[1][-1]  # step 0 agrees; step 1: 0 vs 1
+
+
+def test_step_credit_triage_needs_judged_steps_and_sees_their_variance() -> None:
+    unjudged = stepped([1.0, 0.0], [[1.0, None], [1.0, 0.0]], [[1, 2], [1, 2]])
+    assert facts_of(unjudged).rewards == (1.0, 0.0)  # outcome credit: the steps do not matter
+    assert facts_of(unjudged, steps=True).rewards == (None, 0.0)  # step credit: unscored, never a made-up 0
+    flat_rewards = stepped([1.0, 1.0], [[1.0, 0.0], [1.0, 1.0]], [[1, 2], [1, 2]])
+    assert max(facts_of(flat_rewards).signal) == min(facts_of(flat_rewards).signal)  # outcome: zero variance
+    signal = facts_of(flat_rewards, steps=True).signal
+    assert max(signal) != min(signal)  # step credit: the steps still teach something
+    all_flat = stepped([1.0, 1.0], [[1.0, 1.0], [1.0]], [[1, 2], [1]])
+    signal = facts_of(all_flat, steps=True).signal
+    assert max(signal) == min(signal)

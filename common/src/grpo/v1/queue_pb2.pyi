@@ -38,7 +38,7 @@ class PromptTask(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., prompt: _Optional[_Union[_rollout_pb2.Prompt, _Mapping]] = ..., checks: _Optional[_Union[_reward_pb2.Checks, _Mapping]] = ..., weights: _Optional[_Mapping[str, float]] = ..., sampling: _Optional[_Union[_rollout_pb2.SamplingParams, _Mapping]] = ..., task_type: _Optional[str] = ..., attempt: _Optional[int] = ..., eval: _Optional[bool] = ...) -> None: ...
 
 class SampleRecord(_message.Message):
-    __slots__ = ("completion", "reward", "components")
+    __slots__ = ("completion", "reward", "components", "steps", "step_token_ends")
     class ComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -49,10 +49,14 @@ class SampleRecord(_message.Message):
     COMPLETION_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TOKEN_ENDS_FIELD_NUMBER: _ClassVar[int]
     completion: _rollout_pb2.Completion
     reward: float
     components: _containers.MessageMap[str, _reward_pb2.ComponentResult]
-    def __init__(self, completion: _Optional[_Union[_rollout_pb2.Completion, _Mapping]] = ..., reward: _Optional[float] = ..., components: _Optional[_Mapping[str, _reward_pb2.ComponentResult]] = ...) -> None: ...
+    steps: _containers.RepeatedCompositeFieldContainer[_reward_pb2.StepScore]
+    step_token_ends: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, completion: _Optional[_Union[_rollout_pb2.Completion, _Mapping]] = ..., reward: _Optional[float] = ..., components: _Optional[_Mapping[str, _reward_pb2.ComponentResult]] = ..., steps: _Optional[_Iterable[_Union[_reward_pb2.StepScore, _Mapping]]] = ..., step_token_ends: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GroupRecord(_message.Message):
     __slots__ = ("group_id", "task_id", "policy_version", "weight_version", "weight_checksum", "prompt_token_ids", "samples", "status", "error", "replica_id", "generate_s", "score_s", "eval")

@@ -243,8 +243,42 @@ class PluginCheck(_message.Message):
     kwargs_json: str
     def __init__(self, kwargs_json: _Optional[str] = ...) -> None: ...
 
+class StepsCheck(_message.Message):
+    __slots__ = ("source", "rule", "delimiter", "spans")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    DELIMITER_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    rule: str
+    delimiter: str
+    spans: _containers.RepeatedCompositeFieldContainer[Span]
+    def __init__(self, source: _Optional[str] = ..., rule: _Optional[str] = ..., delimiter: _Optional[str] = ..., spans: _Optional[_Iterable[_Union[Span, _Mapping]]] = ...) -> None: ...
+
+class Span(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class StepScore(_message.Message):
+    __slots__ = ("start", "end", "score", "status", "detail")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    score: float
+    status: str
+    detail: str
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., score: _Optional[float] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
 class Checks(_message.Message):
-    __slots__ = ("math", "code", "format", "language", "overlong", "reward_model", "plugins")
+    __slots__ = ("math", "code", "format", "language", "overlong", "reward_model", "plugins", "steps")
     class PluginsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +293,7 @@ class Checks(_message.Message):
     OVERLONG_FIELD_NUMBER: _ClassVar[int]
     REWARD_MODEL_FIELD_NUMBER: _ClassVar[int]
     PLUGINS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     math: MathCheck
     code: CodeCheck
     format: FormatCheck
@@ -266,7 +301,8 @@ class Checks(_message.Message):
     overlong: OverlongCheck
     reward_model: RewardModelCheck
     plugins: _containers.MessageMap[str, PluginCheck]
-    def __init__(self, math: _Optional[_Union[MathCheck, _Mapping]] = ..., code: _Optional[_Union[CodeCheck, _Mapping]] = ..., format: _Optional[_Union[FormatCheck, _Mapping]] = ..., language: _Optional[_Union[LanguageCheck, _Mapping]] = ..., overlong: _Optional[_Union[OverlongCheck, _Mapping]] = ..., reward_model: _Optional[_Union[RewardModelCheck, _Mapping]] = ..., plugins: _Optional[_Mapping[str, PluginCheck]] = ...) -> None: ...
+    steps: StepsCheck
+    def __init__(self, math: _Optional[_Union[MathCheck, _Mapping]] = ..., code: _Optional[_Union[CodeCheck, _Mapping]] = ..., format: _Optional[_Union[FormatCheck, _Mapping]] = ..., language: _Optional[_Union[LanguageCheck, _Mapping]] = ..., overlong: _Optional[_Union[OverlongCheck, _Mapping]] = ..., reward_model: _Optional[_Union[RewardModelCheck, _Mapping]] = ..., plugins: _Optional[_Mapping[str, PluginCheck]] = ..., steps: _Optional[_Union[StepsCheck, _Mapping]] = ...) -> None: ...
 
 class ScoreItem(_message.Message):
     __slots__ = ("id", "prompt", "completion", "checks", "weights")
@@ -308,7 +344,7 @@ class ComponentResult(_message.Message):
     def __init__(self, score: _Optional[float] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ScoreResult(_message.Message):
-    __slots__ = ("id", "reward", "status", "error", "components")
+    __slots__ = ("id", "reward", "status", "error", "components", "steps")
     class ComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -321,12 +357,14 @@ class ScoreResult(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     id: str
     reward: float
     status: str
     error: str
     components: _containers.MessageMap[str, ComponentResult]
-    def __init__(self, id: _Optional[str] = ..., reward: _Optional[float] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., components: _Optional[_Mapping[str, ComponentResult]] = ...) -> None: ...
+    steps: _containers.RepeatedCompositeFieldContainer[StepScore]
+    def __init__(self, id: _Optional[str] = ..., reward: _Optional[float] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., components: _Optional[_Mapping[str, ComponentResult]] = ..., steps: _Optional[_Iterable[_Union[StepScore, _Mapping]]] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
     __slots__ = ("results",)

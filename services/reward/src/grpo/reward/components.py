@@ -33,6 +33,7 @@ from grpo.reward.verifiers.math import verify_math
 from grpo.reward.verifiers.overlong import overlong_reward
 from grpo.reward.verifiers.plugins import RewardFn, load_plugins, run_plugin
 from grpo.reward.verifiers.result import Judgement
+from grpo.reward.verifiers.steps import STEP_RULES, StepJudgement, cut_at
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,13 @@ class ComponentRunner:
         self.code_threads, self.aux_threads = code_threads, aux_threads
         self.plugins: dict[str, RewardFn] = load_plugins(settings.plugins)
         self.reward_model: Any = None
+        self.prm: Any = None
+        if settings.prm_path:
+            from grpo.reward.verifiers.prm import ProcessRewardModel
+
+            self.prm = ProcessRewardModel(
+                settings.prm_path, settings.prm_step_token, settings.prm_max_length, settings.prm_trust_remote_code
+            )
         if settings.reward_model_path:
             from grpo.reward.verifiers.reward_model import RewardModel
 
@@ -203,6 +211,10 @@ class ScoreBatch:
         rm_items = [item for item in items if item.checks.reward_model is not None]
         if rm_items:
             self._batched["reward_model"] = asyncio.ensure_future(self._reward_model(rm_items))
+        prm_items = [i for i in items if i.checks.steps is not None and i.checks.steps.source == "prm"]
+        self._prm_batch: asyncio.Future[dict[str, list[StepJudgement]]] | None = None
+        if prm_items:
+            self._prm_batch = asyncio.ensure_future(self._prm(prm_items))
 
     async def _in_thread(self, name: str, fn: Any, ids: list[str], timeout: float) -> dict[str, Judgement]:
         started = time.monotonic()
@@ -236,6 +248,24 @@ class ScoreBatch:
 
         timeout = self.deadline - time.monotonic()
         return await self._in_thread("reward_model", run, [i.id for i in items], timeout)
+
+    async def _prm(self, items: list[ScoreItem]) -> dict[str, list[StepJudgement]]:
+        """Every PRM item of the request in one thread; a failure makes each of its steps an error, never a 0."""
+        model, started = self.runner.prm, time.monotonic()
+        cuts = {item.id: prm_spans(item) for item in items}
+
+        def run() -> dict[str, list[StepJudgement]]:
+            return {item.id: model.score(item.prompt, item.completion, cuts[item.id]) for item in items}
+
+        loop = asyncio.get_running_loop()
+        try:
+            timeout = self.deadline - time.monotonic()
+            judged = await asyncio.wait_for(loop.run_in_executor(self.runner.aux_threads, run), timeout)
+        except Exception as exc:  # TimeoutError included
+            why = f"the PRM failed: {type(exc).__name__}: {exc}" if str(exc) else "the PRM gave no answer in time"
+            judged = {i: [StepJudgement(s, e, None, "error", why) for s, e in cut] for i, cut in cuts.items()}
+        metrics.VERIFIER_SECONDS.labels("prm").observe(time.monotonic() - started)
+        return judged
 
     async def score_item(self, item: ScoreItem) -> ScoreResult:
         """All of one item's components, combined by the scoring rules."""
@@ -272,8 +302,37 @@ class ScoreBatch:
             if name in judged:
                 metrics.VERDICTS.labels(name, judged[name].status).inc()
         ordered = {name: judged[name] for name in checks.names()}
-        return combine(item.id, ordered, item.weights, time.monotonic() - started)
+        steps = await self._steps(item) if checks.steps is not None else None
+        return combine(item.id, ordered, item.weights, time.monotonic() - started, steps)
+
+    async def _steps(self, item: ScoreItem) -> list[StepJudgement]:
+        """The item's step scores: a rule inline (pure and fast), the PRM in its batch."""
+        steps = item.checks.steps
+        assert steps is not None
+        if steps.source == "rule":
+            try:
+                judged = STEP_RULES[steps.rule](item.prompt, item.completion)
+            except Exception as exc:  # a bug in a rule is the machinery's failure, never a 0
+                log.exception("step rule %s failed", steps.rule)
+                judged = [StepJudgement(0, len(item.completion), None, "error", f"{type(exc).__name__}: {exc}")]
+        else:
+            assert self._prm_batch is not None
+            judged = (await self._prm_batch)[item.id]
+        for j in judged:
+            metrics.VERDICTS.labels("steps", j.status).inc()
+        return judged
 
     def cancel(self) -> None:
         for task in self._batched.values():
             task.cancel()
+        if self._prm_batch is not None:
+            self._prm_batch.cancel()
+
+
+def prm_spans(item: ScoreItem) -> list[tuple[int, int]]:
+    """The steps a PRM scores: the item's spans, else its delimiter's cut (default: lines)."""
+    steps = item.checks.steps
+    assert steps is not None
+    if steps.spans is not None:
+        return [(span.start, span.end) for span in steps.spans]
+    return cut_at(item.completion, steps.delimiter or "\n")

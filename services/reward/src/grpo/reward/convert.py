@@ -41,6 +41,8 @@ def _adapt_checks_in(checks: dict[str, Any]) -> dict[str, Any]:
             _drop_empty(checks["code"]["checker"], "language")
     if "language" in checks:
         _drop_empty(checks["language"], "target")
+    if "steps" in checks and checks["steps"].get("spans") == []:
+        del checks["steps"]["spans"]  # an empty repeated field is "unset": the delimiter or the rule's own cut
     for name, plugin in checks.get("plugins", {}).items():
         raw = plugin.pop("kwargs_json", "") or "{}"
         try:

@@ -168,6 +168,8 @@ class RewardCore:
                 self._check_language(f"items[{i}].checks.code.language", checks.code.language, checks.code.tests)
             if checks.reward_model is not None and self.components.reward_model is None:
                 raise InputError(f"items[{i}]: the reward_model component is not enabled on this server")
+            if checks.steps is not None and checks.steps.source == "prm" and self.components.prm is None:
+                raise InputError(f"items[{i}]: steps from a process reward model need the server's prm_path setting")
             unknown = sorted(set(checks.plugins) - set(self.components.plugins))
             if unknown:
                 known = sorted(self.components.plugins) or "none"

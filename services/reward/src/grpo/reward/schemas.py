@@ -238,6 +238,45 @@ class PluginCheck(Model):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the plug-in.")
 
 
+class Span(Model):
+    start: int = Field(ge=0, description="First character of the step in the completion.")
+    end: int = Field(ge=0, description="One past its last character.")
+
+
+class StepsCheck(Model):
+    """Step scores next to the outcome components (process supervision); see docs/reward.md "Step scores"."""
+
+    source: Literal["rule", "prm"] = Field(description="rule: a built-in step verifier; prm: the server's PRM.")
+    rule: str = Field(default="", description="source rule: the step verifier's name, e.g. column_addition.")
+    delimiter: str | None = Field(
+        default=None, min_length=1, description='source prm: cut the completion at this string (default "\n").'
+    )
+    spans: list[Span] | None = Field(default=None, min_length=1, description="source prm: explicit step spans.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StepsCheck:
+        from grpo.reward.verifiers.steps import STEP_RULES
+
+        if self.source == "rule":
+            if self.rule not in STEP_RULES:
+                raise ValueError(f"unknown step rule {self.rule!r}; available: {sorted(STEP_RULES)}")
+            if self.delimiter is not None or self.spans is not None:
+                raise ValueError("a step rule cuts the completion itself: give delimiter or spans with source prm")
+        elif self.rule:
+            raise ValueError("rule is for source rule; source prm scores the steps with the server's PRM")
+        if self.delimiter is not None and self.spans is not None:
+            raise ValueError("give delimiter or spans, not both")
+        return self
+
+
+class StepScore(Model):
+    start: int
+    end: int
+    score: float | None = Field(default=None, description="null when the step cannot be judged (see status).")
+    status: str
+    detail: str = ""
+
+
 class Checks(Model):
     math: MathCheck | None = None
     code: CodeCheck | None = None
@@ -246,6 +285,7 @@ class Checks(Model):
     overlong: OverlongCheck | None = None
     reward_model: RewardModelCheck | None = None
     plugins: dict[str, PluginCheck] = Field(default_factory=dict, description="Plug-in reward functions by name.")
+    steps: StepsCheck | None = Field(default=None, description="Step scores, reported beside the reward.")
 
     def names(self) -> list[str]:
         """The component names this item asked for (plug-ins by their own name)."""
@@ -266,10 +306,14 @@ class ScoreItem(Model):
     def _known_weights(self) -> ScoreItem:
         names = self.checks.names()
         if not names:
-            raise ValueError("checks must ask for at least one component")
+            raise ValueError("checks must ask for at least one component (steps alone give no reward)")
         unknown = sorted(set(self.weights) - set(names))
         if unknown:
             raise ValueError(f"weights name components not in checks: {unknown}; checks: {names}")
+        if self.checks.steps is not None and self.checks.steps.spans is not None:
+            from grpo.reward.verifiers.steps import check_spans
+
+            check_spans([(span.start, span.end) for span in self.checks.steps.spans], self.completion)
         return self
 
 
@@ -302,6 +346,7 @@ class ScoreResult(Model):
     status: Literal["ok", "error"]
     error: str = Field(default="", description="Why reward is null (cannot judge, or the infrastructure error).")
     components: dict[str, ComponentResult] = Field(default_factory=dict)
+    steps: list[StepScore] = Field(default_factory=list, description="When checks.steps asked for them.")
     wall_s: float = 0.0
 
 

@@ -21,6 +21,9 @@ Per component:
 | reward_model | the model's first logit | — | the model raised |
 | plug-ins | the returned float | the plug-in returned None | it raised, returned a non-number, or the wrong count |
 
+Step scores (checks.steps) are reported beside the reward, never folded into it: 1 / 0 from a rule, a
+probability from a PRM, null when a step cannot be judged; a step scorer that failed makes the item an error.
+
 A component with weight 0 is informational: its result is reported, but it cannot null
 the reward. Components without a weight count 1.
 """
@@ -29,8 +32,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from grpo.reward.schemas import CodeTestResult, ComponentResult, ScoreResult, VerifyMathResponse
+from grpo.reward.schemas import CodeTestResult, ComponentResult, ScoreResult, StepScore, VerifyMathResponse
 from grpo.reward.verifiers.result import Judgement
+from grpo.reward.verifiers.steps import StepJudgement
 
 FAILED_STATUSES = frozenset({"error", "sandbox_error", "checker_error", "pool_error"})
 MATH_SCORES = {"correct": 1.0, "incorrect": 0.0, "unparseable_answer": 0.0}
@@ -61,12 +65,39 @@ def code_judgement(tests: Sequence[CodeTestResult], partial_credit: bool = True)
 
 
 def combine(
-    item_id: str, components: Mapping[str, Judgement], weights: Mapping[str, float], wall_s: float = 0.0
+    item_id: str,
+    components: Mapping[str, Judgement],
+    weights: Mapping[str, float],
+    wall_s: float = 0.0,
+    steps: Sequence[StepJudgement] | None = None,
 ) -> ScoreResult:
-    """The weighted reward of one item, or null with the reason (see the module docstring)."""
+    """The weighted reward of one item, or null with the reason (see the module docstring).
+
+    Step scores are reported beside the reward and do not change it; a step whose scorer failed fails the item
+    (its steps are part of what was asked), a step that cannot be judged is reported as such.
+    """
     reported = {
         name: ComponentResult(score=j.score, status=j.status, detail=j.detail) for name, j in components.items()
     }
+    scored_steps = [StepScore(start=j.start, end=j.end, score=j.score, status=j.status, detail=j.detail)
+                    for j in steps or ()]  # fmt: skip
+    result = _combine(item_id, components, weights, wall_s, reported)
+    result.steps = scored_steps
+    broken = [j for j in steps or () if j.status in FAILED_STATUSES]
+    if broken:
+        why = f"steps: {len(broken)} step(s) failed ({broken[0].detail})"
+        result.reward, result.status = None, "error"
+        result.error = f"{result.error}; {why}" if result.error else why
+    return result
+
+
+def _combine(
+    item_id: str,
+    components: Mapping[str, Judgement],
+    weights: Mapping[str, float],
+    wall_s: float,
+    reported: dict[str, ComponentResult],
+) -> ScoreResult:
     failed, unjudged, reward = [], [], 0.0
     for name, j in components.items():
         weight = weights.get(name, 1.0)

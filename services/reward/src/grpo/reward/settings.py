@@ -76,6 +76,15 @@ class RewardSettings(ServiceSettings):
     """Pairs per reward-model forward pass."""
     reward_model_max_length: int = Field(default=1024, ge=8)
     """Token limit per (prompt, completion) pair for the reward model."""
+    prm_path: str | None = None
+    """A process reward model (local folder or hub id) for `steps` with source prm; off when unset. Loaded as open
+    PRMs are used: a token-classification head read at a separator token after each step (Qwen2.5-Math-PRM)."""
+    prm_step_token: str = "<extra_0>"
+    """The separator placed after each step; the PRM's P(good step) is read at it (Qwen2.5-Math-PRM's token)."""
+    prm_trust_remote_code: bool = False
+    """Allow the PRM folder's own modelling code (Qwen2.5-Math-PRM ships its head as remote code)."""
+    prm_max_length: int = Field(default=4096, ge=8)
+    """Token limit of one (prompt, steps) input; steps past it cannot be judged (null)."""
     plugins: dict[str, str] = Field(default_factory=dict)
     """Plug-in reward functions, name -> 'package.module:function' (config file or JSON in env)."""
     plugin_timeout_s: float = Field(default=30.0, gt=0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,26 @@ class Generated:
     completions: list[list[Any]]  # per prompt: objects with text, token_ids, logprobs, finish_reason
     weight_version: int
     weight_checksum: str
+    decode: Callable[[list[int]], str] | None = None  # the engine's detokenizer, to place step ends on tokens
+
+
+def token_ends(decode: Callable[[list[int]], str], token_ids: Sequence[int], char_ends: Sequence[int]) -> list[int]:
+    """For each character offset of the completion text, the fewest tokens whose text reaches it.
+
+    Binary search on decoded prefixes (their length grows with the token count): about log2(T) decodes per step
+    end, exact for any tokenizer, including tokens that hold several characters or part of one.
+    """
+    out = []
+    for end in char_ends:
+        lo, hi = 0, len(token_ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(decode(list(token_ids[:mid]))) >= end:
+                hi = mid
+            else:
+                lo = mid + 1
+        out.append(lo)
+    return out
 
 
 def score_items(tasks: Sequence[queue_pb2.PromptTask], generated: Generated) -> list[reward_pb2.ScoreItem]:
@@ -92,6 +112,11 @@ def group_records(
                 sample.reward = result.reward
             for name, component in result.components.items():
                 sample.components[name].CopyFrom(component)
+            if result.steps:
+                sample.steps.extend(result.steps)
+                if generated.decode is not None:
+                    ends = token_ends(generated.decode, c.token_ids, [step.end for step in result.steps])
+                    sample.step_token_ends.extend(ends)
         if results is not None and any(f"{task.task_id}/{i}" not in by_id for i in range(len(record.samples))):
             record.status, record.error = "failed", "reward service returned no result for some samples"
         records.append(record)

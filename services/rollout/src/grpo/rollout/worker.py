@@ -277,7 +277,12 @@ def service_generator(service: RolloutService) -> Callable[[Sequence[queue_pb2.P
         params = sampling_params(tasks[0].sampling, service.limits)
         prompts = encode_prompts(service, [t.prompt for t in tasks], params.max_new_tokens)
         outputs, version, checksum = service.generate(prompts, params, source="worker")
-        return Generated([o.prompt_token_ids for o in outputs], [o.samples for o in outputs], version, checksum)
+        return Generated(
+            [o.prompt_token_ids for o in outputs], [o.samples for o in outputs], version, checksum, decode=decode
+        )
+
+    def decode(token_ids: list[int]) -> str:  # as the engines decode a completion's text
+        return str(service.tokenizer.decode(token_ids, skip_special_tokens=True))
 
     return generate
 

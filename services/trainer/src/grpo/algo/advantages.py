@@ -12,7 +12,7 @@ from torch import Tensor
 AdvantageFn = Callable[[Tensor, float, bool], Tensor]
 
 
-def _std(r: Tensor, unbiased: bool, dim: int | None = None) -> Tensor:
+def std(r: Tensor, unbiased: bool, dim: int | None = None) -> Tensor:
     """Population std (numpy's default, ÷n) or Bessel-corrected std (÷(n−1), torch's default)."""
     n = r.numel() if dim is None else r.shape[dim]
     correction = 1 if unbiased and n > 1 else 0  # n = 1: a flat group, zeroed later; avoid torch's dof warning
@@ -23,7 +23,7 @@ def _std(r: Tensor, unbiased: bool, dim: int | None = None) -> Tensor:
 
 def grpo_advantages(r: Tensor, eps: float, std_unbiased: bool) -> Tensor:
     """A_i = (r_i − mean(r)) / (std(r) + eps) within the group (Shao et al., 2024, DeepSeekMath §4.1.2)."""
-    return (r - r.mean(dim=1, keepdim=True)) / (_std(r, std_unbiased, dim=1) + eps)
+    return (r - r.mean(dim=1, keepdim=True)) / (std(r, std_unbiased, dim=1) + eps)
 
 
 def dr_grpo_advantages(r: Tensor, eps: float, std_unbiased: bool) -> Tensor:
@@ -47,7 +47,7 @@ def reinforce_pp_advantages(r: Tensor, eps: float, std_unbiased: bool) -> Tensor
     reduces to the division by their batch std. Computed once per completion (not per token as in OpenRLHF).
     """
     centred = r - r.mean(dim=1, keepdim=True)
-    return centred / (_std(centred.flatten(), std_unbiased) + eps)
+    return centred / (std(centred.flatten(), std_unbiased) + eps)
 
 
 def rank_advantages(r: Tensor, eps: float, std_unbiased: bool) -> Tensor:

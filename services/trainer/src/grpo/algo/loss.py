@@ -74,7 +74,8 @@ def policy_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """L = agg[ −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A)·w + β·KL ] (Shao et al., 2024; ε_high: Yu et al., 2025).
 
-    logp, old_logp, ref_logp, sampler_logp, mask: [B, T]; advantages [B], shared by a completion's tokens;
+    logp, old_logp, ref_logp, sampler_logp, mask: [B, T]; advantages [B], shared by a completion's tokens, or
+    [B, T], one per token (process supervision, VinePPO: see credit.py);
     w = TIS weight (1 without sampler_logp); logits [B, T, V] or entropy [B, T] only feed the entropy metric.
     Returns the 0-dim loss and detached 0-dim metrics. Masked positions may hold anything, even inf/NaN.
     """
@@ -87,7 +88,9 @@ def policy_loss(
     # PPO-clip: the min() keeps the pessimistic branch, so the gradient vanishes once the ratio has moved
     # past 1+ε_high on a positive advantage (or below 1−ε_low on a negative one).
     ratio = RATIO_LEVELS[ratio_level](logp, old_logp, mask)  # [B, T]
-    adv = advantages.to(logp.dtype).unsqueeze(-1)  # [B, 1]: outcome reward → every token of the completion
+    # [B] → [B, 1]: an outcome advantage for every token of the completion; [B, T]: step/token-level credit.
+    adv = advantages.to(logp.dtype)
+    adv = adv.unsqueeze(-1) if adv.dim() == 1 else zero_masked(adv, mask)
     surrogate = ratio * adv
     clipped_surrogate = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
     pg_per_token = -torch.minimum(surrogate, clipped_surrogate)  # [B, T]
@@ -168,8 +171,11 @@ def _check_inputs(
     for name, t in (("old_logp", old_logp), ("mask", mask)):
         if t.shape != logp.shape:
             raise ValueError(f"{name} shape {tuple(t.shape)} != logp shape {tuple(logp.shape)}")
-    if advantages.shape != logp.shape[:1]:
-        raise ValueError(f"advantages must be [B] = [{logp.shape[0]}], got shape {tuple(advantages.shape)}")
+    if advantages.shape not in (logp.shape[:1], logp.shape):
+        raise ValueError(
+            f"advantages must be [B] = [{logp.shape[0]}] (one per completion) or [B, T] = {list(logp.shape)} "
+            f"(one per token), got shape {tuple(advantages.shape)}"
+        )
     if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
         raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
     if beta < 0:

@@ -36,6 +36,10 @@ class LossConfig:
     ref_refresh_steps: int | None = 400  # π_ref ← π_θ every N steps; None = never (or no reference at beta 0)
     overlong_soft_penalty: bool = False  # DAPO soft overlong punishment, applied by the reward service
     overlong_buffer: int | None = None  # tokens before the hard limit where that penalty ramps up
+    # credit (credit.py): `outcome`, one advantage per completion; `process`, per step from step scores
+    credit: str = "outcome"
+    process_advantage: str = "cumulative"  # DeepSeekMath's Σ of later normalised steps, or `step_aligned`
+    process_weight: float = 1.0  # A = (1 − w)·A_outcome + w·A_process; 1: pure process supervision
     notes: str = field(default="", compare=False)
 
     def advantage_kwargs(self) -> dict[str, Any]:
@@ -142,6 +146,15 @@ PRESETS: dict[str, LossConfig] = {
         beta=0.0,
         ref_refresh_steps=None,
         notes="Length-normalised sequence ratio, clip range 3e-4/4e-4 as in the paper's experiments, no KL.",
+    ),
+    "prm": replace(
+        _GRPO,
+        name="prm",
+        source="Shao et al. 2024, DeepSeekMath (arXiv 2402.03300) §4.1.3, process supervision; the seed's §15.7.4",
+        credit="process",
+        process_weight=0.5,
+        notes="Step scores (a rule or a PRM) normalised over the whole group; each token gets the sum of the "
+        "normalised scores of its step and the steps after it, mixed half and half with the outcome advantage.",
     ),
 }
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from grpo.trainer.config import TrainerSettings
+from grpo.trainer.data import PromptRow
 from grpo.trainer.publisher import TaskSpec
 
 if TYPE_CHECKING:
@@ -60,7 +63,21 @@ def task_spec(settings: TrainerSettings, algo: LossConfig) -> TaskSpec:
         reward_weights=tuple(sorted(settings.reward_weights.items())),
         apply_chat_template=settings.apply_chat_template,
         overlong_buffer_tokens=overlong_buffer(settings, algo),
+        steps_json=json.dumps(settings.step_check, sort_keys=True) if settings.step_check else "",
     )
+
+
+def check_step_credit(settings: TrainerSettings, algo: LossConfig, rows: Sequence[PromptRow]) -> None:
+    """Step credit needs step scores for every task: from the `step_check` setting or each row's checks.steps."""
+    if algo.credit != "process" or settings.step_check:
+        return
+    missing = [i for i, row in enumerate(rows) if "steps" not in row.checks]
+    if missing:
+        raise ValueError(
+            f"credit 'process' ({settings.preset} preset) needs step scores, but {len(missing)} of {len(rows)} rows "
+            f"(the first: row {missing[0]}) have no checks.steps: set `step_check`, e.g. {{source: rule, rule: "
+            f"column_addition}} or {{source: prm, delimiter: '\\n\\n'}}, or add checks.steps to the rows"
+        )
 
 
 def learner_config(settings: TrainerSettings, algo: LossConfig) -> LearnerConfig:

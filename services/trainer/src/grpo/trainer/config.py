@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from grpo.common.settings import ServiceSettings, load_settings, service_config
 
-PRESETS = ("grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo")
+PRESETS = ("grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "prm")
 # Fields that a preset may set; a None here means "take the preset's value".
 ALGO_FIELDS = (
     "group_size",
@@ -37,6 +37,9 @@ ALGO_FIELDS = (
     "reward_clip",
     "mask_truncated",
     "zero_variance_on",
+    "credit",
+    "process_advantage",
+    "process_weight",
 )
 
 
@@ -51,7 +54,7 @@ class TrainerSettings(ServiceSettings):
     """A staged run, e.g. R1's `[{mode: sft, train_data: sft.jsonl, steps: 300}, {mode: grpo}]`: each stage is these
     settings overridden by its own; a stage without `model` starts from the previous stage's final model. Stage i
     writes to output_dir/stage-<i>-<mode>; a restart skips finished stages and resumes the current one."""
-    preset: Literal["grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo"] = "grpo"
+    preset: Literal["grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "prm"] = "grpo"
     """Named algorithm preset (grpo.algo); its values are defaults that explicit settings override."""
     model: str = "tiny"
     """Model: a local Hugging Face folder, a hub id, or `tiny` for the built-in tiny Qwen2 model."""
@@ -134,6 +137,18 @@ class TrainerSettings(ServiceSettings):
     """Added to the group std before dividing. None: the preset's (1e-4)."""
     reward_clip: tuple[float, float] | None = None
     """[lo, hi]: clamp rewards before the group statistics (the seeds' reward clipping). None: the preset's (off)."""
+    credit: Literal["outcome", "process"] | None = None
+    """`outcome`: one advantage per completion; `process`: per step, from the step scores the reward service
+    returns for each task's step check (process supervision, DeepSeekMath §4.1.3). None: the preset's."""
+    process_advantage: Literal["cumulative", "step_aligned"] | None = None
+    """Process advantages: `cumulative` (DeepSeekMath: group-normalised step scores summed from each step on) or
+    `step_aligned` (the seed's: step k against step k of the other completions). None: the preset's."""
+    process_weight: float | None = Field(None, ge=0, le=1)
+    """A = (1 − w)·A_outcome + w·A_process per token (1: process only). None: the preset's (0.5 for prm)."""
+    step_check: dict[str, Any] | None = None
+    """The reward service's step check for tasks whose row has none, e.g. {"source": "rule", "rule":
+    "column_addition"} or {"source": "prm", "delimiter": "\n\n"}. credit process needs it (or rows with
+    checks.steps)."""
 
     lr: float = Field(1e-6, gt=0)
     """AdamW learning rate."""
@@ -254,6 +269,17 @@ class TrainerSettings(ServiceSettings):
                 "precision bf16 with sampler_exact: the sampler's fp32 log-probs are exact only against an fp32 "
                 "forward; set precision fp32 (or auto), or drop sampler_exact"
             )
+        if self.step_check is not None:
+            from google.protobuf import json_format
+
+            from grpo.v1 import reward_pb2
+
+            try:
+                json_format.ParseDict(self.step_check, reward_pb2.StepsCheck())
+            except json_format.ParseError as exc:
+                raise ValueError(f"step_check: {exc} (the reward service's StepsCheck: source, rule, ...)") from None
+            if self.step_check.get("source") not in ("rule", "prm"):
+                raise ValueError(f"step_check.source must be rule or prm, got {self.step_check.get('source')!r}")
         if self.clip_low is not None and self.clip_low >= 1:
             raise ValueError(f"clip_low={self.clip_low} must be < 1 (the ratio is clipped to [1 - clip_low, ...])")
         if self.mode == "grpo":

@@ -13,6 +13,7 @@ from grpo.trainer.accounting import GroupFacts
 from grpo.v1 import queue_pb2
 
 if TYPE_CHECKING:
+    from grpo.algo import LossConfig
     from grpo.trainer.learner import TrainableSample
 
 log = logging.getLogger(__name__)
@@ -21,16 +22,36 @@ CORRECTNESS_COMPONENTS = ("math", "code")
 PEL_READ_COUNT = 1_000_000  # one read returns the whole pending list: it is bounded by checkpoint_every batches
 
 
-def rewards_of(record: queue_pb2.GroupRecord) -> tuple[float | None, ...]:
-    return tuple(s.reward if s.HasField("reward") else None for s in record.samples)
+def rewards_of(record: queue_pb2.GroupRecord, steps: bool = False) -> tuple[float | None, ...]:
+    """Each sample's reward; None when it has none, or (`steps`: step credit) when a step score is missing."""
+    return tuple(
+        s.reward if s.HasField("reward") and (not steps or step_scores(s) is not None) else None for s in record.samples
+    )
+
+
+def step_scores(sample: queue_pb2.SampleRecord) -> list[float] | None:
+    """The sample's step scores, None unless every step was judged and placed on its tokens."""
+    if not sample.steps or len(sample.step_token_ends) != len(sample.steps):
+        return None
+    if not all(step.HasField("score") for step in sample.steps):
+        return None
+    return [step.score for step in sample.steps]
 
 
 def facts_of(
-    record: queue_pb2.GroupRecord, zero_variance_on: str = "reward", reward_clip: tuple[float, float] | None = None
+    record: queue_pb2.GroupRecord,
+    zero_variance_on: str = "reward",
+    reward_clip: tuple[float, float] | None = None,
+    steps: bool = False,
 ) -> GroupFacts:
+    """Triage facts. With step credit (`steps`) a sample without judged steps is unscored, and a group whose
+    rewards agree still has a signal when its step scores differ."""
+    signal = zero_variance_signal(record, zero_variance_on, reward_clip)
+    if steps and signal and max(signal) == min(signal):  # equal rewards: the step scores decide
+        signal = tuple(score for s in record.samples for score in step_scores(s) or ()) or signal
     return GroupFacts(
-        record.group_id, record.status, int(record.weight_version), rewards_of(record), int(record.policy_version),
-        zero_variance_signal(record, zero_variance_on, reward_clip),
+        record.group_id, record.status, int(record.weight_version), rewards_of(record, steps),
+        int(record.policy_version), signal,
     )  # fmt: skip
 
 
@@ -59,19 +80,58 @@ def correctness(sample: queue_pb2.SampleRecord) -> float | None:
     return None
 
 
-def to_samples(record: queue_pb2.GroupRecord, advantages: Sequence[float]) -> list[TrainableSample]:
-    """One TrainableSample per completion of a kept group, with its advantage."""
+def process_credit(record: queue_pb2.GroupRecord, outcome: Sequence[float], algo: LossConfig) -> list[list[float]]:
+    """Per-token advantages of a group from its step scores (process supervision, grpo.algo.credit), mixed with
+    the outcome advantages by algo.process_weight."""
+    from grpo.algo import credit
+
+    scores = [step_scores(s) for s in record.samples]
+    if any(sc is None for sc in scores):
+        raise ValueError(f"group {record.group_id}: a sample has no judged steps (triage keeps such groups out)")
+    by_step = [sc for sc in scores if sc is not None]
+    eps, unbiased = algo.advantage_eps, algo.std_unbiased
+    if algo.process_advantage == "cumulative":
+        process = credit.process_advantages(by_step, eps=eps, std_unbiased=unbiased)
+    elif algo.process_advantage == "step_aligned":
+        process = credit.step_aligned_advantages(by_step, eps=eps, std_unbiased=unbiased)
+    else:
+        raise ValueError(f"unknown process_advantage {algo.process_advantage!r}; cumulative or step_aligned")
+    return [
+        credit.token_advantages(
+            credit.mix_advantages(out, steps, algo.process_weight), list(s.step_token_ends), len(s.completion.token_ids)
+        )
+        for s, out, steps in zip(record.samples, outcome, process, strict=True)
+    ]
+
+
+def step_metrics(records: Sequence[queue_pb2.GroupRecord]) -> dict[str, float]:
+    """Mean step score and steps per completion over the trained groups (step credit only)."""
+    scores = [step_scores(s) or [] for r in records for s in r.samples]
+    flat = [x for sc in scores for x in sc]
+    if not flat:
+        return {}
+    return {"step_score_mean": sum(flat) / len(flat), "steps_per_completion": len(flat) / len(scores)}
+
+
+def to_samples(
+    record: queue_pb2.GroupRecord,
+    advantages: Sequence[float],
+    token_advantages: Sequence[list[float]] | None = None,
+) -> list[TrainableSample]:
+    """One TrainableSample per completion of a kept group, with its advantage (and per-token ones, if given)."""
     from grpo.trainer.learner import TrainableSample
 
     prompt = list(record.prompt_token_ids)
     out = []
-    for s, adv in zip(record.samples, advantages, strict=True):
+    per_token: Sequence[list[float] | None] = token_advantages or [None] * len(record.samples)
+    for s, adv, tokens in zip(record.samples, advantages, per_token, strict=True):
         c = s.completion
         out.append(
             TrainableSample(
                 prompt_token_ids=prompt,
                 completion_token_ids=list(c.token_ids),
                 advantage=float(adv),
+                token_advantages=tokens,
                 sampler_logprobs=list(c.logprobs) if len(c.logprobs) == len(c.token_ids) else None,
                 truncated=c.finish_reason == "length",
                 weight_version=int(record.weight_version),

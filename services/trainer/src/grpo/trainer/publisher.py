@@ -8,6 +8,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from google.protobuf import json_format
+
 from grpo.common.queue import RunQueue
 from grpo.trainer.accounting import Accounting
 from grpo.trainer.data import DataCursor, PromptRow, epoch_order, take
@@ -29,6 +31,7 @@ class TaskSpec:
     reward_weights: tuple[tuple[str, float], ...] = ()
     apply_chat_template: bool = True
     overlong_buffer_tokens: int = 0
+    steps_json: str = ""  # the step check (reward.StepsCheck as JSON) for rows without one: step credit
 
     def sampling(self, n: int | None = None, temperature: float | None = None) -> rollout_pb2.SamplingParams:
         return rollout_pb2.SamplingParams(
@@ -75,6 +78,8 @@ def build_task(
         checks.overlong.CopyFrom(
             reward_pb2.OverlongCheck(max_tokens=spec.max_new_tokens, buffer_tokens=spec.overlong_buffer_tokens)
         )
+    if spec.steps_json and not evaluation and not checks.HasField("steps"):
+        json_format.Parse(spec.steps_json, checks.steps)
     sampling = spec.sampling(n=1, temperature=eval_temperature) if evaluation else spec.sampling()
     return queue_pb2.PromptTask(
         task_id=tid,

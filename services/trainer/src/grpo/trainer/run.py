@@ -20,10 +20,10 @@ from grpo.algo import group_advantages
 from grpo.common.queue import QueueUnavailable, RunQueue, connect
 from grpo.common.registry import ReplicaRegistry
 from grpo.trainer.accounting import Accounting, StepQuota, batches_to_publish, lineage_staleness, triage
-from grpo.trainer.assemble import build_learner, resolve_algo, task_spec
+from grpo.trainer.assemble import build_learner, check_step_credit, resolve_algo, task_spec
 from grpo.trainer.checkpoint import latest_checkpoint
 from grpo.trainer.config import TrainerSettings
-from grpo.trainer.consumer import GroupReader, facts_of, group_metrics, to_samples
+from grpo.trainer.consumer import GroupReader, facts_of, group_metrics, process_credit, step_metrics, to_samples
 from grpo.trainer.control import ReplicaView, RunControl
 from grpo.trainer.data import DataCursor, load_rows
 from grpo.trainer.evaluation import eval_rows, evaluate
@@ -54,6 +54,7 @@ class GrpoRun:
         self.spec = task_spec(s, self.algo)
         assert s.train_data is not None
         self.rows = load_rows(s.train_data)
+        check_step_credit(s, self.algo, self.rows)
         self.eval_rows = eval_rows(load_rows(s.eval_data), s.eval_size) if s.eval_data else []
         client = connect(s.redis_url)
         self.queue = RunQueue(client, s.run_id)
@@ -246,7 +247,7 @@ class GrpoRun:
             if record is None or record.eval:
                 self.reader.ack_now(entry.entry_id)  # unreadable, or an eval group nobody awaits any more
                 continue
-            facts = facts_of(record, self.zero_variance_on, self.algo.reward_clip)
+            facts = facts_of(record, self.zero_variance_on, self.algo.reward_clip, self.algo.credit == "process")
             verdict = "duplicate" if record.group_id in kept_ids else triage(
                 facts, self.acct, self.version, s.max_staleness, self.algo.skip_zero_variance, self.algo.group_size
             )  # fmt: skip
@@ -307,12 +308,14 @@ class GrpoRun:
         g = self.algo.group_size
         rewards = torch.tensor([s.reward for _, r in kept for s in r.samples], dtype=torch.float32)
         advantages = group_advantages(rewards, g, **self.algo.advantage_kwargs()).tolist()
-        samples = [
-            sample
-            for i, (_, record) in enumerate(kept)
-            for sample in to_samples(record, advantages[i * g : (i + 1) * g])
-        ]
+        samples = []
+        for i, (_, record) in enumerate(kept):
+            outcome = advantages[i * g : (i + 1) * g]
+            per_token = process_credit(record, outcome, self.algo) if self.algo.credit == "process" else None
+            samples += to_samples(record, outcome, per_token)
         metrics = self.learner.step(samples)
+        if self.algo.credit == "process":
+            metrics.update(step_metrics([record for _, record in kept]))
         for entry_id, record in kept:
             self.acct.resolve(record.group_id, "trained")
             self.reader.defer_ack(entry_id)

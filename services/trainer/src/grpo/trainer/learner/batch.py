@@ -16,6 +16,7 @@ class TrainableSample:
     completion_token_ids: list[int]
     advantage: float
     sampler_logprobs: list[float] | None = None  # one per completion token, log_softmax(logits / T)
+    token_advantages: list[float] | None = None  # one per completion token (step credit); overrides `advantage`
     truncated: bool = False  # finish_reason == "length"
     weight_version: int = 0  # the policy version that generated it
     group_id: str = ""
@@ -34,7 +35,8 @@ class MicroBatch:
     """Right-padded rows; position t of `targets` is predicted by the logits at t of `input_ids`.
 
     Shapes: input_ids/attention_mask [B, L]; targets/completion_mask/sampler_logp [B, L-1]
-    (the shifted view: the token at t+1 predicted from the prefix up to t); advantages [B].
+    (the shifted view: the token at t+1 predicted from the prefix up to t); advantages [B], or [B, L-1] when
+    some sample has per-token advantages.
     """
 
     input_ids: Tensor
@@ -86,6 +88,8 @@ def check_sample(s: TrainableSample) -> None:
     lp, c = s.sampler_logprobs, len(s.completion_token_ids)
     if lp is not None and len(lp) != c:
         raise ValueError(f"group {s.group_id!r}: {len(lp)} sampler log-probs for {c} completion tokens")
+    if s.token_advantages is not None and len(s.token_advantages) != c:
+        raise ValueError(f"group {s.group_id!r}: {len(s.token_advantages)} token advantages for {c} completion tokens")
 
 
 def collate(samples: list[TrainableSample], pad_id: int, mask_truncated: bool) -> MicroBatch:
@@ -100,6 +104,8 @@ def collate(samples: list[TrainableSample], pad_id: int, mask_truncated: bool) -
     mask = torch.zeros((n, width - 1), dtype=torch.float32)
     sampler = torch.zeros((n, width - 1), dtype=torch.float32)
     have_sampler = all(s.sampler_logprobs is not None for s in samples)
+    per_token = any(s.token_advantages is not None for s in samples)
+    advantages = torch.zeros((n, width - 1)) if per_token else torch.tensor([s.advantage for s in samples])
     for row, s in enumerate(samples):
         check_sample(s)
         p, c = len(s.prompt_token_ids), len(s.completion_token_ids)
@@ -109,12 +115,15 @@ def collate(samples: list[TrainableSample], pad_id: int, mask_truncated: bool) -
             mask[row, p - 1 : p - 1 + c] = 1.0
         if have_sampler:
             sampler[row, p - 1 : p - 1 + c] = torch.tensor(s.sampler_logprobs or [], dtype=torch.float32)
+        if per_token:
+            own = s.token_advantages if s.token_advantages is not None else [s.advantage] * c
+            advantages[row, p - 1 : p - 1 + c] = torch.tensor(own, dtype=torch.float32)
     return MicroBatch(
         input_ids=input_ids,
         attention_mask=attention,
         targets=input_ids[:, 1:].clone(),
         completion_mask=mask,
-        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        advantages=advantages.float(),
         sampler_logp=sampler if have_sampler else None,
         weight_versions=[s.weight_version for s in samples],
         n_tokens=int(mask.sum().item()),

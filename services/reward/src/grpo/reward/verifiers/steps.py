@@ -1,0 +1,113 @@
+"""Step scores for process supervision: cut a completion into steps, score each with a rule (or a PRM, prm.py).
+
+A step is a character span [start, end) of the completion. Steps are scored 1 (right) or 0 (wrong) by a rule,
+or with a probability by a process reward model; `None` means the step cannot be judged, and the item's status
+says whether that is the task's fault (cannot_judge) or the machinery's (error) — never a 0.
+
+`column_addition` is the rule for the demo's task, and the model for your own: a function that takes the prompt
+and the completion, cuts the completion into its own steps and returns a `StepJudgement` for each, registered in
+STEP_RULES under the name tasks ask for. A process reward model scores steps cut by a delimiter or given spans.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class StepJudgement:
+    start: int
+    end: int
+    score: float | None
+    status: str  # ok | cannot_judge | error
+    detail: str = ""
+
+
+def cut_at(completion: str, delimiter: str) -> list[Span]:
+    """Steps between delimiters; a delimiter closes the step before it. A piece with only whitespace (a doubled
+    delimiter) is no step: it joins the step before it (or the next one, at the start). A completion without the
+    delimiter is one step, an empty one is [(0, 0)]."""
+    if not delimiter:
+        raise ValueError("the step delimiter must not be empty")
+    spans: list[Span] = []
+    start = 0
+    while (at := completion.find(delimiter, start)) >= 0:
+        end = at + len(delimiter)
+        if completion[start:at].strip():
+            spans.append((start, end))
+        elif spans:
+            spans[-1] = (spans[-1][0], end)
+        start = end
+    if completion[start:].strip() or not spans:
+        spans.append((start if spans else 0, len(completion)))
+    return spans
+
+
+def check_spans(spans: list[Span], completion: str) -> None:
+    """Explicit spans must be ordered, non-overlapping and inside the completion (ValueError otherwise)."""
+    if not spans:
+        raise ValueError("steps.spans is empty: give at least one span, or a delimiter")
+    last = 0
+    for i, (start, end) in enumerate(spans):
+        if not 0 <= start <= end <= len(completion):
+            raise ValueError(f"steps.spans[{i}] = [{start}, {end}] is not inside the {len(completion)}-char completion")
+        if start < last:
+            raise ValueError(f"steps.spans[{i}] starts at {start}, before the previous span ends ({last})")
+        last = end
+
+
+# ---- rules --------------------------------------------------------------------------------------------------
+
+_SUM = re.compile(r"^\s*(\d+)\s*\+\s*(\d+)\s*=\s*$")
+_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def column_addition(prompt: str, completion: str) -> list[StepJudgement]:
+    """The demo's scratchpad, `047+586=` → `<think>13 13 06</think><answer>633</answer>`, checked step by step.
+
+    Steps: each whitespace-separated entry of the <think> block (one column, right to left, written as carry-out
+    and digit), then the <answer>. Column k is right when it equals a_k + b_k + carry-in, the carry-in read from
+    the model's own previous entry (so one slip does not mark every later column wrong); an entry that is not two
+    digits, or a column past the operands' width, is wrong. The answer step is right when it is the true sum.
+    Without a <think> block the whole completion is one step: the answer's.
+    """
+    numbers = _SUM.match(prompt.strip().splitlines()[-1] if prompt.strip() else "")
+    if numbers is None:
+        span = (0, len(completion))
+        why = f"column_addition needs a prompt ending in 'a+b=', got {prompt[-40:]!r}"
+        return [StepJudgement(*span, None, "cannot_judge", why)]
+    a, b = numbers.group(1), numbers.group(2)
+    width = max(len(a), len(b))
+    digits_a, digits_b = a.zfill(width)[::-1], b.zfill(width)[::-1]
+    steps: list[StepJudgement] = []
+    think = _THINK.search(completion)
+    if think is not None:
+        carry = 0
+        for k, entry in enumerate(re.finditer(r"\S+", think.group(1))):
+            start, end = think.start(1) + entry.start(), think.start(1) + entry.end()
+            text = entry.group()
+            if k >= width:
+                steps.append(StepJudgement(start, end, 0.0, "ok", f"column {k + 1} does not exist"))
+                continue
+            want = int(digits_a[k]) + int(digits_b[k]) + carry
+            right = text == f"{want:02d}"
+            detail = "" if right else f"column {k + 1}: {digits_a[k]}+{digits_b[k]}+{carry} is {want:02d}, not {text}"
+            steps.append(StepJudgement(start, end, float(right), "ok", detail))
+            carry = int(text[0]) if re.fullmatch(r"[01]\d", text) else want // 10
+    answers = list(_ANSWER.finditer(completion))
+    start = steps[-1].end if steps else 0
+    end = answers[-1].end() if answers else len(completion)
+    said = answers[-1].group(1).strip() if answers else ""
+    right = said == str(int(a) + int(b))
+    detail = "" if right else f"the answer is {int(a) + int(b)}, not {said or 'missing'}"
+    steps.append(StepJudgement(start, max(start, end), float(right), "ok", detail))
+    return steps
+
+
+StepRule = Callable[[str, str], list[StepJudgement]]
+STEP_RULES: dict[str, StepRule] = {"column_addition": column_addition}
