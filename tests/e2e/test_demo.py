@@ -97,3 +97,23 @@ def test_demo_with_step_rewards_trains_on_them(tmp_path: Path) -> None:
     # Three columns and the answer for a well-formed answer: the steps are the scratchpad's, not one per sample.
     assert max(r["train/steps_per_completion"] for r in trained) > 3.0
     assert rows[-1]["tasks/dropped/unscored"] == 0 and rows[-1]["tasks/dropped/failed"] == 0
+
+
+def test_demo_with_vineppo_estimates_values_through_the_rollout(tmp_path: Path) -> None:
+    """`grpo demo --preset vineppo`: value tasks (continuations of each completion's prefixes at its scratchpad
+    steps) go through Redis to the rollout and the reward service, every one is used or dropped with a reason,
+    their cost is measured, and the policy is trained on the value differences."""
+    proc = _demo(tmp_path, "--quick", "--preset", "vineppo", "--steps", "4", "--sft-max-steps", "20",
+                 "--run-id", "vine")  # fmt: skip
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    run_dir = tmp_path / "runs" / "vine"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "train/loss" in r]
+    assert len(trained) == 4
+    last = trained[-1]
+    dropped = sum(last[f"vine/value_dropped/{reason}"] for reason in ("failed", "unscored", "timeout"))
+    assert last["vine/value_tasks"] > 0 and last["vine/value_used"] + dropped == last["vine/value_tasks"]
+    assert last["vine/value_used"] > 0.9 * last["vine/value_tasks"]  # nothing is slow or failing here
+    assert all(r["vine/rollout_tokens_per_trained_token"] > 1.5 for r in trained)  # the price of the values
+    assert rows[-1]["tasks/dropped/failed"] == 0 and rows[-1]["tasks/dropped/unscored"] == 0

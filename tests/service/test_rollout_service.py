@@ -85,6 +85,27 @@ def test_chat_messages_use_the_chat_template(stub: pb_grpc.RolloutServiceStub) -
     assert list(reply.results[0].prompt_token_ids) == tok.encode(text, add_special_tokens=False)
 
 
+def test_generate_continues_a_begun_answer(stub: pb_grpc.RolloutServiceStub) -> None:
+    """prefix_token_ids: the completion tokens so far follow the prompt; what comes back is the continuation, with
+    the log-probs the full answer's tokens had (greedy, the same weights: the same tokens)."""
+    full = stub.Generate(pb.GenerateRequest(prompts=PROMPTS[:1], sampling=GREEDY), timeout=60).results[0]
+    (answer,) = full.completions
+    ids = list(answer.token_ids)
+    assert len(ids) == GREEDY.max_new_tokens  # the tiny model does not stop early here, so there is a rest to match
+    begun = pb.Prompt(text=PROMPTS[0].text, apply_chat_template=True, prefix_token_ids=ids[:5])
+    rest = pb.SamplingParams(n=2, temperature=0, max_new_tokens=len(ids) - 5)
+    reply = stub.Generate(pb.GenerateRequest(prompts=[begun], sampling=rest), timeout=60).results[0]
+    assert list(reply.prompt_token_ids) == [*full.prompt_token_ids, *ids[:5]]
+    for c in reply.completions:
+        assert list(c.token_ids) == ids[5:]
+        assert list(c.logprobs) == pytest.approx(list(answer.logprobs)[5:], abs=1e-4)
+    bad = pb.Prompt(text="2 + 2?", prefix_token_ids=[10**9])
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Generate(pb.GenerateRequest(prompts=[bad], sampling=GREEDY), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "prefix_token_ids has 1000000000, not a token id of this model" in info.value.details()
+
+
 @pytest.mark.parametrize(
     ("prompts", "sampling", "message"),
     [

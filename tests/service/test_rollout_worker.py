@@ -270,3 +270,23 @@ def test_token_ends_with_tokens_of_several_characters() -> None:
     # char ends: after "13" (9), inside the token "3 0" (13: after "3"), the very end (22), and 0
     assert token_ends(decode, ids, [9, 13, 22, 0]) == [2, 5, 7, 0]
     assert token_ends(decode, [], [0]) == [0]
+
+
+def test_a_value_task_continues_its_prefix_and_scores_the_whole_answer(
+    service: RolloutService, queue: RunQueue, redis_url: str, live_reward: Any
+) -> None:
+    """VinePPO's value task through Redis: the group has the task's kind, n continuations of the prefix, and each
+    is scored on prefix + continuation (here the prefix already holds the right answer)."""
+    prefix = service.tokenizer.encode("<think>13 13 06</think><answer>633</answer>", add_special_tokens=False)
+    task = math_task("val1/v0.5@3", 47, 586, n=3, text="047+586=")
+    task.kind = "value"
+    task.prompt.prefix_token_ids.extend(prefix)
+    task.sampling.max_new_tokens = 1
+    queue.publish_tasks([task])
+    with worker(service, redis_url, live_reward.grpc_addr):
+        (group,) = wait_groups(queue, {task.task_id})[task.task_id]
+    assert group.status == "ok" and group.kind == "value" and len(group.samples) == 3
+    assert list(group.prompt_token_ids[-len(prefix) :]) == prefix  # what the model was given
+    for sample in group.samples:
+        assert len(sample.completion.token_ids) == 1  # the continuation only
+        assert sample.components["math"].score == 1.0  # judged on the whole answer: the prefix's 633

@@ -180,7 +180,7 @@ def test_step_credit_needs_a_step_check_and_sends_it_with_every_training_task(da
     algo = resolve_algo(s)
     assert algo.credit == "process" and algo.process_weight == 0.5
     rows = load_rows(data)
-    with pytest.raises(ValueError, match=r"needs step scores, but 1 of 1 rows .* set `step_check`"):
+    with pytest.raises(ValueError, match=r"needs steps, but 1 of 1 rows .* set `step_check`"):
         check_step_credit(s, algo, rows)
     s = parse_settings(["--train-data", str(data), "--preset", "prm", "--step-check",
                         '{"source": "rule", "rule": "column_addition"}'])  # fmt: skip
@@ -191,5 +191,5 @@ def test_step_credit_needs_a_step_check_and_sends_it_with_every_training_task(da
     assert not build_task(rows[0], "t-e0-0", 0, spec, evaluation=True).checks.HasField("steps")  # eval: outcome only
     with pytest.raises(ValidationError, match=r'step_check: .*no field named "rules"'):
         parse_settings(["--train-data", str(data), "--step-check", '{"source": "rule", "rules": "x"}'])
-    with pytest.raises(ValidationError, match=r"step_check\.source must be rule or prm"):
+    with pytest.raises(ValidationError, match=r"step_check\.source must be rule, prm or cut"):
         parse_settings(["--train-data", str(data), "--step-check", '{"rule": "column_addition"}'])

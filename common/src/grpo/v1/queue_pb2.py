@@ -26,7 +26,7 @@ from grpo.v1 import reward_pb2 as grpo_dot_v1_dot_reward__pb2
 from grpo.v1 import rollout_pb2 as grpo_dot_v1_dot_rollout__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13grpo/v1/queue.proto\x12\x07grpo.v1\x1a\x14grpo/v1/reward.proto\x1a\x15grpo/v1/rollout.proto\"\xb7\x02\n\nPromptTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x1f\n\x06prompt\x18\x03 \x01(\x0b\x32\x0f.grpo.v1.Prompt\x12\x1f\n\x06\x63hecks\x18\x04 \x01(\x0b\x32\x0f.grpo.v1.Checks\x12\x31\n\x07weights\x18\x05 \x03(\x0b\x32 .grpo.v1.PromptTask.WeightsEntry\x12)\n\x08sampling\x18\x06 \x01(\x0b\x32\x17.grpo.v1.SamplingParams\x12\x11\n\ttask_type\x18\x07 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x08 \x01(\x05\x12\x0c\n\x04\x65val\x18\t \x01(\x08\x1a.\n\x0cWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x9b\x02\n\x0cSampleRecord\x12\'\n\ncompletion\x18\x01 \x01(\x0b\x32\x13.grpo.v1.Completion\x12\x13\n\x06reward\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x39\n\ncomponents\x18\x03 \x03(\x0b\x32%.grpo.v1.SampleRecord.ComponentsEntry\x12!\n\x05steps\x18\x04 \x03(\x0b\x32\x12.grpo.v1.StepScore\x12\x17\n\x0fstep_token_ends\x18\x05 \x03(\x05\x1aK\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.grpo.v1.ComponentResult:\x02\x38\x01\x42\t\n\x07_reward\"\xa1\x02\n\x0bGroupRecord\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12\x17\n\x0fweight_checksum\x18\x05 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x06 \x03(\x05\x12&\n\x07samples\x18\x07 \x03(\x0b\x32\x15.grpo.v1.SampleRecord\x12\x0e\n\x06status\x18\x08 \x01(\t\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x12\n\nreplica_id\x18\n \x01(\t\x12\x12\n\ngenerate_s\x18\x0b \x01(\x01\x12\x0f\n\x07score_s\x18\x0c \x01(\x01\x12\x0c\n\x04\x65val\x18\r \x01(\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13grpo/v1/queue.proto\x12\x07grpo.v1\x1a\x14grpo/v1/reward.proto\x1a\x15grpo/v1/rollout.proto\"\xc5\x02\n\nPromptTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x1f\n\x06prompt\x18\x03 \x01(\x0b\x32\x0f.grpo.v1.Prompt\x12\x1f\n\x06\x63hecks\x18\x04 \x01(\x0b\x32\x0f.grpo.v1.Checks\x12\x31\n\x07weights\x18\x05 \x03(\x0b\x32 .grpo.v1.PromptTask.WeightsEntry\x12)\n\x08sampling\x18\x06 \x01(\x0b\x32\x17.grpo.v1.SamplingParams\x12\x11\n\ttask_type\x18\x07 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x08 \x01(\x05\x12\x0c\n\x04\x65val\x18\t \x01(\x08\x12\x0c\n\x04kind\x18\n \x01(\t\x1a.\n\x0cWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x9b\x02\n\x0cSampleRecord\x12\'\n\ncompletion\x18\x01 \x01(\x0b\x32\x13.grpo.v1.Completion\x12\x13\n\x06reward\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x39\n\ncomponents\x18\x03 \x03(\x0b\x32%.grpo.v1.SampleRecord.ComponentsEntry\x12!\n\x05steps\x18\x04 \x03(\x0b\x32\x12.grpo.v1.StepScore\x12\x17\n\x0fstep_token_ends\x18\x05 \x03(\x05\x1aK\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.grpo.v1.ComponentResult:\x02\x38\x01\x42\t\n\x07_reward\"\xaf\x02\n\x0bGroupRecord\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12\x17\n\x0fweight_checksum\x18\x05 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x06 \x03(\x05\x12&\n\x07samples\x18\x07 \x03(\x0b\x32\x15.grpo.v1.SampleRecord\x12\x0e\n\x06status\x18\x08 \x01(\t\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x12\n\nreplica_id\x18\n \x01(\t\x12\x12\n\ngenerate_s\x18\x0b \x01(\x01\x12\x0f\n\x07score_s\x18\x0c \x01(\x01\x12\x0c\n\x04\x65val\x18\r \x01(\x08\x12\x0c\n\x04kind\x18\x0e \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,13 +38,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLERECORD_COMPONENTSENTRY']._loaded_options = None
   _globals['_SAMPLERECORD_COMPONENTSENTRY']._serialized_options = b'8\001'
   _globals['_PROMPTTASK']._serialized_start=78
-  _globals['_PROMPTTASK']._serialized_end=389
-  _globals['_PROMPTTASK_WEIGHTSENTRY']._serialized_start=343
-  _globals['_PROMPTTASK_WEIGHTSENTRY']._serialized_end=389
-  _globals['_SAMPLERECORD']._serialized_start=392
-  _globals['_SAMPLERECORD']._serialized_end=675
-  _globals['_SAMPLERECORD_COMPONENTSENTRY']._serialized_start=589
-  _globals['_SAMPLERECORD_COMPONENTSENTRY']._serialized_end=664
-  _globals['_GROUPRECORD']._serialized_start=678
-  _globals['_GROUPRECORD']._serialized_end=967
+  _globals['_PROMPTTASK']._serialized_end=403
+  _globals['_PROMPTTASK_WEIGHTSENTRY']._serialized_start=357
+  _globals['_PROMPTTASK_WEIGHTSENTRY']._serialized_end=403
+  _globals['_SAMPLERECORD']._serialized_start=406
+  _globals['_SAMPLERECORD']._serialized_end=689
+  _globals['_SAMPLERECORD_COMPONENTSENTRY']._serialized_start=603
+  _globals['_SAMPLERECORD_COMPONENTSENTRY']._serialized_end=678
+  _globals['_GROUPRECORD']._serialized_start=692
+  _globals['_GROUPRECORD']._serialized_end=995
 # @@protoc_insertion_point(module_scope)

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PromptTask(_message.Message):
-    __slots__ = ("task_id", "policy_version", "prompt", "checks", "weights", "sampling", "task_type", "attempt", "eval")
+    __slots__ = ("task_id", "policy_version", "prompt", "checks", "weights", "sampling", "task_type", "attempt", "eval", "kind")
     class WeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class PromptTask(_message.Message):
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     EVAL_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     policy_version: int
     prompt: _rollout_pb2.Prompt
@@ -35,7 +36,8 @@ class PromptTask(_message.Message):
     task_type: str
     attempt: int
     eval: bool
-    def __init__(self, task_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., prompt: _Optional[_Union[_rollout_pb2.Prompt, _Mapping]] = ..., checks: _Optional[_Union[_reward_pb2.Checks, _Mapping]] = ..., weights: _Optional[_Mapping[str, float]] = ..., sampling: _Optional[_Union[_rollout_pb2.SamplingParams, _Mapping]] = ..., task_type: _Optional[str] = ..., attempt: _Optional[int] = ..., eval: _Optional[bool] = ...) -> None: ...
+    kind: str
+    def __init__(self, task_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., prompt: _Optional[_Union[_rollout_pb2.Prompt, _Mapping]] = ..., checks: _Optional[_Union[_reward_pb2.Checks, _Mapping]] = ..., weights: _Optional[_Mapping[str, float]] = ..., sampling: _Optional[_Union[_rollout_pb2.SamplingParams, _Mapping]] = ..., task_type: _Optional[str] = ..., attempt: _Optional[int] = ..., eval: _Optional[bool] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class SampleRecord(_message.Message):
     __slots__ = ("completion", "reward", "components", "steps", "step_token_ends")
@@ -59,7 +61,7 @@ class SampleRecord(_message.Message):
     def __init__(self, completion: _Optional[_Union[_rollout_pb2.Completion, _Mapping]] = ..., reward: _Optional[float] = ..., components: _Optional[_Mapping[str, _reward_pb2.ComponentResult]] = ..., steps: _Optional[_Iterable[_Union[_reward_pb2.StepScore, _Mapping]]] = ..., step_token_ends: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GroupRecord(_message.Message):
-    __slots__ = ("group_id", "task_id", "policy_version", "weight_version", "weight_checksum", "prompt_token_ids", "samples", "status", "error", "replica_id", "generate_s", "score_s", "eval")
+    __slots__ = ("group_id", "task_id", "policy_version", "weight_version", "weight_checksum", "prompt_token_ids", "samples", "status", "error", "replica_id", "generate_s", "score_s", "eval", "kind")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +75,7 @@ class GroupRecord(_message.Message):
     GENERATE_S_FIELD_NUMBER: _ClassVar[int]
     SCORE_S_FIELD_NUMBER: _ClassVar[int]
     EVAL_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     task_id: str
     policy_version: int
@@ -86,4 +89,5 @@ class GroupRecord(_message.Message):
     generate_s: float
     score_s: float
     eval: bool
-    def __init__(self, group_id: _Optional[str] = ..., task_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., weight_version: _Optional[int] = ..., weight_checksum: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[SampleRecord, _Mapping]]] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., replica_id: _Optional[str] = ..., generate_s: _Optional[float] = ..., score_s: _Optional[float] = ..., eval: _Optional[bool] = ...) -> None: ...
+    kind: str
+    def __init__(self, group_id: _Optional[str] = ..., task_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., weight_version: _Optional[int] = ..., weight_checksum: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[SampleRecord, _Mapping]]] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., replica_id: _Optional[str] = ..., generate_s: _Optional[float] = ..., score_s: _Optional[float] = ..., eval: _Optional[bool] = ..., kind: _Optional[str] = ...) -> None: ...

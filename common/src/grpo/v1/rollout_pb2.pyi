@@ -15,14 +15,16 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class Prompt(_message.Message):
-    __slots__ = ("text", "messages", "apply_chat_template")
+    __slots__ = ("text", "messages", "apply_chat_template", "prefix_token_ids")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     APPLY_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     text: str
     messages: Messages
     apply_chat_template: bool
-    def __init__(self, text: _Optional[str] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., apply_chat_template: _Optional[bool] = ...) -> None: ...
+    prefix_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, text: _Optional[str] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., apply_chat_template: _Optional[bool] = ..., prefix_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Messages(_message.Message):
     __slots__ = ("messages",)

@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--sync", action="store_true", help="strictly on-policy (max_staleness 0) instead of async (1)")
     d.add_argument(
         "--preset", default=None,
-        help="trainer algorithm preset: grpo, dapo, dr_grpo, rloo, reinforce_pp, gspo, prm (step rewards)",
+        help="trainer algorithm preset: grpo, dapo, dr_grpo, rloo, reinforce_pp, gspo, prm, vineppo",
     )  # fmt: skip
     d.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the calibrated 200)")
     d.add_argument("--replicas", type=int, default=None, help="rollout replicas (default 1)")

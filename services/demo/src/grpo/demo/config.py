@@ -20,7 +20,7 @@ class DemoConfig(BaseModel):
     """Rollout replicas (separate processes, one torch thread each)."""
     redis_url: str | None = None
     """A running Redis; when unset a private redis-server is started and stopped."""
-    preset: Literal["grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "prm"] = "grpo"
+    preset: Literal["grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "prm", "vineppo"] = "grpo"
     """The trainer's algorithm preset."""
     max_staleness: int = Field(1, ge=0)
     """1: generation of the next batch overlaps the update (async); 0: strictly on-policy (`--sync`)."""
@@ -85,6 +85,6 @@ class DemoConfig(BaseModel):
         }  # fmt: skip
         if self.beta is not None:
             settings["beta"] = self.beta
-        if self.preset == "prm":  # step rewards from the scratchpad: each column checked against the operands
+        if self.preset in ("prm", "vineppo"):  # steps of the scratchpad: each column (checked against the operands)
             settings["step_check"] = {"source": "rule", "rule": "column_addition"}
         return settings

@@ -315,6 +315,8 @@ class ScoreBatch:
             except Exception as exc:  # a bug in a rule is the machinery's failure, never a 0
                 log.exception("step rule %s failed", steps.rule)
                 judged = [StepJudgement(0, len(item.completion), None, "error", f"{type(exc).__name__}: {exc}")]
+        elif steps.source == "cut":  # boundaries only (VinePPO estimates values at them)
+            judged = [StepJudgement(start, end, None, "cut") for start, end in prm_spans(item)]
         else:
             assert self._prm_batch is not None
             judged = (await self._prm_batch)[item.id]
@@ -330,7 +332,7 @@ class ScoreBatch:
 
 
 def prm_spans(item: ScoreItem) -> list[tuple[int, int]]:
-    """The steps a PRM scores: the item's spans, else its delimiter's cut (default: lines)."""
+    """The steps a PRM scores (or a plain cut gives): the item's spans, else its delimiter's cut (default: lines)."""
     steps = item.checks.steps
     assert steps is not None
     if steps.spans is not None:

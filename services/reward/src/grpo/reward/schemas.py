@@ -246,12 +246,14 @@ class Span(Model):
 class StepsCheck(Model):
     """Step scores next to the outcome components (process supervision); see docs/reward.md "Step scores"."""
 
-    source: Literal["rule", "prm"] = Field(description="rule: a built-in step verifier; prm: the server's PRM.")
+    source: Literal["rule", "prm", "cut"] = Field(
+        description="rule: a built-in step verifier; prm: the server's PRM; cut: the steps only, unscored (VinePPO)."
+    )
     rule: str = Field(default="", description="source rule: the step verifier's name, e.g. column_addition.")
     delimiter: str | None = Field(
-        default=None, min_length=1, description='source prm: cut the completion at this string (default "\n").'
+        default=None, min_length=1, description='prm and cut: cut the completion at this string (default "\n").'
     )
-    spans: list[Span] | None = Field(default=None, min_length=1, description="source prm: explicit step spans.")
+    spans: list[Span] | None = Field(default=None, min_length=1, description="prm and cut: explicit step spans.")
 
     @model_validator(mode="after")
     def _consistent(self) -> StepsCheck:
@@ -261,9 +263,11 @@ class StepsCheck(Model):
             if self.rule not in STEP_RULES:
                 raise ValueError(f"unknown step rule {self.rule!r}; available: {sorted(STEP_RULES)}")
             if self.delimiter is not None or self.spans is not None:
-                raise ValueError("a step rule cuts the completion itself: give delimiter or spans with source prm")
+                raise ValueError(
+                    "a step rule cuts the completion itself: delimiter and spans are for source prm or cut"
+                )
         elif self.rule:
-            raise ValueError("rule is for source rule; source prm scores the steps with the server's PRM")
+            raise ValueError(f"rule is for source rule, not {self.source}")
         if self.delimiter is not None and self.spans is not None:
             raise ValueError("give delimiter or spans, not both")
         return self

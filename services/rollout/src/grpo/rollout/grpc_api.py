@@ -94,7 +94,8 @@ def sampling_params(msg: rollout_pb2.SamplingParams, limits: Limits) -> Sampling
 
 
 def encode_prompts(service: RolloutService, prompts: list[rollout_pb2.Prompt], max_new_tokens: int) -> list[list[int]]:
-    """Token ids of each prompt, checked against the context length."""
+    """Token ids of each prompt (and its prefix_token_ids, a begun answer to continue), checked against the
+    context length."""
     if not prompts:
         raise BadRequest("prompts is empty: send at least one prompt")
     if len(prompts) > service.limits.max_prompts:
@@ -112,6 +113,12 @@ def encode_prompts(service: RolloutService, prompts: list[rollout_pb2.Prompt], m
             ids = service.encode(p.text, chat=p.apply_chat_template)
         if not ids:
             raise BadRequest(f"prompts[{i}] has no tokens")
+        prefix = list(p.prefix_token_ids)
+        vocab = len(service.tokenizer)
+        if any(not 0 <= t < vocab for t in prefix):
+            bad = next(t for t in prefix if not 0 <= t < vocab)
+            raise BadRequest(f"prompts[{i}].prefix_token_ids has {bad}, not a token id of this model (0..{vocab - 1})")
+        ids = ids + prefix
         if len(ids) + max_new_tokens > context:
             raise BadRequest(
                 f"prompts[{i}] has {len(ids)} tokens; with max_new_tokens {max_new_tokens} that exceeds "

@@ -45,14 +45,23 @@ def score_items(tasks: Sequence[queue_pb2.PromptTask], generated: Generated) -> 
     items = []
     for task, completions in zip(tasks, generated.completions, strict=True):
         prompt = prompt_text(task)
+        # A value task continues a begun answer: the whole answer (prefix + continuation, decoded together so a
+        # character split across the boundary survives) is what gets scored.
+        begun = list(task.prompt.prefix_token_ids)
+        decode = generated.decode
         for i, c in enumerate(completions):
+            text = decode(begun + list(c.token_ids)) if begun and decode is not None else c.text
             checks = reward_pb2.Checks()
             checks.CopyFrom(task.checks)
             if checks.HasField("overlong") and not checks.overlong.HasField("completion_tokens"):
-                checks.overlong.completion_tokens = len(c.token_ids)
+                checks.overlong.completion_tokens = len(begun) + len(c.token_ids)
             items.append(
                 reward_pb2.ScoreItem(
-                    id=f"{task.task_id}/{i}", prompt=prompt, completion=c.text, checks=checks, weights=task.weights
+                    id=f"{task.task_id}/{i}",
+                    prompt=prompt,
+                    completion=text,
+                    checks=checks,
+                    weights=task.weights,
                 )
             )
     return items
@@ -72,6 +81,7 @@ def base_record(task: queue_pb2.PromptTask, replica_id: str) -> queue_pb2.GroupR
         policy_version=task.policy_version,
         replica_id=replica_id,
         eval=task.eval,
+        kind=task.kind,
     )
 
 

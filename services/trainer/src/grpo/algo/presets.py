@@ -36,10 +36,13 @@ class LossConfig:
     ref_refresh_steps: int | None = 400  # π_ref ← π_θ every N steps; None = never (or no reference at beta 0)
     overlong_soft_penalty: bool = False  # DAPO soft overlong punishment, applied by the reward service
     overlong_buffer: int | None = None  # tokens before the hard limit where that penalty ramps up
-    # credit (credit.py): `outcome`, one advantage per completion; `process`, per step from step scores
+    # credit (credit.py): `outcome`, one advantage per completion; `process`, per step from step scores;
+    # `vineppo`, per step from value estimates by continuations sampled at the step boundaries
     credit: str = "outcome"
     process_advantage: str = "cumulative"  # DeepSeekMath's Σ of later normalised steps, or `step_aligned`
     process_weight: float = 1.0  # A = (1 − w)·A_outcome + w·A_process; 1: pure process supervision
+    vine_k: int = 4  # VinePPO: continuations sampled per split point
+    vine_max_splits: int = 4  # VinePPO: split points per completion at most (evenly spread over its steps)
     notes: str = field(default="", compare=False)
 
     def advantage_kwargs(self) -> dict[str, Any]:
@@ -155,6 +158,15 @@ PRESETS: dict[str, LossConfig] = {
         process_weight=0.5,
         notes="Step scores (a rule or a PRM) normalised over the whole group; each token gets the sum of the "
         "normalised scores of its step and the steps after it, mixed half and half with the outcome advantage.",
+    ),
+    "vineppo": replace(
+        _GRPO,
+        name="vineppo",
+        source="Kazemnejad et al. 2024, VinePPO (arXiv 2410.01679) §3; the seed's §15.8",
+        credit="vineppo",
+        notes="No critic: the value of each step boundary is the mean reward of vine_k continuations sampled there; "
+        "a step's advantage is the value after it minus the value before (the prompt's value is the group's mean "
+        "reward, the last value the completion's own reward). Costs vine_k × split points extra rollouts.",
     ),
 }
 

@@ -69,14 +69,14 @@ def task_spec(settings: TrainerSettings, algo: LossConfig) -> TaskSpec:
 
 def check_step_credit(settings: TrainerSettings, algo: LossConfig, rows: Sequence[PromptRow]) -> None:
     """Step credit needs step scores for every task: from the `step_check` setting or each row's checks.steps."""
-    if algo.credit != "process" or settings.step_check:
+    if algo.credit == "outcome" or settings.step_check:
         return
     missing = [i for i, row in enumerate(rows) if "steps" not in row.checks]
     if missing:
         raise ValueError(
-            f"credit 'process' ({settings.preset} preset) needs step scores, but {len(missing)} of {len(rows)} rows "
+            f"credit {algo.credit!r} ({settings.preset} preset) needs steps, but {len(missing)} of {len(rows)} rows "
             f"(the first: row {missing[0]}) have no checks.steps: set `step_check`, e.g. {{source: rule, rule: "
-            f"column_addition}} or {{source: prm, delimiter: '\\n\\n'}}, or add checks.steps to the rows"
+            f"column_addition}} or {{source: cut, delimiter: '\\n\\n'}}, or add checks.steps to the rows"
         )
 
 

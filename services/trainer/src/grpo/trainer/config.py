@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from grpo.common.settings import ServiceSettings, load_settings, service_config
 
-PRESETS = ("grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "prm")
+PRESETS = ("grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "prm", "vineppo")
 # Fields that a preset may set; a None here means "take the preset's value".
 ALGO_FIELDS = (
     "group_size",
@@ -40,6 +40,8 @@ ALGO_FIELDS = (
     "credit",
     "process_advantage",
     "process_weight",
+    "vine_k",
+    "vine_max_splits",
 )
 
 
@@ -54,7 +56,7 @@ class TrainerSettings(ServiceSettings):
     """A staged run, e.g. R1's `[{mode: sft, train_data: sft.jsonl, steps: 300}, {mode: grpo}]`: each stage is these
     settings overridden by its own; a stage without `model` starts from the previous stage's final model. Stage i
     writes to output_dir/stage-<i>-<mode>; a restart skips finished stages and resumes the current one."""
-    preset: Literal["grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "prm"] = "grpo"
+    preset: Literal["grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "prm", "vineppo"] = "grpo"
     """Named algorithm preset (grpo.algo); its values are defaults that explicit settings override."""
     model: str = "tiny"
     """Model: a local Hugging Face folder, a hub id, or `tiny` for the built-in tiny Qwen2 model."""
@@ -137,18 +139,23 @@ class TrainerSettings(ServiceSettings):
     """Added to the group std before dividing. None: the preset's (1e-4)."""
     reward_clip: tuple[float, float] | None = None
     """[lo, hi]: clamp rewards before the group statistics (the seeds' reward clipping). None: the preset's (off)."""
-    credit: Literal["outcome", "process"] | None = None
+    credit: Literal["outcome", "process", "vineppo"] | None = None
     """`outcome`: one advantage per completion; `process`: per step, from the step scores the reward service
-    returns for each task's step check (process supervision, DeepSeekMath §4.1.3). None: the preset's."""
+    returns for each task's step check (process supervision, DeepSeekMath §4.1.3); `vineppo`: per step, from the
+    values of the step boundaries estimated by sampled continuations (VinePPO). None: the preset's."""
     process_advantage: Literal["cumulative", "step_aligned"] | None = None
     """Process advantages: `cumulative` (DeepSeekMath: group-normalised step scores summed from each step on) or
     `step_aligned` (the seed's: step k against step k of the other completions). None: the preset's."""
     process_weight: float | None = Field(None, ge=0, le=1)
     """A = (1 − w)·A_outcome + w·A_process per token (1: process only). None: the preset's (0.5 for prm)."""
+    vine_k: int | None = Field(None, ge=1)
+    """VinePPO: continuations sampled at each split point to estimate its value. None: the preset's (4)."""
+    vine_max_splits: int | None = Field(None, ge=1)
+    """VinePPO: split points per completion at most, spread evenly over its step boundaries. None: the preset's."""
     step_check: dict[str, Any] | None = None
     """The reward service's step check for tasks whose row has none, e.g. {"source": "rule", "rule":
-    "column_addition"} or {"source": "prm", "delimiter": "\n\n"}. credit process needs it (or rows with
-    checks.steps)."""
+    "column_addition"}, {"source": "prm", "delimiter": "\n\n"} or {"source": "cut", "delimiter": "\n\n"}
+    (boundaries only). credit process and vineppo need it (or rows with checks.steps)."""
 
     lr: float = Field(1e-6, gt=0)
     """AdamW learning rate."""
@@ -278,8 +285,8 @@ class TrainerSettings(ServiceSettings):
                 json_format.ParseDict(self.step_check, reward_pb2.StepsCheck())
             except json_format.ParseError as exc:
                 raise ValueError(f"step_check: {exc} (the reward service's StepsCheck: source, rule, ...)") from None
-            if self.step_check.get("source") not in ("rule", "prm"):
-                raise ValueError(f"step_check.source must be rule or prm, got {self.step_check.get('source')!r}")
+            if self.step_check.get("source") not in ("rule", "prm", "cut"):
+                raise ValueError(f"step_check.source must be rule, prm or cut, got {self.step_check.get('source')!r}")
         if self.clip_low is not None and self.clip_low >= 1:
             raise ValueError(f"clip_low={self.clip_low} must be < 1 (the ratio is clipped to [1 - clip_low, ...])")
         if self.mode == "grpo":

@@ -122,6 +122,19 @@ class Publisher:
         log.debug("published %d task(s) under version %d (batch %d)", len(tasks), policy_version, batch)
         return [t.task_id for t in tasks]
 
+    def value_task(
+        self, group_id: str, tid: str, prefix: Sequence[int], policy_version: int, n: int
+    ) -> queue_pb2.PromptTask:
+        """A VinePPO value task: `n` continuations of the group's prompt followed by `prefix` (completion tokens),
+        scored as the group's task is (without its steps), within what is left of the token budget."""
+        task = build_task(self.rows[row_of(group_id, len(self.rows), self.cursor.seed)], tid, policy_version, self.spec)
+        task.kind = "value"
+        task.prompt.prefix_token_ids.extend(prefix)
+        task.checks.ClearField("steps")
+        task.sampling.n = n
+        task.sampling.max_new_tokens = max(1, self.spec.max_new_tokens - len(prefix))
+        return task
+
     def republish(self, tid: str, policy_version: int, acct: Accounting) -> None:
         """Publish an in-flight task again under the same id (its group came from discarded weights)."""
         task = build_task(self.rows[row_of(tid, len(self.rows), self.cursor.seed)], tid, policy_version, self.spec)

@@ -33,6 +33,7 @@ from grpo.trainer.publisher import Publisher
 from grpo.trainer.pusher import ReplicaTarget, push_to_replicas
 from grpo.trainer.ranks import RankDriver
 from grpo.trainer.report import read_metrics
+from grpo.trainer.vine import VALUE_KIND, ValueBooks, sample_credit, split_points, value_task_id
 from grpo.v1 import queue_pb2
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class GrpoRun:
         self.reader = GroupReader(self.queue, CONSUMER)
         self.learner = RankDriver(build_learner(s, self.algo), s.model)
         self.acct = Accounting()
+        self.value_books = ValueBooks()
         self.step = 0
         self.ckpt_root = s.output_dir / "checkpoints"
         self.ledger_root = s.output_dir / "ledger"
@@ -247,6 +249,10 @@ class GrpoRun:
             if record is None or record.eval:
                 self.reader.ack_now(entry.entry_id)  # unreadable, or an eval group nobody awaits any more
                 continue
+            if record.kind == VALUE_KIND:  # a value group whose step is over (see vine.py)
+                self.value_books.late += 1
+                self.reader.ack_now(entry.entry_id)
+                continue
             facts = facts_of(record, self.zero_variance_on, self.algo.reward_clip, self.algo.credit == "process")
             verdict = "duplicate" if record.group_id in kept_ids else triage(
                 facts, self.acct, self.version, s.max_staleness, self.algo.skip_zero_variance, self.algo.group_size
@@ -308,18 +314,97 @@ class GrpoRun:
         g = self.algo.group_size
         rewards = torch.tensor([s.reward for _, r in kept for s in r.samples], dtype=torch.float32)
         advantages = group_advantages(rewards, g, **self.algo.advantage_kwargs()).tolist()
+        records = [record for _, record in kept]
+        vine = self._vine_credit(records) if self.algo.credit == "vineppo" else None
         samples = []
-        for i, (_, record) in enumerate(kept):
+        for i, record in enumerate(records):
             outcome = advantages[i * g : (i + 1) * g]
             per_token = process_credit(record, outcome, self.algo) if self.algo.credit == "process" else None
-            samples += to_samples(record, outcome, per_token)
+            samples += to_samples(record, outcome, vine[i] if vine is not None else per_token)
         metrics = self.learner.step(samples)
         if self.algo.credit == "process":
-            metrics.update(step_metrics([record for _, record in kept]))
+            metrics.update(step_metrics(records))
+        out = {f"train/{k}": v for k, v in metrics.items()}
+        if vine is not None:  # the value rollouts' books and cost (cumulative counts, per-step cost)
+            trained = sum(len(s.completion.token_ids) for r in records for s in r.samples)
+            out.update(self.value_books.metrics())
+            out["vine/rollout_tokens_per_trained_token"] = (trained + self.value_books.continuation_tokens) / max(
+                trained, 1
+            )
+            self.value_books.continuation_tokens = 0
         for entry_id, record in kept:
             self.acct.resolve(record.group_id, "trained")
             self.reader.defer_ack(entry_id)
-        return {f"train/{k}": v for k, v in metrics.items()}
+        return out
+
+    def _vine_credit(self, records: list[queue_pb2.GroupRecord]) -> list[list[list[float]]]:
+        """VinePPO: value tasks at each completion's split points, their groups awaited (others held back for
+        later steps), then per-token advantages for every sample of every group (see vine.py)."""
+        algo, books = self.algo, self.value_books
+        plan: dict[str, tuple[int, int, int]] = {}  # value task id -> (group, sample, split point)
+        tasks = []
+        splits: list[list[list[int]]] = []
+        for gi, record in enumerate(records):
+            splits.append([])
+            for si, sample in enumerate(record.samples):
+                ids = list(sample.completion.token_ids)
+                points = split_points(list(sample.step_token_ends), len(ids), algo.vine_max_splits)
+                splits[-1].append(points)
+                for b in points:
+                    tid = value_task_id(record.group_id, si, b, self.version)
+                    plan[tid] = (gi, si, b)
+                    tasks.append(self.publisher.value_task(record.group_id, tid, ids[:b], self.version, algo.vine_k))
+        if tasks:
+            self._retry(lambda: self.queue.publish_tasks(tasks), "publishing value tasks")
+            books.published += len(tasks)
+        values = self._await_values(plan)
+        out = []
+        for gi, record in enumerate(records):
+            rewards = [s.reward for s in record.samples]
+            prompt_value = sum(rewards) / len(rewards)  # the group is the prompt's Monte Carlo sample
+            out.append([
+                sample_credit(splits[gi][si], values.get((gi, si), {}), prompt_value, s.reward,
+                              len(s.completion.token_ids))
+                for si, s in enumerate(record.samples)
+            ])  # fmt: skip
+        return out
+
+    def _await_values(self, plan: dict[str, tuple[int, int, int]]) -> dict[tuple[int, int], dict[int, float]]:
+        """Read groups until every planned value group came or group_timeout_s passed; other groups wait."""
+        books = self.value_books
+        values: dict[tuple[int, int], dict[int, float]] = {}
+        pending, held = set(plan), []
+        deadline = time.monotonic() + self.s.group_timeout_s
+        while pending and time.monotonic() < deadline and not self.control.stopping:
+            entry = self._retry(lambda: self.reader.next(block_ms=500), "reading value groups")
+            if entry is None:
+                continue
+            record = entry.message
+            if record is None or record.kind != VALUE_KIND:
+                held.append(entry)  # a group for a later step (or an evaluation): back in the buffer below
+                continue
+            self.reader.ack_now(entry.entry_id)
+            if record.group_id not in pending:
+                books.late += 1
+                continue
+            pending.discard(record.group_id)
+            books.continuation_tokens += sum(len(s.completion.token_ids) for s in record.samples)
+            rewards = [s.reward for s in record.samples if s.HasField("reward")]
+            if record.status != "ok" or not record.samples:
+                books.dropped["failed"] += 1
+            elif len(rewards) != len(record.samples):
+                books.dropped["unscored"] += 1
+            else:
+                gi, si, b = plan[record.group_id]
+                values.setdefault((gi, si), {})[b] = sum(rewards) / len(rewards)
+                books.used += 1
+        if pending:
+            log.warning("%d value group(s) missing after %.0fs; their split points are left out", len(pending),
+                        self.s.group_timeout_s)  # fmt: skip
+            books.dropped["timeout"] += len(pending)
+        self.reader.buffer.extendleft(reversed(held))
+        books.check()
+        return values
 
     # ---- checkpoints, evaluation, status -------------------------------------------------------
     def _checkpoint(self) -> str:
