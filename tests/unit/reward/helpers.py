@@ -1,35 +1,49 @@
-"""Helpers shared by the reward tests: a tiny local reward model, /proc scans for leftovers, a TLS certificate."""
+"""Helpers shared by the reward tests: a tiny local reward model and PRM, /proc scans for leftovers, a TLS certificate."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 
 def save_tiny_reward_model(path: Path) -> Path:
     """A randomly initialised one-layer Qwen2 sequence classifier and its tokenizer, saved under `path`."""
+    from transformers import Qwen2ForSequenceClassification
+
+    tokenizer, config = _tiny_qwen2(num_labels=1, max_position_embeddings=256)
+    Qwen2ForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def save_tiny_prm(path: Path, step_token: str = "<extra_0>") -> Path:
+    """A randomly initialised one-layer Qwen2 token classifier (2 labels: bad, good step) with `step_token` added to
+    its tokenizer, saved as Qwen2.5-Math-PRM's folder would be read (token-classification head)."""
+    from transformers import Qwen2ForTokenClassification
+
+    tokenizer, config = _tiny_qwen2((step_token,), num_labels=2, max_position_embeddings=512)
+    Qwen2ForTokenClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _tiny_qwen2(extra_tokens: tuple[str, ...] = (), **config: Any) -> tuple[Any, Any]:
+    """The locally trained tokenizer (with `extra_tokens` as special tokens) and a one-layer Qwen2 config for it,
+    seeded: what the tiny reward models are built from."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+    from transformers import Qwen2Config
 
     from grpo.common.tiny_model import build_tokenizer
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     tokenizer = build_tokenizer(vocab_size=300)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        num_labels=1,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    Qwen2ForSequenceClassification(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    if extra_tokens:
+        tokenizer.add_special_tokens({"additional_special_tokens": list(extra_tokens)})
+    arch = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "num_key_value_heads": 1, **config}  # fmt: skip
+    return tokenizer, Qwen2Config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **arch)
 
 
 def host_processes_with(marker: str) -> list[int]:
@@ -66,24 +80,3 @@ def self_signed_cert(folder: Path) -> tuple[Path, Path]:
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     return cert, key
-
-
-def save_tiny_prm(path: Path, step_token: str = "<extra_0>") -> Path:
-    """A randomly initialised one-layer Qwen2 token classifier (2 labels: bad, good step) with `step_token` added to
-    its tokenizer, saved as Qwen2.5-Math-PRM's folder would be read (token-classification head)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForTokenClassification
-
-    from grpo.common.tiny_model import build_tokenizer
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    tokenizer = build_tokenizer(vocab_size=300)
-    tokenizer.add_special_tokens({"additional_special_tokens": [step_token]})
-    config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=512, num_labels=2, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
-    Qwen2ForTokenClassification(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
