@@ -103,16 +103,17 @@ class Zygote:
 
     def _read_exact(self, n: int, deadline: float) -> bytes:
         assert self.proc.stdout is not None
-        fd, buf = self.proc.stdout.fileno(), b""
-        while len(buf) < n:
+        fd, buf = self.proc.stdout.fileno(), bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:  # into one buffer: a large reply arrives in many pipe reads
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
                 raise ZygoteError("zygote did not answer in time")
-            chunk = os.read(fd, n - len(buf))
-            if not chunk:
+            k = os.readv(fd, [view[got:]])
+            if not k:
                 raise ZygoteError(f"zygote exited (code {self.proc.poll()})")
-            buf += chunk
-        return buf
+            got += k
+        return bytes(buf)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
