@@ -80,3 +80,51 @@ def self_signed_cert(folder: Path) -> tuple[Path, Path]:
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     return cert, key
+
+
+# Qwen2.5-Math-PRM ships its head as remote code (`Qwen2ForProcessRewardModel`: a Qwen2 body and a two-layer
+# score head with two labels, logits first in its output). This is a small stand-in of that shape.
+REMOTE_PRM_CODE = """
+import torch
+from transformers import Qwen2Config, Qwen2Model, Qwen2PreTrainedModel
+
+
+class Qwen2ForProcessRewardModel(Qwen2PreTrainedModel):
+    config_class = Qwen2Config
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = Qwen2Model(config)
+        self.score = torch.nn.Sequential(
+            torch.nn.Linear(config.hidden_size, config.hidden_size), torch.nn.ReLU(),
+            torch.nn.Linear(config.hidden_size, 2),
+        )
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return (self.score(hidden),)
+"""
+
+
+def save_tiny_remote_code_prm(path: Path, step_token: str = "<extra_0>") -> Path:
+    """A PRM folder loaded the way Qwen2.5-Math-PRM is: AutoModel with trust_remote_code (auto_map → its file)."""
+    import importlib.util
+    import json
+    import sys
+
+    tokenizer, config = _tiny_qwen2((step_token,), max_position_embeddings=512)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "modeling_prm.py").write_text(REMOTE_PRM_CODE)
+    spec = importlib.util.spec_from_file_location("modeling_prm_build", path / "modeling_prm.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    module.Qwen2ForProcessRewardModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    saved = json.loads((path / "config.json").read_text())
+    saved["architectures"] = ["Qwen2ForProcessRewardModel"]
+    saved["auto_map"] = {"AutoModel": "modeling_prm.Qwen2ForProcessRewardModel"}
+    (path / "config.json").write_text(json.dumps(saved, indent=1))
+    return path

@@ -10,7 +10,7 @@ import pytest
 from grpo.reward.scoring import combine
 from grpo.reward.verifiers.result import Judgement
 from grpo.reward.verifiers.steps import StepJudgement, column_addition, cut_at
-from tests.unit.reward.helpers import save_tiny_prm
+from tests.unit.reward.helpers import save_tiny_prm, save_tiny_remote_code_prm
 
 RIGHT = "<think>13 13 06</think><answer>633</answer>"  # 047+586: 7+6=13, 4+8+1=13, 0+5+1=06
 
@@ -104,3 +104,17 @@ def test_a_prm_folder_without_the_separator_token_is_refused(tmp_path: Path) -> 
     folder = save_tiny_prm(tmp_path / "prm", step_token="<step>")
     with pytest.raises(ValueError, match="no '<extra_0>' token"):
         ProcessRewardModel(str(folder))
+
+
+def test_a_remote_code_prm_loads_as_qwen_math_prm_does(tmp_path: Path) -> None:
+    """AutoModel + trust_remote_code (the folder's own head, logits first in a tuple); refused without the flag."""
+    from grpo.reward.verifiers.prm import ProcessRewardModel
+
+    folder = save_tiny_remote_code_prm(tmp_path / "remote-prm")
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        ProcessRewardModel(str(folder))
+    prm = ProcessRewardModel(str(folder), trust_remote_code=True)
+    assert type(prm.model).__name__ == "Qwen2ForProcessRewardModel"
+    completion = "x = 2\ny = 3\nso 5"
+    judged = prm.score("Add 2 and 3.", completion, cut_at(completion, "\n"))
+    assert len(judged) == 3 and all(j.score is not None and 0.0 < j.score < 1.0 for j in judged)

@@ -41,9 +41,17 @@ class ProcessRewardModel:
             raise ValueError(f"the PRM's tokenizer has no {step_token!r} token (prm_step_token)")
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         if any(a.endswith("ForTokenClassification") for a in config.architectures or ()):
+            if config.num_labels != 2:
+                raise ValueError(
+                    f"a PRM has two labels (bad, good step); this token classifier has {config.num_labels}"
+                )
             self.model: Any = AutoModelForTokenClassification.from_pretrained(path)
         else:
             self.model = AutoModel.from_pretrained(path, trust_remote_code=trust_remote_code)
+        wanted, loaded = list(config.architectures or ()), type(self.model).__name__
+        if wanted and loaded not in wanted:  # e.g. the bare body without its score head: scores would be noise
+            hint = " (set prm_trust_remote_code: the folder ships its own head)" if not trust_remote_code else ""
+            raise ValueError(f"the PRM folder's architecture is {wanted}, but transformers loaded {loaded}{hint}")
         self.model.to(device).eval()
         self.step_token, self.max_length, self.device = step_token, max_length, device
         self._lock = threading.Lock()  # one forward at a time: torch already uses every core
@@ -68,6 +76,8 @@ class ProcessRewardModel:
         with self._lock, torch.inference_mode():
             out = self.model(input_ids=torch.tensor([ids], device=self.device))
         logits = out.logits if hasattr(out, "logits") else out[0]  # [1, T, 2]
+        if logits.dim() != 3 or logits.shape[-1] != 2:
+            raise ValueError(f"a PRM gives two logits (bad, good) per token; this one gave {list(logits.shape)}")
         good = torch.softmax(logits[0].float(), dim=-1)[:, 1]
         at = [i for i, token in enumerate(ids) if token == self.step_id]
         judged = []
