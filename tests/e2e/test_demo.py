@@ -112,7 +112,7 @@ def test_demo_with_vineppo_estimates_values_through_the_rollout(tmp_path: Path) 
     trained = [r for r in rows if "train/loss" in r]
     assert len(trained) == 4
     last = trained[-1]
-    dropped = sum(last[f"vine/value_dropped/{reason}"] for reason in ("failed", "unscored", "timeout"))
+    dropped = sum(last[f"vine/value_dropped/{reason}"] for reason in ("failed", "unscored", "timeout", "stopped"))
     assert last["vine/value_tasks"] > 0 and last["vine/value_used"] + dropped == last["vine/value_tasks"]
     assert last["vine/value_used"] > 0.9 * last["vine/value_tasks"]  # nothing is slow or failing here
     assert all(r["vine/rollout_tokens_per_trained_token"] > 1.5 for r in trained)  # the price of the values

@@ -267,9 +267,24 @@ def test_token_ends_with_tokens_of_several_characters() -> None:
         return "".join(pieces[i] for i in ids)
 
     ids = list(range(len(pieces)))
+    text = decode(ids)
     # char ends: after "13" (9), inside the token "3 0" (13: after "3"), the very end (22), and 0
-    assert token_ends(decode, ids, [9, 13, 22, 0]) == [2, 5, 7, 0]
-    assert token_ends(decode, [], [0]) == [0]
+    assert token_ends(decode, ids, text, [9, 13, 22, 0]) == [2, 5, 7, 0]
+    assert token_ends(decode, [], "", [0]) == [0]
+
+
+def test_token_ends_count_every_byte_of_a_split_character() -> None:
+    """Byte-level tokens: "é" is two tokens; a step ending after it owns both (a prefix with half of it decodes
+    to U+FFFD, which is not the text)."""
+    from grpo.rollout.records import token_ends
+
+    raw = "aé\nb".encode()  # a, 0xC3, 0xA9, \n, b: one token per byte
+
+    def decode(ids: list[int]) -> str:
+        return bytes(raw[i] for i in ids).decode("utf-8", "replace")
+
+    ids = list(range(len(raw)))
+    assert token_ends(decode, ids, "aé\nb", [2, 3, 4]) == [3, 4, 5]
 
 
 def test_a_value_task_continues_its_prefix_and_scores_the_whole_answer(

@@ -189,6 +189,11 @@ def test_step_credit_needs_a_step_check_and_sends_it_with_every_training_task(da
     task = build_task(rows[0], "t-e0-0", 0, spec)
     assert task.checks.steps.source == "rule" and task.checks.steps.rule == "column_addition"
     assert not build_task(rows[0], "t-e0-0", 0, spec, evaluation=True).checks.HasField("steps")  # eval: outcome only
+    cut = parse_settings(["--train-data", str(data), "--preset", "prm", "--step-check", '{"source": "cut"}'])
+    with pytest.raises(ValueError, match="trains on step scores, but step_check asks for source cut"):
+        check_step_credit(cut, algo, rows)  # cut steps have no scores: every group would be unscored
+    vine = parse_settings(["--train-data", str(data), "--preset", "vineppo", "--step-check", '{"source": "cut"}'])
+    check_step_credit(vine, resolve_algo(vine), rows)  # VinePPO needs only the boundaries
     with pytest.raises(ValidationError, match=r'step_check: .*no field named "rules"'):
         parse_settings(["--train-data", str(data), "--step-check", '{"source": "rule", "rules": "x"}'])
     with pytest.raises(ValidationError, match=r"step_check\.source must be rule, prm or cut"):

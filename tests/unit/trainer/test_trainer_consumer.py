@@ -120,6 +120,11 @@ def test_step_credit_triage_needs_judged_steps_and_sees_their_variance() -> None
     assert max(facts_of(flat_rewards).signal) == min(facts_of(flat_rewards).signal)  # outcome: zero variance
     signal = facts_of(flat_rewards, steps=True).signal
     assert max(signal) != min(signal)  # step credit: the steps still teach something
+    nan = stepped([1.0, 0.0], [[1.0, float("nan")], [1.0, 0.0]], [[1, 2], [1, 2]])
+    assert facts_of(nan, steps=True).rewards == (None, 0.0)  # a NaN step is not a score
+    unordered = stepped([1.0, 0.0], [[1.0, 0.0], [1.0, 0.0]], [[1, 2], [1, 2]])
+    unordered.samples[0].step_token_ends[:] = [2, 1]
+    assert facts_of(unordered, steps=True).rewards == (None, 0.0)  # ends out of order: not placed on tokens
     all_flat = stepped([1.0, 1.0], [[1.0, 1.0], [1.0]], [[1, 2], [1]])
     signal = facts_of(all_flat, steps=True).signal
     assert max(signal) == min(signal)

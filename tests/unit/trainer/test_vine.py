@@ -32,10 +32,13 @@ def test_sample_credit_is_the_value_difference_of_each_segment() -> None:
 
 
 def test_value_books_balance_or_fail_loudly() -> None:
-    books = ValueBooks(published=5, used=3)
+    books = ValueBooks(published=5, used=3, continuation_tokens=300)
     books.dropped["timeout"] += 2
     books.check()
-    assert books.metrics()["vine/value_dropped/timeout"] == 2.0 and books.metrics()["vine/value_used"] == 3.0
+    metrics = books.metrics(trained_tokens=100)
+    assert metrics["vine/value_dropped/timeout"] == 2.0 and metrics["vine/value_used"] == 3.0
+    assert metrics["vine/rollout_tokens_per_trained_token"] == 4.0  # 100 sampled and trained + 300 for values
+    assert books.metrics(trained_tokens=100)["vine/rollout_tokens_per_trained_token"] == 1.0  # per step
     books.published += 1
     with pytest.raises(AssertionError, match="do not balance"):
         books.check()

@@ -261,11 +261,15 @@ class ScoreBatch:
         try:
             timeout = self.deadline - time.monotonic()
             judged = await asyncio.wait_for(loop.run_in_executor(self.runner.aux_threads, run), timeout)
-        except Exception as exc:  # TimeoutError included
-            why = f"the PRM failed: {type(exc).__name__}: {exc}" if str(exc) else "the PRM gave no answer in time"
-            judged = {i: [StepJudgement(s, e, None, "error", why) for s, e in cut] for i, cut in cuts.items()}
+        except TimeoutError:
+            why = "the PRM gave no answer before the request's deadline"
+        except Exception as exc:
+            why = f"the PRM failed: {type(exc).__name__}: {exc}"
+        else:
+            metrics.VERIFIER_SECONDS.labels("prm").observe(time.monotonic() - started)
+            return judged
         metrics.VERIFIER_SECONDS.labels("prm").observe(time.monotonic() - started)
-        return judged
+        return {i: [StepJudgement(s, e, None, "error", why) for s, e in cut] for i, cut in cuts.items()}
 
     async def score_item(self, item: ScoreItem) -> ScoreResult:
         """All of one item's components, combined by the scoring rules."""

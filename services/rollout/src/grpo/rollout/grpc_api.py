@@ -121,7 +121,8 @@ def encode_prompts(service: RolloutService, prompts: list[rollout_pb2.Prompt], m
         ids = ids + prefix
         if len(ids) + max_new_tokens > context:
             raise BadRequest(
-                f"prompts[{i}] has {len(ids)} tokens; with max_new_tokens {max_new_tokens} that exceeds "
+                f"prompts[{i}] has {len(ids)} tokens{' with its prefix_token_ids' if prefix else ''}; with "
+                f"max_new_tokens {max_new_tokens} that exceeds "
                 f"the model context of {context} tokens: shorten the prompt or lower max_new_tokens"
             )
         encoded.append(ids)

@@ -21,22 +21,35 @@ class Generated:
     decode: Callable[[list[int]], str] | None = None  # the engine's detokenizer, to place step ends on tokens
 
 
-def token_ends(decode: Callable[[list[int]], str], token_ids: Sequence[int], char_ends: Sequence[int]) -> list[int]:
-    """For each character offset of the completion text, the fewest tokens whose text reaches it.
+def token_ends(
+    decode: Callable[[list[int]], str], token_ids: Sequence[int], text: str, char_ends: Sequence[int]
+) -> list[int]:
+    """For each character offset of the completion `text`, the fewest tokens whose decoded text reaches it.
 
-    Binary search on decoded prefixes (their length grows with the token count): about log2(T) decodes per step
-    end, exact for any tokenizer, including tokens that hold several characters or part of one.
+    "Reaches" means the decoded prefix starts with text[:end]: a token holding only part of a character (byte-level
+    BPE, byte fallback) decodes to U+FFFD, which does not match, so the character's last byte is counted in. (Should
+    the engine's text not be a decoding of these tokens, character counts are compared instead.) Binary search on
+    decoded prefixes, from the previous end on when the ends are sorted: about log2(T) decodes per end.
     """
-    out = []
+    ids = list(token_ids)
+    exact = decode(ids).startswith(text)
+
+    def reaches(k: int, end: int) -> bool:
+        decoded = decode(ids[:k])
+        return decoded.startswith(text[:end]) if exact else len(decoded) >= end
+
+    out: list[int] = []
+    previous, floor = -1, 0
     for end in char_ends:
-        lo, hi = 0, len(token_ids)
+        lo, hi = (floor if end >= previous else 0), len(ids)
         while lo < hi:
             mid = (lo + hi) // 2
-            if len(decode(list(token_ids[:mid]))) >= end:
+            if reaches(mid, end):
                 hi = mid
             else:
                 lo = mid + 1
         out.append(lo)
+        previous, floor = end, lo
     return out
 
 
@@ -125,7 +138,7 @@ def group_records(
             if result.steps:
                 sample.steps.extend(result.steps)
                 if generated.decode is not None:
-                    ends = token_ends(generated.decode, c.token_ids, [step.end for step in result.steps])
+                    ends = token_ends(generated.decode, c.token_ids, c.text, [step.end for step in result.steps])
                     sample.step_token_ends.extend(ends)
         if results is not None and any(f"{task.task_id}/{i}" not in by_id for i in range(len(record.samples))):
             record.status, record.error = "failed", "reward service returned no result for some samples"

@@ -69,7 +69,15 @@ def task_spec(settings: TrainerSettings, algo: LossConfig) -> TaskSpec:
 
 def check_step_credit(settings: TrainerSettings, algo: LossConfig, rows: Sequence[PromptRow]) -> None:
     """Step credit needs step scores for every task: from the `step_check` setting or each row's checks.steps."""
-    if algo.credit == "outcome" or settings.step_check:
+    if algo.credit == "outcome":
+        return
+    if algo.credit == "process":  # it trains on the scores: steps that are only cut would leave every group unscored
+        unscored = [i for i, row in enumerate(rows) if row.checks.get("steps", {}).get("source") == "cut"]
+        if (settings.step_check or {}).get("source") == "cut" or unscored:
+            where = "step_check" if (settings.step_check or {}).get("source") == "cut" else f"row {unscored[0]}"
+            raise ValueError(f"credit 'process' trains on step scores, but {where} asks for source cut (no scores): "
+                             "use source rule or prm, or credit vineppo")  # fmt: skip
+    if settings.step_check:
         return
     missing = [i for i, row in enumerate(rows) if "steps" not in row.checks]
     if missing:

@@ -30,10 +30,12 @@ def rewards_of(record: queue_pb2.GroupRecord, steps: bool = False) -> tuple[floa
 
 
 def step_scores(sample: queue_pb2.SampleRecord) -> list[float] | None:
-    """The sample's step scores, None unless every step was judged and placed on its tokens."""
-    if not sample.steps or len(sample.step_token_ends) != len(sample.steps):
+    """The sample's step scores, None unless every step was judged (a finite score) and placed on its tokens (ends
+    in order, inside the completion): such a sample is unscored, never trained on a guess."""
+    ends, n_tokens = list(sample.step_token_ends), len(sample.completion.token_ids)
+    if not sample.steps or len(ends) != len(sample.steps) or ends != sorted(ends) or ends[-1] > n_tokens:
         return None
-    if not all(step.HasField("score") for step in sample.steps):
+    if not all(step.HasField("score") and math.isfinite(step.score) for step in sample.steps):
         return None
     return [step.score for step in sample.steps]
 

@@ -126,13 +126,14 @@ class Publisher:
         self, group_id: str, tid: str, prefix: Sequence[int], policy_version: int, n: int
     ) -> queue_pb2.PromptTask:
         """A VinePPO value task: `n` continuations of the group's prompt followed by `prefix` (completion tokens),
-        scored as the group's task is (without its steps), within what is left of the token budget."""
+        scored as the group's task is (without its steps). The continuation gets the task's whole max_new_tokens,
+        not what the prefix left of it: identical sampling settings let the rollout batch every value task of a
+        step into one engine call (per-prompt budgets in the engines would make it exact)."""
         task = build_task(self.rows[row_of(group_id, len(self.rows), self.cursor.seed)], tid, policy_version, self.spec)
         task.kind = "value"
         task.prompt.prefix_token_ids.extend(prefix)
         task.checks.ClearField("steps")
         task.sampling.n = n
-        task.sampling.max_new_tokens = max(1, self.spec.max_new_tokens - len(prefix))
         return task
 
     def republish(self, tid: str, policy_version: int, acct: Accounting) -> None:

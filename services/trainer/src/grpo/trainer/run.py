@@ -236,8 +236,9 @@ class GrpoRun:
                 return None, {}
             if self.acct.n_in_flight - len(kept) <= 0 and not self.reader.buffer:
                 break  # nothing more can arrive for this step
+            arrived = {e.message.group_id for e in self.reader.buffer if e.message is not None}
             for tid in self.acct.expired(time.monotonic(), s.group_timeout_s):
-                if tid not in kept_ids:
+                if tid not in kept_ids and tid not in arrived:  # a group held back during value rollouts is here
                     log.warning("task %s: no group after %.0fs; dropped (timeout)", tid, s.group_timeout_s)
                     self.acct.resolve(tid, "timeout")
                     outcomes["timeout"] = outcomes.get("timeout", 0) + 1
@@ -253,7 +254,7 @@ class GrpoRun:
                 self.value_books.late += 1
                 self.reader.ack_now(entry.entry_id)
                 continue
-            facts = facts_of(record, self.zero_variance_on, self.algo.reward_clip, self.algo.credit == "process")
+            facts = facts_of(record, self.zero_variance_on, self.algo.reward_clip, steps=self.algo.credit == "process")
             verdict = "duplicate" if record.group_id in kept_ids else triage(
                 facts, self.acct, self.version, s.max_staleness, self.algo.skip_zero_variance, self.algo.group_size
             )  # fmt: skip
@@ -325,13 +326,8 @@ class GrpoRun:
         if self.algo.credit == "process":
             metrics.update(step_metrics(records))
         out = {f"train/{k}": v for k, v in metrics.items()}
-        if vine is not None:  # the value rollouts' books and cost (cumulative counts, per-step cost)
-            trained = sum(len(s.completion.token_ids) for r in records for s in r.samples)
-            out.update(self.value_books.metrics())
-            out["vine/rollout_tokens_per_trained_token"] = (trained + self.value_books.continuation_tokens) / max(
-                trained, 1
-            )
-            self.value_books.continuation_tokens = 0
+        if vine is not None:  # the value rollouts' books and cost
+            out.update(self.value_books.metrics(sum(len(s.completion.token_ids) for r in records for s in r.samples)))
         for entry_id, record in kept:
             self.acct.resolve(record.group_id, "trained")
             self.reader.defer_ack(entry_id)
@@ -370,39 +366,43 @@ class GrpoRun:
         return out
 
     def _await_values(self, plan: dict[str, tuple[int, int, int]]) -> dict[tuple[int, int], dict[int, float]]:
-        """Read groups until every planned value group came or group_timeout_s passed; other groups wait."""
+        """Read groups until every planned value group came or group_timeout_s passed; other groups wait in the
+        reader's buffer, in order, for the steps they belong to."""
         books = self.value_books
         values: dict[tuple[int, int], dict[int, float]] = {}
         pending, held = set(plan), []
-        deadline = time.monotonic() + self.s.group_timeout_s
-        while pending and time.monotonic() < deadline and not self.control.stopping:
-            entry = self._retry(lambda: self.reader.next(block_ms=500), "reading value groups")
-            if entry is None:
-                continue
-            record = entry.message
-            if record is None or record.kind != VALUE_KIND:
-                held.append(entry)  # a group for a later step (or an evaluation): back in the buffer below
-                continue
-            self.reader.ack_now(entry.entry_id)
-            if record.group_id not in pending:
-                books.late += 1
-                continue
-            pending.discard(record.group_id)
-            books.continuation_tokens += sum(len(s.completion.token_ids) for s in record.samples)
-            rewards = [s.reward for s in record.samples if s.HasField("reward")]
-            if record.status != "ok" or not record.samples:
-                books.dropped["failed"] += 1
-            elif len(rewards) != len(record.samples):
-                books.dropped["unscored"] += 1
-            else:
-                gi, si, b = plan[record.group_id]
-                values.setdefault((gi, si), {})[b] = sum(rewards) / len(rewards)
-                books.used += 1
+        started = time.monotonic()
+        try:
+            while pending and time.monotonic() < started + self.s.group_timeout_s and not self.control.stopping:
+                entry = self._retry(lambda: self.reader.next(block_ms=500), "reading value groups")
+                if entry is None:
+                    continue
+                record = entry.message
+                if record is None or record.kind != VALUE_KIND:
+                    held.append(entry)  # a group for a later step (or an evaluation)
+                    continue
+                self.reader.ack_now(entry.entry_id)
+                if record.group_id not in pending:
+                    books.late += 1
+                    continue
+                pending.discard(record.group_id)
+                books.continuation_tokens += sum(len(s.completion.token_ids) for s in record.samples)
+                rewards = [s.reward for s in record.samples if s.HasField("reward")]
+                if record.status != "ok" or not record.samples:
+                    books.dropped["failed"] += 1
+                elif len(rewards) != len(record.samples):
+                    books.dropped["unscored"] += 1
+                else:
+                    gi, si, b = plan[record.group_id]
+                    values.setdefault((gi, si), {})[b] = sum(rewards) / len(rewards)
+                    books.used += 1
+        finally:
+            self.reader.buffer.extendleft(reversed(held))
         if pending:
-            log.warning("%d value group(s) missing after %.0fs; their split points are left out", len(pending),
-                        self.s.group_timeout_s)  # fmt: skip
-            books.dropped["timeout"] += len(pending)
-        self.reader.buffer.extendleft(reversed(held))
+            reason = "stopped" if self.control.stopping else "timeout"
+            log.warning("%d value group(s) missing (%s); their split points are left out", len(pending), reason)
+            books.dropped[reason] += len(pending)
+        books.wait_s += time.monotonic() - started
         books.check()
         return values
 

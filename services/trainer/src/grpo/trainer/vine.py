@@ -6,8 +6,8 @@ prompt with prefix_token_ids), and takes the mean reward of a prefix's continuat
 value is the group's mean reward; the value after the last step is the completion's own reward. Each segment
 between split points gets V(after) − V(before) (grpo.algo.credit.vineppo_advantages).
 
-A value task is resolved (its value used) or dropped with a reason (failed, unscored, timeout), like every other
-task; a value group that comes after its step is `late` and acked. A split point whose value is missing is left
+A value task is resolved (its value used) or dropped with a reason (failed, unscored, timeout, stopped), like every
+other task; a value group that comes after its step is `late` and acked. A split point whose value is missing is left
 out: the segments on either side merge into one, whose credit is still a difference of estimated values.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from grpo.algo.credit import token_advantages, vineppo_advantages
 
 VALUE_KIND = "value"
-VALUE_DROP_REASONS = ("failed", "unscored", "timeout")
+VALUE_DROP_REASONS = ("failed", "unscored", "timeout", "stopped")
 
 
 def split_points(step_token_ends: Sequence[int], n_tokens: int, max_splits: int) -> list[int]:
@@ -46,16 +46,21 @@ class ValueBooks:
     used: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     late: int = 0
-    continuation_tokens: int = 0
+    continuation_tokens: int = 0  # since the last metrics (per step)
+    wait_s: float = 0.0  # since the last metrics (per step)
 
     def check(self, in_flight: int = 0) -> None:
         if self.published != self.used + sum(self.dropped.values()) + in_flight:
             raise AssertionError(f"value books do not balance: {self}, in flight {in_flight}")
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, trained_tokens: int) -> dict[str, float]:
+        """Cumulative counts, and this step's cost: rollout tokens per trained token, seconds waiting for values."""
         out = {"vine/value_tasks": float(self.published), "vine/value_used": float(self.used),
-               "vine/value_late": float(self.late)}  # fmt: skip
+               "vine/value_late": float(self.late), "time/vine_wait_s": self.wait_s,
+               "vine/rollout_tokens_per_trained_token": (trained_tokens + self.continuation_tokens)
+               / max(trained_tokens, 1)}  # fmt: skip
         out.update({f"vine/value_dropped/{reason}": float(self.dropped[reason]) for reason in VALUE_DROP_REASONS})
+        self.continuation_tokens, self.wait_s = 0, 0.0
         return out
 
 

@@ -28,6 +28,7 @@ RO_BINDS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/libx32", "/sbin")
 ETC_BINDS = ("java-*",)
 RUN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/scratch", "LANG": "C.UTF-8", "TMPDIR": "/scratch"}
 REPLY_SLACK_S = 5.0  # the zygote enforces the deadline itself; this only catches a wedged zygote
+MAX_REPLY_BYTES = 1 << 30  # a length header past this means a broken stream, not a reply
 REMEDY = (
     "the namespace sandbox needs to run as root with CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID, CAP_SETPCAP and "
     "CAP_CHOWN, and mount/unshare/pivot_root allowed by seccomp and AppArmor (docker: --cap-add SYS_ADMIN "
@@ -98,8 +99,10 @@ class Zygote:
         return self._recv(deadline)
 
     def _recv(self, deadline: float) -> dict[str, Any]:
-        head = self._read_exact(4, deadline)
-        return json.loads(self._read_exact(struct.unpack(">I", head)[0], deadline))
+        size = struct.unpack(">I", self._read_exact(4, deadline))[0]
+        if size > MAX_REPLY_BYTES:
+            raise ZygoteError(f"a reply of {size} bytes: the zygote's stream is out of step")
+        return json.loads(self._read_exact(size, deadline))
 
     def _read_exact(self, n: int, deadline: float) -> bytes:
         assert self.proc.stdout is not None

@@ -50,6 +50,7 @@ PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 DEVICES = ("null", "zero", "full", "random", "urandom")
 PROOF_FD, NONCE_FD = 3, 4
+MAX_MESSAGE_BYTES = 1 << 30  # a length header past this means a broken stream, not a request
 
 SECCOMP = b""  # built once at start-up
 PER_RUN_IPC = False  # set at start-up when SysV IPC cannot be disabled for the zygote's IPC namespace
@@ -182,7 +183,10 @@ def _read_msg(fd: int) -> dict | None:
     head = _read_exact(fd, 4)
     if head is None:
         return None
-    body = _read_exact(fd, struct.unpack(">I", head)[0])
+    size = struct.unpack(">I", head)[0]
+    if size > MAX_MESSAGE_BYTES:
+        raise ValueError(f"a request of {size} bytes: the stream is out of step")
+    body = _read_exact(fd, size)
     return None if body is None else json.loads(body)
 
 

@@ -59,7 +59,8 @@ class ProcessRewardModel:
 
     def text(self, prompt: str, completion: str, spans: list[Span]) -> str:
         """The PRM's input: the prompt, then every step followed by the separator."""
-        # A separator inside a step's own text would shift every later score: it is removed from the step.
+        # A separator inside the prompt or a step's own text would shift every later score: it is removed there.
+        prompt = prompt.replace(self.step_token, "")
         steps = "".join(
             completion[start:end].replace(self.step_token, "").strip() + self.step_token for start, end in spans
         )

@@ -29,8 +29,8 @@ class StepJudgement:
 
 def cut_at(completion: str, delimiter: str) -> list[Span]:
     """Steps between delimiters; a delimiter closes the step before it. A piece with only whitespace (a doubled
-    delimiter) is no step: it joins the step before it (or the next one, at the start). A completion without the
-    delimiter is one step, an empty one is [(0, 0)]."""
+    delimiter) is no step: it joins the step before it; at the start it belongs to no step (the token mapping
+    gives it to the first). A completion without the delimiter is one step, an empty one is [(0, 0)]."""
     if not delimiter:
         raise ValueError("the step delimiter must not be empty")
     spans: list[Span] = []
