@@ -36,9 +36,11 @@ def run_row(folder: Path) -> dict[str, Any]:
         tokens += policy * r.get("vine/rollout_tokens_per_trained_token", 1.0)
     evals = [e["accuracy"] for e in summary["eval_history"] if e["step"] > 0]
     after = sum(evals[-3:]) / len(evals[-3:]) if evals else None
+    at_20 = next((e["accuracy"] for e in summary["eval_history"] if e["step"] == 20), None)
     return {
         "run": folder.name, "preset": summary["config"]["preset"], "seed": summary["config"]["seed"],
         "steps": summary["grpo_steps"], "before": summary["eval_accuracy_before"], "evals": evals, "after": after,
+        "at_step_20": at_20,
         "gain": None if after is None else after - summary["eval_accuracy_before"],
         "rollout_tokens_M": round(tokens / 1e6, 3), "wall_s": summary.get("wall_seconds"),
     }  # fmt: skip
@@ -51,23 +53,26 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     rows = [run_row(f) for f in sorted(args.runs_dir.iterdir()) if (f / "summary.json").is_file()]
-    log.info("| run | steps | before | evaluations | after (last 3) | gain | rollout tokens | wall |")
-    log.info("|---|---|---|---|---|---|---|---|")
+    log.info("| run | steps | before | evaluations | at step 20 | after (last 3) | gain | rollout tokens | wall |")
+    log.info("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         evals = " ".join(f"{100 * e:.1f}" for e in r["evals"])
-        log.info("| %s | %d | %.1f %% | %s | %.1f %% | %+.1f | %.2f M | %.0f s |", r["run"], r["steps"],
-                 100 * r["before"], evals, 100 * r["after"], 100 * r["gain"], r["rollout_tokens_M"], r["wall_s"])  # fmt: skip
+        log.info("| %s | %d | %.1f %% | %s | %.1f %% | %.1f %% | %+.1f | %.2f M | %.0f s |", r["run"], r["steps"],
+                 100 * r["before"], evals, 100 * r["at_step_20"], 100 * r["after"], 100 * r["gain"],
+                 r["rollout_tokens_M"], r["wall_s"])  # fmt: skip
     by_preset: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_preset.setdefault(r["preset"], []).append(r)
     means = {}
     for preset, group in by_preset.items():
         n = len(group)
-        means[preset] = {k: sum(r[k] for r in group) / n for k in ("before", "after", "gain", "rollout_tokens_M")}
+        keys = ("before", "at_step_20", "after", "gain", "rollout_tokens_M")
+        means[preset] = {k: sum(r[k] for r in group) / n for k in keys}
         means[preset]["runs"] = n
-        log.info("mean %s over %d run(s): before %.1f %%, after %.1f %%, gain %+.1f points, %.2f M rollout tokens",
-                 preset, n, 100 * means[preset]["before"], 100 * means[preset]["after"], 100 * means[preset]["gain"],
-                 means[preset]["rollout_tokens_M"])  # fmt: skip
+        m = means[preset]
+        log.info("mean %s over %d run(s): before %.1f %%, at step 20 %.1f %%, after %.1f %%, gain %+.1f points, "
+                 "%.2f M rollout tokens", preset, n, 100 * m["before"], 100 * m["at_step_20"], 100 * m["after"],
+                 100 * m["gain"], m["rollout_tokens_M"])  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"runs": rows, "means": means}, indent=1) + "\n")
 
