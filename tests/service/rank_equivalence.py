@@ -7,6 +7,7 @@ differences of the updated parameters and of the logged metrics to argv[2] (JSON
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import sys
@@ -41,6 +42,7 @@ GRPO_CASES: list[dict[str, Any]] = [
     {"agg": "token_mean", "micro_batch_size": 2, "beta": 0.05, "ppo_epochs": 2},  # reference model, π_old recomputed
     {"agg": "token_mean", "micro_batch_size": 3, "max_tokens_per_micro_batch": 20},  # token-capped micro-batches
     {"agg": "seq_mean_token_mean", "micro_batch_size": 1, "rows": 2},  # fewer rows than ranks
+    {"agg": "token_mean", "micro_batch_size": 2, "per_token": True},  # step credit: one advantage per token
 ]
 SFT_CASES: list[dict[str, Any]] = [{"micro_batch_size": mbs} for mbs in (1, 2, 3)] + [
     {"micro_batch_size": 1, "rows": 2}
@@ -52,13 +54,23 @@ COMPARED = ("loss", "pg_loss", "kl_loss", "kl", "ratio_mean", "ratio_max", "entr
 def config(backend: str, stage: int, case: dict[str, Any]) -> LearnerConfig:
     # Adam's first step is lr·g/(|g|+eps): eps well above float noise keeps the comparison about the gradient.
     base = {"lr": 1e-3, "adam_eps": 1e-4, "max_len": 12, "seed": 0, "mask_truncated": True}
-    options = {k: v for k, v in case.items() if k != "rows"}
+    options = {k: v for k, v in case.items() if k not in ("rows", "per_token")}
     return LearnerConfig(backend=backend, zero_stage=stage, **{**base, **options})
 
 
-def train(learner: Learner, kind: str, rows: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def per_token(sample: TrainableSample) -> TrainableSample:
+    """Advantages that change along the completion (as process supervision or VinePPO give)."""
+    n = len(sample.completion_token_ids)
+    return dataclasses.replace(sample, token_advantages=[sample.advantage * (1 - t / n) for t in range(n)])
+
+
+def train(
+    learner: Learner, kind: str, rows: int, tokens: bool = False
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     before = {k: v.clone() for k, v in learner.state_dict_for_push().items()}
     batch, pairs = BATCH[:rows], PAIRS[:rows]
+    if tokens:
+        batch = [per_token(s) for s in batch]
     metrics = learner.step(batch) if kind == "grpo" else learner.sft_step(pairs)
     if kind == "grpo" and learner.config.ppo_epochs == 1:
         metrics |= {f"second/{k}": v for k, v in learner.step(batch).items()}  # the ratio has moved now
@@ -89,9 +101,10 @@ def main() -> None:
             learner = Learner(config("deepspeed", stage, case))
             rank = learner.backend.rank
             rows = case.get("rows", len(BATCH))
-            ds = train(learner, kind, rows)
+            tokens = case.get("per_token", False)
+            ds = train(learner, kind, rows, tokens)
             if rank == 0:
-                ref = train(Learner(config("torch", stage, case)), kind, rows)
+                ref = train(Learner(config("torch", stage, case)), kind, rows, tokens)
                 results.append({"kind": kind, "case": case, **compare(ds, ref)})
             learner.backend.barrier()
             del learner  # engines left alive past destroy_process_group can abort the interpreter at exit

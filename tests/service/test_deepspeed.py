@@ -149,7 +149,8 @@ def test_ranks_give_the_one_process_update(world_size: int, stage: int, tmp_path
     """The same batch on N DeepSpeed ranks and on one plain process: the same parameters and metrics.
 
     Uneven splits (7 rows, and 2 rows on 3 ranks), micro-batches of 1–3 rows and token-capped ones, every
-    aggregation, the reference model with two PPO epochs, and SFT (tests/service/rank_equivalence.py).
+    aggregation, the reference model with two PPO epochs, per-token advantages, and SFT
+    (tests/service/rank_equivalence.py).
     """
     worker = Path(__file__).with_name("rank_equivalence.py")
     torchrun = Path(sys.executable).with_name("torchrun")
@@ -159,7 +160,7 @@ def test_ranks_give_the_one_process_update(world_size: int, stage: int, tmp_path
     proc = subprocess.run([*cmd, str(stage), str(out)], env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(out.read_text())
-    assert (result["world_size"], result["stage"], len(result["results"])) == (world_size, stage, 16)
+    assert (result["world_size"], result["stage"], len(result["results"])) == (world_size, stage, 17)
     for r in result["results"]:
         label = f"{r['kind']} {r['case']}"
         # Relative to the largest parameter change: float reordering only (measured ≤ 1.2e-4).

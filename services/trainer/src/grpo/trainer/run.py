@@ -236,8 +236,9 @@ class GrpoRun:
                 return None, {}
             if self.acct.n_in_flight - len(kept) <= 0 and not self.reader.buffer:
                 break  # nothing more can arrive for this step
-            arrived = {e.message.group_id for e in self.reader.buffer if e.message is not None}
-            for tid in self.acct.expired(time.monotonic(), s.group_timeout_s):
+            expired = self.acct.expired(time.monotonic(), s.group_timeout_s)
+            arrived = {e.message.group_id for e in self.reader.buffer if e.message is not None} if expired else set()
+            for tid in expired:
                 if tid not in kept_ids and tid not in arrived:  # a group held back during value rollouts is here
                     log.warning("task %s: no group after %.0fs; dropped (timeout)", tid, s.group_timeout_s)
                     self.acct.resolve(tid, "timeout")
