@@ -20,7 +20,7 @@ from grpo.common.logs import setup_logging
 from grpo.demo import live
 from grpo.demo.config import DemoConfig
 from grpo.demo.demo import grpo_phase, prepare
-from grpo.demo.procs import Supervisor
+from grpo.local.procs import Supervisor
 from grpo.trainer.report import read_metrics
 
 RESULTS = Path(__file__).parent / "results" / "async.json"

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from grpo.reward.demo import start_service
+from grpo.local.services import start_reward
 
 RESULTS = Path(__file__).parent / "results" / "load.json"
 CODE = "x = 0\nfor i in range(400_000):\n    x += i\nprint(x)"  # ~50 ms of sandboxed CPU per call
@@ -88,7 +88,8 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    proc, url = start_service("--max-queue", str(args.queue), workers=1, quiet=True)
+    service = start_reward("--log-level", "WARNING", "--max-queue", str(args.queue), workers=1)
+    url, proc = service.http_url, service.proc
     try:
         cap = capacity(url, 3.0)
         rss0 = rss_mb(proc.pid)
@@ -110,8 +111,8 @@ def main() -> int:
             runs.append(run)
         recovered = httpx.post(f"{url}/v1/execute", json=BODY, timeout=30).status_code == 200
     finally:
-        proc.terminate()
-        proc.wait(15)
+        service.stop()
+        service.log_path.unlink(missing_ok=True)
     result = {"capacity_rps": round(cap, 1), "queue": args.queue, "runs": runs, "recovered": recovered}
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

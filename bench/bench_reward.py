@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from grpo.reward.demo import start_service
+from grpo.local.services import start_reward
 
 RESULTS = Path(__file__).parent / "results" / "reward.json"
 
@@ -112,13 +112,14 @@ def main() -> int:
 
     pairs = make_pairs(args.n)
     expected = sum(right for _, _, right in pairs)
-    proc, url = start_service("--math-batch", str(args.math_batch), workers=args.workers, quiet=True)
+    service = start_reward("--log-level", "WARNING", "--math-batch", str(args.math_batch), workers=args.workers)
+    url = service.http_url
     try:
         via_service(url, make_pairs(40, seed=99), args.batch, 1)  # warm-up: workers import sympy paths
         service_s, service_correct, service_errors = via_service(url, pairs, args.batch, args.concurrency)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        service.stop()
+        service.log_path.unlink(missing_ok=True)
     ref_s, ref_correct = reference_math_verify(pairs)
     ours_s, ours_correct = reference_ours_inline(pairs)
 

@@ -23,19 +23,15 @@ from pathlib import Path
 import grpc
 import torch
 
+from grpo.common.tiny_model import ensure_tiny_model
+from grpo.common.weights import iter_wire_messages, model_weights, push_weights, weights_checksum
+from grpo.local.services import start_rollout
+from grpo.rollout.engines.base import SamplingParams
+from grpo.rollout.engines.hf import HFEngine
+from grpo.v1 import rollout_pb2 as pb
+from grpo.v1 import rollout_pb2_grpc as pb_grpc
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "service"))
-sys.path.insert(0, str(ROOT))
-
-from rollout_proc import start_rollout_service  # noqa: E402
-
-from grpo.common.tiny_model import ensure_tiny_model  # noqa: E402
-from grpo.common.weights import iter_wire_messages, model_weights, push_weights, weights_checksum  # noqa: E402
-from grpo.rollout.engines.base import SamplingParams  # noqa: E402
-from grpo.rollout.engines.hf import HFEngine  # noqa: E402
-from grpo.v1 import rollout_pb2 as pb  # noqa: E402
-from grpo.v1 import rollout_pb2_grpc as pb_grpc  # noqa: E402
-
 log = logging.getLogger("bench_rollout")
 # ~50M parameters (~200 MB in fp32) with the tiny model's tokenizer.
 BIG = {"hidden_size": 512, "num_hidden_layers": 12, "num_attention_heads": 8, "num_key_value_heads": 4}
@@ -50,7 +46,7 @@ def throughput(log_dir: Path, reps: int) -> dict:
     sampling = pb.SamplingParams(n=16, temperature=1.0, max_new_tokens=64, seed=0)
     params = SamplingParams(n=16, temperature=1.0, max_new_tokens=64, seed=0)
     prompts = [pb.Prompt(text=q, apply_chat_template=True) for q in QUESTIONS]
-    proc = start_rollout_service("--model", path, log_dir=log_dir)
+    proc = start_rollout("--model", path, log_dir=log_dir)
     try:
         with grpc.insecure_channel(proc.address) as channel:
             stub = pb_grpc.RolloutServiceStub(channel)
@@ -146,7 +142,7 @@ def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
     live = model_weights(model)
     params = sum(t.numel() for t in live.values())
     size = sum(t.numel() * t.element_size() for t in live.values())
-    proc = start_rollout_service("--model", str(path), log_dir=log_dir)
+    proc = start_rollout("--model", str(path), log_dir=log_dir)
     ref_s, replies, checksum_s, replica_s, grpc_s, end_to_end_s = [], [], [], [], [], []
     try:
         new = {k: v + 0.01 for k, v in live.items()}
@@ -210,11 +206,12 @@ def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
 
 def tls_updates(path: Path, live: dict[str, torch.Tensor], log_dir: Path, reps: int) -> dict:
     """The same update to a replica serving TLS: the data port encrypts too (with gRPC's certificate)."""
+    sys.path.insert(0, str(ROOT))  # a script's path starts at bench/: the certificate helper lives in tests/
     from tests.unit.reward.helpers import self_signed_cert
 
     cert, key = self_signed_cert(log_dir)
     env = {"GRPO_ROLLOUT_TLS_CERT_FILE": str(cert), "GRPO_ROLLOUT_TLS_KEY_FILE": str(key)}
-    proc = start_rollout_service("--model", str(path), log_dir=log_dir, env=env, ca_file=cert)
+    proc = start_rollout("--model", str(path), log_dir=log_dir, env=env, ca_file=cert)
     data_port_s, grpc_s = [], []
     try:
         new = {k: v + 0.5 for k, v in live.items()}

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from grpo.common.redis_server import RedisServer
+from grpo.local.redis_server import RedisServer
 
 
 @pytest.fixture(scope="session")

@@ -183,7 +183,7 @@ def test_sandbox_inside_the_reward_container(stack: Stack) -> None:
     probe = (
         "import os, socket\n"
         "print('uid', os.getuid())\n"
-        "for host, port in (('reward', 50052), ('redis', 6379), ('1.1.1.1', 53)):\n"
+        "for host, port in (('reward', 7052), ('redis', 6379), ('1.1.1.1', 53)):\n"
         "    try:\n"
         "        socket.create_connection((host, port), timeout=2); print('reached', host)\n"
         "    except OSError as e:\n"

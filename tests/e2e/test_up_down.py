@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -47,7 +48,8 @@ def _descendants_of_run(run_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
+def _stack_config(tmp_path: Path, run_id: str, steps: int) -> Path:
+    """The demo's tiny model and task behind a stack config with a trainer of `steps` steps."""
     import torch
 
     from grpo.demo.model import build_model_folder
@@ -58,13 +60,19 @@ def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in prompt_rows(make_splits(50, 50, 10).grpo, "t")))
     config = {
-        "run_id": "updown",
+        "run_id": run_id,
         "reward": {"workers": 1},
         "rollout": {"model": str(model), "torch_threads": 1},
-        "trainer": {"model": str(model), "train_data": str(data), "steps": 100000, "prompts_per_step": 2,
+        "trainer": {"model": str(model), "train_data": str(data), "steps": steps, "prompts_per_step": 2,
                     "group_size": 2, "max_new_tokens": 8, "torch_threads": 1, "lr": 1e-5},
     }  # fmt: skip
-    (tmp_path / "stack.yaml").write_text(yaml.safe_dump(config))
+    path = tmp_path / "stack.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
+    _stack_config(tmp_path, "updown", 100000)
 
     up = _run(["up", "-c", str(tmp_path / "stack.yaml"), "--detach"], tmp_path, 300)
     assert up.returncode == 0, up.stderr[-3000:]
@@ -93,3 +101,27 @@ def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
     assert _descendants_of_run(tmp_path / "runs" / "updown") == []
     assert not state_path.exists()
     assert _run(["status"], tmp_path, 60).returncode == 1  # nothing left to show
+
+
+def test_status_keeps_the_trainer_section_after_it_exits(tmp_path: Path) -> None:
+    """A detached run whose trainer has finished: `grpo status` still says where it ended (not a vanished section)."""
+    config = _stack_config(tmp_path, "ended", 2)
+    up = _run(["up", "-c", str(config), "--detach"], tmp_path, 300)
+    assert up.returncode == 0, up.stderr[-3000:]
+    state = json.loads((tmp_path / "runs" / "ended" / "stack.json").read_text())
+    trainer = next(p for p in state["processes"] if p["name"] == "trainer")
+    try:
+        deadline = time.monotonic() + 240
+        while _ours([trainer]) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not _ours([trainer]), "the 2-step trainer did not finish in 240 s"
+        status = _run(["status"], tmp_path, 60)
+        assert status.returncode == 0, status.stderr[-3000:]
+        shown = json.loads(status.stdout)
+        assert [p["alive"] for p in shown["processes"]] == [True, True, True, False]
+        assert shown["trainer"]["phase"] == "exited" and shown["trainer"]["alive"] is False
+        assert shown["trainer"]["finished"] is True and shown["trainer"]["step"] == 2
+    finally:
+        down = _run(["down"], tmp_path, 120)
+    assert down.returncode == 0, down.stderr[-3000:]
+    assert _ours(state["processes"]) == []

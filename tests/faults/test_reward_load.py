@@ -8,15 +8,15 @@ import logging
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import grpc
 import httpx
 import pytest
-from harness import start_reward_service, stop_reward_service
 
 from grpo.v1 import reward_pb2 as pb
 from grpo.v1 import reward_pb2_grpc
+from tests.support.faults_harness import rss_mb
+from tests.support.reward_proc import start_reward_service, stop_reward_service
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 log = logging.getLogger(__name__)
@@ -27,20 +27,6 @@ BODY = {"language": "python", "code": CODE}
 PATH = "/v1/execute"
 OVERLOAD = 4.0
 LOAD_S = 8.0
-
-
-def rss_mb(pid: int) -> float:
-    """Resident memory of `pid` and all its descendants (MiB), from /proc."""
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            status = Path(f"/proc/{p}/status").read_text()
-            total += int(status.split("VmRSS:")[1].split()[0]) / 1024
-            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
-        except (OSError, IndexError):
-            continue
-    return total
 
 
 def measure_throughput(url: str, seconds: float = 3.0, clients: int = 4) -> float:

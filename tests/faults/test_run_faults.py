@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Harness, math_task
-from rollout_proc import wait_until
 
 from grpo.common.queue import TASKS_GROUP
+from tests.support.faults_harness import Harness, math_task
+from tests.support.rollout_proc import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 log = logging.getLogger(__name__)

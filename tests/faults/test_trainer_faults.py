@@ -14,14 +14,13 @@ from typing import Any
 
 import pytest
 import redis
-from harness import RestartableReward
-from rollout_proc import RolloutProc, start_rollout_service
-from test_reward_load import rss_mb
-from test_trainer_service import ROLLOUT_ENV, read_metrics, start_trainer, trainer_config, wait_for
 
 from grpo.common.queue import TASKS_GROUP, RunQueue, connect
-from grpo.common.redis_server import RedisServer
+from grpo.local.redis_server import RedisServer
 from grpo.trainer.ledger import read_ledger
+from tests.support.faults_harness import RestartableReward, rss_mb
+from tests.support.rollout_proc import RolloutProc, start_rollout_service
+from tests.support.trainer_proc import ROLLOUT_ENV, read_metrics, start_trainer, trainer_config, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 log = logging.getLogger(__name__)

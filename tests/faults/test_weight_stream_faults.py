@@ -12,12 +12,12 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from rollout_proc import RolloutProc, start_rollout_service
 
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.common.weights import iter_weight_chunks, model_weights, push_weights, weights_checksum
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
+from tests.support.rollout_proc import RolloutProc, start_rollout_service
 
 pytestmark = pytest.mark.faults
 

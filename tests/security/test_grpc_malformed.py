@@ -10,11 +10,11 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from rollout_proc import RolloutProc, start_rollout_service
 
 from grpo.v1 import reward_pb2 as rpb
 from grpo.v1 import reward_pb2_grpc, rollout_pb2_grpc
 from grpo.v1 import rollout_pb2 as pb
+from tests.support.rollout_proc import RolloutProc, start_rollout_service
 
 GARBAGE = [b"\xff" * 64, b"\x0a\xff\xff\xff\xff\x0f", b"\x08" + b"\xff" * 10, bytes(range(256))]
 # gRPC's own deserializer answers undecodable bytes before our code runs: INTERNAL is its status for that.

@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
+
+pytestmark = pytest.mark.slow
 
 EXAMPLES = 40  # per operation and mode: ~5 operations × 2 modes × 40 ≈ 400 calls, well under a minute
 

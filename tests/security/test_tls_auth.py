@@ -10,8 +10,6 @@ import grpc
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from rollout_proc import perturbed, start_rollout_service, tiny_model_weights, update_bytes
-from security_procs import start_reward_service, stop_reward_service
 
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import make_channel
@@ -23,6 +21,8 @@ from grpo.trainer.pusher import push_to_replicas, replica_status
 from grpo.v1 import reward_pb2 as rpb
 from grpo.v1 import reward_pb2_grpc, rollout_pb2_grpc
 from grpo.v1 import rollout_pb2 as pb
+from tests.support.reward_proc import start_reward_service, stop_reward_service
+from tests.support.rollout_proc import perturbed, start_rollout_service, tiny_model_weights, update_bytes
 from tests.unit.reward.helpers import self_signed_cert
 
 TOKEN = "tls-s3cret"

@@ -9,10 +9,10 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from test_trainer_service import start_trainer, trainer_config, wait_for
 
 from grpo.common.auth import bearer_metadata
 from grpo.v1 import trainer_pb2, trainer_pb2_grpc
+from tests.support.trainer_proc import start_trainer, trainer_config, wait_for
 
 METHODS = ["GetRunStatus", "SaveCheckpoint", "Stop"]
 GARBAGE = [b"\xff" * 64, b"\x0a\xff\xff\xff\xff\x0f", bytes(range(256))]

@@ -16,13 +16,15 @@ from typing import Any
 
 import httpx
 import pytest
-from compose_env import compose_env
-from rollout_proc import RolloutProc, perturbed, start_rollout_service, tiny_model_weights
 
 from grpo.common.queue import RunQueue, connect
 from grpo.trainer.config import parse_settings as trainer_settings
 from grpo.trainer.pusher import push_to_replicas
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
+from tests.support.compose_env import compose_env
+from tests.support.rollout_proc import RolloutProc, perturbed, start_rollout_service, tiny_model_weights
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = {

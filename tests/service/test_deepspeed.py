@@ -12,7 +12,7 @@ import pytest
 
 from grpo.common.net import free_port
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
 WORKER = r"""
 import gc, json, sys
@@ -150,9 +150,9 @@ def test_ranks_give_the_one_process_update(world_size: int, stage: int, tmp_path
 
     Uneven splits (7 rows, and 2 rows on 3 ranks), micro-batches of 1–3 rows and token-capped ones, every
     aggregation, the reference model with two PPO epochs, per-token advantages, and SFT
-    (tests/service/rank_equivalence.py).
+    (tests/support/rank_equivalence.py).
     """
-    worker = Path(__file__).with_name("rank_equivalence.py")
+    worker = Path(__file__).parents[1] / "support" / "rank_equivalence.py"
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), f"--nproc-per-node={world_size}", f"--master-port={free_port()}", str(worker)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

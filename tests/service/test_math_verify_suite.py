@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+
+pytestmark = pytest.mark.slow  # 270 cases through the API: `make test`
 
 SUITE = json.loads((Path(__file__).parents[1] / "data" / "math_verify_suite.json").read_text())
 # Where we answer differently on purpose: (gold, prediction) -> (our status, why).

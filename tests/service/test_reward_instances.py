@@ -1,7 +1,9 @@
-"""Service instances with their own flags: backpressure (429 / RESOURCE_EXHAUSTED), bearer token, TLS, SIGTERM."""
+"""Service instances with their own flags: backpressure (429 / RESOURCE_EXHAUSTED), bearer token, TLS, SIGTERM, readiness."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
 import time
@@ -66,6 +68,7 @@ def test_bearer_token_on_http_and_grpc(start_reward: Callable[..., Any]) -> None
     ok = httpx.post(url, json=body, headers={"Authorization": "Bearer s3cret"}, timeout=30)
     assert ok.status_code == 200 and ok.json()["correct"] is True
     assert httpx.get(f"{service.http_url}/healthz", timeout=5).status_code == 200
+    assert httpx.get(f"{service.http_url}/readyz", timeout=5).status_code == 200  # probes send no token
     assert httpx.get(f"{service.http_url}/metrics", timeout=5).status_code == 200
     with grpc.insecure_channel(service.grpc_addr) as ch:
         stub = reward_pb2_grpc.RewardServiceStub(ch)
@@ -102,6 +105,11 @@ def test_sigterm_stops_cleanly_without_orphans(start_reward: Callable[..., Any])
     assert not alive, f"processes left behind: {alive}"
 
 
+def _running(pid: int) -> bool:
+    state = _state(pid)
+    return state != "gone" and "zombie" not in state
+
+
 def _state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
@@ -117,3 +125,49 @@ def test_grpc_tls(start_reward: Callable[..., Any], tmp_path: Path) -> None:
         assert client.score([item])[0].reward == 1.0
     with RewardClient(service.grpc_addr, timeout_s=2, retry_budget_s=0) as plaintext, pytest.raises(RewardServiceError):
         plaintext.score([item])
+
+
+def _zygotes(pid: int) -> list[int]:
+    """The sandbox's zygote processes: children of any of the service's threads (a spawner thread starts them)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):  # a request's short-lived process may be gone already
+                if b"zygote.py" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    found.append(int(child))
+    return found
+
+
+def test_readyz_names_a_dead_sandbox_while_healthz_stays_ok(start_reward: Callable[..., Any]) -> None:
+    service = start_reward(workers=1)
+    ready = httpx.get(f"{service.http_url}/readyz", timeout=5)
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["ready"] is True and "python" in ready.json()["languages"]
+    zygotes = _zygotes(service.proc.pid)
+    assert zygotes, "the sandbox runs at least one zygote"
+    for pid in zygotes:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_running(pid) for pid in zygotes):
+        time.sleep(0.05)
+    not_ready = httpx.get(f"{service.http_url}/readyz", timeout=5)
+    assert not_ready.status_code == 503, not_ready.text
+    body = not_ready.json()
+    assert body["ready"] is False
+    assert any(m.startswith("sandbox:") and "zygote" in m for m in body["missing"]), body
+    assert httpx.get(f"{service.http_url}/healthz", timeout=5).status_code == 200  # alive, just not ready
+    # Probing readiness restarts the dead zygotes: the server comes back without a request failing first.
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{service.http_url}/readyz", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "the sandbox did not come back"
+        time.sleep(0.2)
+    run = httpx.post(f"{service.http_url}/v1/execute", json={"code": "print(6 * 7)"}, timeout=30)
+    assert run.status_code == 200 and run.json()["status"] == "ok" and run.json()["stdout"].strip() == "42"
+
+
+def test_a_math_only_server_is_ready_without_a_sandbox(start_reward: Callable[..., Any]) -> None:
+    service = start_reward("--sandbox", "off", workers=1)
+    ready = httpx.get(f"{service.http_url}/readyz", timeout=5)
+    assert ready.status_code == 200 and ready.json()["languages"] == [], ready.text
+    run = httpx.post(f"{service.http_url}/v1/execute", json={"code": "print(1)"}, timeout=30)
+    assert run.status_code == 200 and run.json()["status"] == "sandbox_error"

@@ -12,7 +12,6 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-from rollout_proc import RolloutProc, perturbed, start_rollout_service, tiny_model_weights, update_bytes
 
 from grpo.common.net import free_port
 from grpo.common.tiny_model import ensure_tiny_model
@@ -20,6 +19,7 @@ from grpo.common.weight_data_port import DATA_TOKEN_KEY, connect, new_token
 from grpo.common.weights import iter_weight_chunks, make_header, push_weights, tensor_bytes, weights_checksum
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
+from tests.support.rollout_proc import RolloutProc, perturbed, start_rollout_service, tiny_model_weights, update_bytes
 
 GREEDY = pb.SamplingParams(n=1, temperature=0, max_new_tokens=12)
 PROMPTS = [pb.Prompt(text="What is 3 + 4?", apply_chat_template=True), pb.Prompt(text="Ana has 5 pens.")]

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 import torch
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from rollout_proc import RolloutProc, perturbed, tiny_model_weights, update_bytes
 
-from grpo.common.net import free_port
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.common.weights import iter_weight_chunks, push_weights, weights_checksum
+from grpo.local.services import start_rollout
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
+from tests.support.rollout_proc import RolloutProc, perturbed, tiny_model_weights, update_bytes
 
 pytestmark = pytest.mark.vllm
 
@@ -34,33 +30,11 @@ def start_vllm_rollout(log_dir: Path, timeout: float = 180.0, dtype: str = "floa
     """`.venv-vllm/bin/python -m grpo.rollout --engine vllm` on free ports, once it serves."""
     if not VLLM_PYTHON.exists():
         pytest.fail(f"{VLLM_PYTHON} is missing: run scripts/setup_vllm_venv.sh (or `make test`, which runs it)")
-    grpc_port, http_port, data_port = free_port(), free_port(), free_port()
-    log_path = log_dir / f"rollout-vllm-{grpc_port}.log"
-    cmd = [str(VLLM_PYTHON), "-m", "grpo.rollout", "--engine", "vllm", "--dtype", dtype]
-    cmd += ["--model", str(ensure_tiny_model()), "--host", "127.0.0.1"]
-    cmd += ["--grpc-port", str(grpc_port), "--http-port", str(http_port), "--weights-data-port", str(data_port)]
+    args = ("--engine", "vllm", "--dtype", dtype, "--model", str(ensure_tiny_model()))
     # In-process engine core (the fast start) and one compute thread: the machine is shared.
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
-    with log_path.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    started = RolloutProc(proc, grpc_port, http_port, log_path, data_port)
-    deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(started.address) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm rollout exited with {proc.returncode}:\n{started.log_text()[-3000:]}")
-            try:
-                if (
-                    health.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                    == health_pb2.HealthCheckResponse.SERVING
-                ):
-                    return started
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-    started.stop()
-    pytest.fail(f"vllm rollout did not serve within {timeout}s:\n{started.log_text()[-3000:]}")
+    started = start_rollout(*args, log_dir=log_dir, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, timeout_s=timeout,
+                            python=str(VLLM_PYTHON))  # fmt: skip
+    return RolloutProc(started.child, started.grpc_port, started.http_port, started.data_port)
 
 
 @pytest.fixture(scope="module")

@@ -2,27 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from grpo.common.net import free_port
 from grpo.common.queue import Entry, RunQueue, connect
-from grpo.common.redis_server import RedisServer
 from grpo.common.registry import ReplicaRegistry
 from grpo.common.tiny_model import ensure_tiny_model
+from grpo.local.redis_server import RedisServer
 from grpo.rollout.engines.base import Sample
 from grpo.rollout.engines.hf import HFEngine
 from grpo.rollout.records import Generated, batches, score_items
 from grpo.rollout.service import RolloutService
 from grpo.rollout.settings import RolloutSettings
-from grpo.rollout.worker import run_worker
+from grpo.rollout.worker import RolloutWorker, run_worker
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
 
 RUN = "wtest"
@@ -151,6 +154,122 @@ def test_a_written_task_leaves_the_lease_at_once(
     assert not [r.getMessage() for r in caplog.records if "taken over" in r.getMessage()]
 
 
+class ReplyDropper:
+    """A TCP proxy in front of Redis that, once armed, passes on a command containing `needle` and then cuts the
+    client off instead of returning Redis' reply: the command ran, the caller only sees a broken connection."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream, self.needle, self.dropped = upstream, b"", 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, needle: bytes) -> None:
+        with self._lock:
+            self.needle = needle
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            doomed = threading.Event()  # the reply now on its way must not reach the client
+            threading.Thread(target=self._to_server, args=(client, server, doomed), daemon=True).start()
+            threading.Thread(target=self._to_client, args=(server, client, doomed), daemon=True).start()
+
+    def _to_server(self, client: socket.socket, server: socket.socket, doomed: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := client.recv(65536):
+                with self._lock:
+                    if self.needle and self.needle in chunk:
+                        self.needle = b""
+                        doomed.set()
+                server.sendall(chunk)
+
+    def _to_client(self, server: socket.socket, client: socket.socket, doomed: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := server.recv(65536):
+                if doomed.is_set():
+                    self.dropped += 1
+                    break
+                client.sendall(chunk)
+        for sock in (client, server):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+
+def test_a_lost_reply_to_the_append_counts_the_group_once_without_false_warnings(
+    service: RolloutService, queue: RunQueue, redis_url: str, live_reward: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis appends the group and acks the task, but the reply never reaches the worker (connection cut). Its
+    retry must learn that its own first attempt went through: before, it logged "dropping result ...: already
+    done", counted the group as dropped (the books said 0 done), and the heartbeat meanwhile reported the acked
+    task as "taken over by other replicas" with no other replica in sight."""
+    events = service.metrics.registry.get_sample_value
+    before = {k: events("grpo_rollout_worker_events_total", {"kind": k}) or 0.0 for k in ("done", "dropped")}
+    append_script = queue._append_script
+    queue.client.script_load(append_script.script)  # so the worker's first call is the EVALSHA that runs it
+    url = urlsplit(redis_url)
+    proxy = ReplyDropper((url.hostname or "127.0.0.1", url.port or 6379))
+    proxy.arm(append_script.sha.encode())
+    queue.publish_tasks([math_task("lost", 1, 1, n=2)])
+    try:
+        with (
+            caplog.at_level(logging.INFO, logger="grpo.rollout.worker"),
+            worker(service, f"redis://127.0.0.1:{proxy.port}{url.path}", live_reward.grpc_addr),
+        ):
+            (group,) = wait_groups(queue, {"lost"})["lost"]  # the first attempt wrote it; the worker heard nothing
+            deadline = time.monotonic() + 15
+            while not any("dropping result" in r.getMessage() or "reply was lost" in r.getMessage()
+                          for r in caplog.records):  # fmt: skip
+                assert time.monotonic() < deadline, "the worker never retried the append"
+                time.sleep(0.05)
+            assert not queue.read_groups("test-trainer", count=10, block_ms=300)  # no second group
+    finally:
+        proxy.close()
+    assert proxy.dropped == 1, "the proxy never cut a reply off: the test did not test anything"
+    assert group.status == "ok"
+    after = {k: events("grpo_rollout_worker_events_total", {"kind": k}) or 0.0 for k in ("done", "dropped")}
+    assert (after["done"] - before["done"], after["dropped"] - before["dropped"]) == (1, 0)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("written by the attempt whose reply was lost" in m for m in messages), messages
+    assert not [m for m in messages if "dropping result" in m or "taken over" in m or "reclaimed by" in m]
+
+
+def test_a_lapsed_lease_names_the_replica_that_took_the_task(
+    queue: RunQueue, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The heartbeat's report on leases it lost says who holds them now, or that they were acked."""
+    client = connect(redis_url)
+    w = RolloutWorker(
+        lambda tasks: Generated([], [], 0, ""), lambda: (0, ""), lambda items: [], queue, ReplicaRegistry(client, RUN),
+        replica_id="w1", address="127.0.0.1:1", options=RolloutSettings(redis_url=redis_url, reward_addr="x:1"),
+    )  # fmt: skip
+    queue.publish_tasks([math_task(f"l{i}", i, 1) for i in range(3)])
+    held = queue.read_tasks("w1", count=3, block_ms=100)
+    w._lease([e.entry_id for e in held], hold=True)
+    with caplog.at_level(logging.WARNING, logger="grpo.rollout.worker"):
+        w.heartbeat_once()
+        assert not caplog.records  # all three still ours
+        assert queue.reclaim_tasks("w2", min_idle_ms=0, count=1)  # w2 thinks w1 is dead
+        queue.ack_tasks([held[2].entry_id])  # and some other client acks one
+        w.heartbeat_once()
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [
+        "1 of 3 leased task(s) were reclaimed by other replicas (w2): our lease on them lapsed "
+        "(reclaim_idle_s 0.6s, heartbeat_s 0.2s)",
+        f"1 of 3 leased task(s) were acked by another client while this replica worked on them: {held[2].entry_id}",
+    ], messages
+    client.close()
+
+
 def test_unreachable_reward_service_fails_the_group_never_scores_zero(
     service: RolloutService, queue: RunQueue, redis_url: str
 ) -> None:
@@ -161,6 +280,26 @@ def test_unreachable_reward_service_fails_the_group_never_scores_zero(
     assert len(group.samples) == 2 and all(s.completion.token_ids for s in group.samples)  # kept for debugging
     assert not any(s.HasField("reward") or s.components for s in group.samples)
     assert queue.stats()["tasks"].unacked == 0
+
+
+def test_a_stop_during_a_reward_outage_is_prompt(
+    service: RolloutService, queue: RunQueue, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The reward client's retries wait on the worker's stop event: no waiting out the 30 s retry budget."""
+    queue.publish_tasks([math_task("r2", 1, 1, n=2)])
+    with caplog.at_level(logging.WARNING, logger="grpo.common.reward_client"):
+        ctx = worker(service, redis_url, f"127.0.0.1:{free_port()}")
+        ctx.__enter__()
+        deadline = time.monotonic() + 30
+        while not any("Score to" in r.getMessage() and "retry" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "the worker never retried the reward service"
+            time.sleep(0.05)
+        started = time.monotonic()
+        ctx.__exit__(None, None, None)
+        stopped_s = time.monotonic() - started
+    assert stopped_s < 5, f"the worker took {stopped_s:.1f}s to stop"
+    assert queue.read_groups("test-trainer", count=10, block_ms=100) == []  # no group made up from the outage
+    assert queue.stats()["tasks"].pending == 1  # released for another replica, not failed
 
 
 def test_a_bad_task_fails_alone_with_its_reason(

@@ -6,11 +6,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollout_proc import RolloutProc, start_rollout_service, wait_until
+import pytest
 
 from grpo.common.queue import TASKS_GROUP, RunQueue, connect
 from grpo.common.registry import ReplicaRegistry
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
+from tests.support.rollout_proc import RolloutProc, start_rollout_service, wait_until
+
+pytestmark = pytest.mark.slow
 
 RUN = "killtest"
 # Fast leases so the test takes seconds: renew every 0.3 s, reclaim after 3 s of silence.

@@ -8,9 +8,7 @@ every step has a learning signal.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -20,97 +18,28 @@ from typing import Any
 import grpc
 import pytest
 import redis
-from rollout_proc import RolloutProc, start_rollout_service, update_bytes
 
 from grpo.common.net import free_port
 from grpo.common.queue import GROUPS_GROUP, stream_keys
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.common.weights import weights_checksum
+from grpo.local.procs import spawn
 from grpo.trainer.accounting import DROP_REASONS
 from grpo.trainer.data import DataCursor, take
 from grpo.trainer.ledger import read_ledger
 from grpo.v1 import queue_pb2, trainer_pb2, trainer_pb2_grpc
+from tests.support.rollout_proc import RolloutProc, start_rollout_service, update_bytes
+from tests.support.trainer_proc import (
+    ROLLOUT_ENV,
+    read_metrics,
+    run_trainer,
+    start_trainer,
+    trainer_config,
+    wait_for,
+    write_data,
+)
 
-ROLLOUT_ENV = {
-    "GRPO_ROLLOUT_HEARTBEAT_S": "0.3",
-    "GRPO_ROLLOUT_RECLAIM_IDLE_S": "5",
-    "GRPO_ROLLOUT_REGISTRY_TTL_S": "3",
-    "GRPO_ROLLOUT_WORKER_BLOCK_MS": "200",
-}
-
-
-def write_data(path: Path, n: int, offset: int = 0) -> Path:
-    rows = [
-        {"id": f"q{i}", "prompt": f"What is {i} + {i + 1}?", "gold": str(2 * i + 1)} for i in range(offset, offset + n)
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def trainer_config(tmp: Path, run: str, redis_url: str, **extra: Any) -> Path:
-    config = {
-        "run_id": run,
-        "redis_url": redis_url,
-        "train_data": str(write_data(tmp / "train.jsonl", 16)),
-        "output_dir": str(tmp / "out"),
-        "group_size": 4,
-        "prompts_per_step": 3,
-        "max_new_tokens": 16,
-        "temperature": 1.0,
-        "stop": ["e"],
-        "overlong_soft_penalty": True,
-        "overlong_buffer": 8,
-        "reward_weights": {"overlong": 1.0, "math": 1.0},
-        "beta": 0.0,
-        "mask_truncated": False,
-        "lr": 1e-5,
-        "micro_batch_size": 8,
-        "grpc_port": free_port(),
-        "http_port": free_port(),
-        "host": "127.0.0.1",
-        "torch_threads": 1,
-        "replica_wait_s": 60,
-        "push_timeout_s": 30,
-        **extra,
-    }
-    path = tmp / "trainer.json"
-    path.write_text(json.dumps(config))
-    return path
-
-
-def start_trainer(config: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRPO_TRAINER_CONFIG": str(config)}
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "grpo.trainer", *extra], stdout=out, stderr=subprocess.STDOUT, env=env
-        )
-
-
-def run_trainer(config: Path, log: Path, timeout: float = 150) -> None:
-    """Run the trainer to its end; it must exit 0 within `timeout` (killed otherwise)."""
-    proc = start_trainer(config, log)
-    try:
-        assert proc.wait(timeout=timeout) == 0, log.read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc.poll() is not None and proc.returncode != 0:
-            break
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what} (exit {proc.poll()}):\n{log.read_text()[-4000:]}")
-
-
-def read_metrics(out: Path) -> list[dict[str, Any]]:
-    path = out / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
@@ -370,7 +299,6 @@ def test_a_group_of_discarded_weights_gets_its_task_regenerated(
     assert replica_status(rollout.address).weight_version == 9
 
 
-@pytest.mark.slow
 def test_dapo_dynamic_sampling_one_step_off_policy(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
     rollout_for("dapo")
     config = trainer_config(tmp_path, "dapo", redis_url, steps=4, preset="dapo", max_staleness=1, max_refill_per_step=3)
@@ -385,7 +313,6 @@ def test_dapo_dynamic_sampling_one_step_off_policy(tmp_path: Path, redis_url: st
     assert "train/kl_loss" not in last or last["train/kl_loss"] == 0.0  # DAPO: no KL term
 
 
-@pytest.mark.slow
 @pytest.mark.deepspeed
 def test_zero2_two_ranks_rank0_drives(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
     """torchrun with 2 ranks: rank 0 runs the loop, rank 1 follows every update, gather and checkpoint."""
@@ -394,10 +321,9 @@ def test_zero2_two_ranks_rank0_drives(tmp_path: Path, redis_url: str, rollout_fo
                             zero_stage=2, push_timeout_s=60)  # fmt: skip
     log = tmp_path / "trainer.log"
     torchrun = Path(sys.executable).with_name("torchrun")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRPO_TRAINER_CONFIG": str(config), "TOKENIZERS_PARALLELISM": "false"}
+    env = {"OMP_NUM_THREADS": "1", "GRPO_TRAINER_CONFIG": str(config), "TOKENIZERS_PARALLELISM": "false"}
     cmd = [str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", "-m", "grpo.trainer"]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    proc = spawn("torchrun", cmd, log, env=env).proc
     try:
         assert proc.wait(timeout=540) == 0, log.read_text()[-4000:]
     finally:
@@ -414,11 +340,10 @@ def test_zero2_two_ranks_rank0_drives(tmp_path: Path, redis_url: str, rollout_fo
     assert "rank 1 following rank 0" in log.read_text()
 
 
-@pytest.mark.slow
 @pytest.mark.faults
 def test_redis_outage_is_ridden_out(tmp_path: Path, live_reward: Any) -> None:
     """Redis (with its append-only file) is killed mid-run and restarted: the run finishes, the books balance."""
-    from grpo.common.redis_server import RedisServer
+    from grpo.local.redis_server import RedisServer
 
     (tmp_path / "redis").mkdir()
     server = RedisServer(appendonly=True, data_dir=tmp_path / "redis").start()

@@ -90,17 +90,21 @@ capabilities:
 - {name: config, mountPath: /etc/grpo, readOnly: true}
 {{- end -}}
 
-{{- define "grpo.grpcProbes" -}}
+{{/* Probes on the container's "http" port: readiness is /readyz (200 only when the service can do its work:
+     its Redis, sandbox, model...), liveness and start-up are /healthz (200 while the process serves), so a
+     pod waiting on a dependency is taken out of rotation, not restarted. The gRPC health service stays for
+     clients and balancers that ask it. */}}
+{{- define "grpo.probes" -}}
 readinessProbe:
-  grpc: {port: {{ . }}}
+  httpGet: {path: /readyz, port: http}
   periodSeconds: 5
   failureThreshold: 3
 livenessProbe:
-  grpc: {port: {{ . }}}
+  httpGet: {path: /healthz, port: http}
   periodSeconds: 10
   failureThreshold: 6
 startupProbe:
-  grpc: {port: {{ . }}}
+  httpGet: {path: /healthz, port: http}
   periodSeconds: 5
   failureThreshold: 120
 {{- end -}}

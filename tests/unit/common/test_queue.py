@@ -12,6 +12,7 @@ from grpo.common.queue import (
     ALREADY_DONE,
     APPENDED,
     TAKEN_OVER,
+    WRITTEN_BEFORE,
     QueueUnavailable,
     RunQueue,
     connect,
@@ -19,8 +20,8 @@ from grpo.common.queue import (
     stream_keys,
     trim_floor,
 )
-from grpo.common.redis_server import RedisServer
 from grpo.common.registry import ReplicaInfo, ReplicaRegistry
+from grpo.local.redis_server import RedisServer
 from grpo.v1 import queue_pb2
 
 
@@ -74,7 +75,10 @@ def test_append_group_acks_atomically_and_only_for_the_owner(queue: RunQueue) ->
     assert queue.stats()["groups"].length == 0 and queue.stats()["tasks"].pending == 1
     assert queue.append_group("a", entry.entry_id, record) == APPENDED
     assert queue.stats()["tasks"].pending == 0
-    assert queue.append_group("a", entry.entry_id, record) == ALREADY_DONE
+    # Again, as after a lost reply: the caller learns its own first call went through; anyone else: done already.
+    assert queue.append_group("a", entry.entry_id, record) == WRITTEN_BEFORE
+    assert queue.append_group("b", entry.entry_id, record) == ALREADY_DONE
+    assert queue.task_owners([entry.entry_id]) == {entry.entry_id: None}
     groups = queue.read_groups("trainer-0", count=10, block_ms=100)
     assert [g.message.group_id for g in groups if g.message] == ["t0"]
     assert queue.ack_groups([groups[0].entry_id]) == 1
@@ -101,6 +105,7 @@ def test_reclaim_takes_idle_tasks_but_not_leased_ones(queue: RunQueue) -> None:
     assert [e.entry_id for e in reclaimed] == [first.entry_id]
     assert reclaimed[0].message.task_id == "t0" and reclaimed[0].deliveries == 2  # type: ignore[union-attr]
     assert queue.touch_tasks("dead", [first.entry_id]) == 0  # its lease is gone
+    assert queue.task_owners([first.entry_id, second.entry_id]) == {first.entry_id: "b", second.entry_id: "dead"}
     record = queue_pb2.GroupRecord(group_id="t0", task_id="t0")
     assert queue.append_group("dead", first.entry_id, record) == TAKEN_OVER
     assert queue.append_group("b", first.entry_id, record) == APPENDED

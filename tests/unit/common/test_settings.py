@@ -37,3 +37,15 @@ def test_a_bad_value_raises_and_main_exits_2_naming_the_field(capsys: pytest.Cap
         load_settings(DemoSettings, ["--workers", "0"])
     assert exc.value.code == 2
     assert capsys.readouterr().err.startswith("grpo-demotest: invalid settings: workers: Input should be greater")
+
+
+@pytest.mark.parametrize("prog", ["grpo-reward", "grpo-rollout", "grpo-trainer"])
+def test_help_lists_config_and_names_every_default(prog: str) -> None:
+    """`--config` is read before the flag parser, yet --help must list it; no default prints as `<lambda>`."""
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).parent / prog
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "--config PATH" in out and "environment < flags" in out
+    assert "<lambda>" not in out

@@ -107,3 +107,24 @@ def test_resolve_model(tmp_path: Path, tiny_path: Path) -> None:
     assert tiny_model.resolve_model("tiny") == str(tiny_path)
     assert tiny_model.resolve_model(str(tmp_path)) == str(tmp_path.resolve())
     assert tiny_model.resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_check_model_says_what_is_wrong_before_anything_loads(tmp_path: Path) -> None:
+    from grpo.common.tiny_model import ModelNotFound, check_model
+
+    with pytest.raises(ModelNotFound, match="no such model folder or hub id: '/nowhere/model'"):
+        check_model("/nowhere/model")
+    with pytest.raises(ModelNotFound, match=r"no such model folder or hub id: '\./models/mine'"):
+        check_model("./models/mine")
+    with pytest.raises(ModelNotFound, match="no such model folder or hub id: 'not a model!'"):
+        check_model("not a model!")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelNotFound, match=r"has no config\.json: not a Hugging Face model folder"):
+        check_model(tmp_path / "empty")
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ModelNotFound, match="is a file; give the model's folder"):
+        check_model(tmp_path / "weights.bin")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert check_model(folder) == str(folder.resolve())

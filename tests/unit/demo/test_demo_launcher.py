@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from grpo.demo.launcher import LaunchError, read_stack_config, spec_from_config
-from grpo.demo.procs import ChildFailed, Supervisor, stop_pid
+from grpo.local.launcher import LaunchError, read_stack_config, spec_from_config
+from grpo.local.procs import ChildFailed, Supervisor, stop_pid
 
 
 def test_config_sections_become_a_spec(tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ def test_sigterm_ignoring_child_is_killed(tmp_path: Path) -> None:
 
 def test_stop_all_shares_one_grace_period_after_the_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C with a trainer and N stubborn services: two grace periods, not N + 1."""
-    import grpo.demo.procs as procs
+    import grpo.local.procs as procs
 
     script = (
         "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(300)"
@@ -81,7 +81,9 @@ def test_stop_all_shares_one_grace_period_after_the_trainer(tmp_path: Path, monk
         sup.wait_ready(child, lambda c=child: "ready" in c.log_path.read_text(), 20)
     batches: list[list[int]] = []
     real = procs.stop_pids
-    monkeypatch.setattr(procs, "stop_pids", lambda pids, grace_s: batches.append(list(pids)) or real(pids, grace_s))
+    monkeypatch.setattr(
+        procs, "stop_pids", lambda pids, grace_s, reap=None: batches.append(list(pids)) or real(pids, grace_s, reap)
+    )
     sup.stop_all(grace_s=1.0)
     assert batches == [[children[3].pid], [c.pid for c in reversed(children[:3])]]  # the newest, then the rest at once
     assert all(c.proc.poll() is not None for c in children)
@@ -125,7 +127,7 @@ def test_watch_fails_a_stalled_run_with_the_logs(tmp_path: Path) -> None:
     from grpo.common.net import free_port
     from grpo.demo.demo import watch
     from grpo.demo.live import ViewState
-    from grpo.demo.procs import http_ok
+    from grpo.local.procs import http_ok
 
     port = free_port()
     with Supervisor(tmp_path) as sup:
@@ -135,3 +137,56 @@ def test_watch_fails_a_stalled_run_with_the_logs(tmp_path: Path) -> None:
         with pytest.raises(ChildFailed, match=r"(?s)no progress for 2s at step 3 \(grpo\).*trainer:.*serving"):
             watch(sup, port, view, lambda: None, stall_s=2.0, poll_s=0.2)
         assert view.step == 3 and view.total == 10
+
+
+def test_up_reports_every_bad_setting_of_every_section_before_starting(tmp_path: Path) -> None:
+    """One bad key or value in each section: all of them in one error, exit 2, and no process was started."""
+    import subprocess
+
+    config = tmp_path / "stack.yaml"
+    config.write_text(
+        "run_id: bad\n"
+        "reward: {workers: 2, wrokers: 3}\n"
+        "rollout: {model: tiny, temprature: 1.0, max_n: -1}\n"
+        "trainer: {train_data: t.jsonl, stepz: 5}\n"
+    )
+    cmd = [sys.executable, "-m", "grpo.cli", "--runs-dir", str(tmp_path / "runs"), "up", "-c", str(config)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr[-3000:]
+    for problem in (
+        "reward.wrokers: unknown setting (did you mean workers?)",
+        "rollout.temprature: unknown setting",
+        "rollout.max_n: Input should be greater than",
+        "trainer.stepz: unknown setting (did you mean steps?)",
+    ):
+        assert problem in done.stderr, done.stderr[-3000:]
+    assert "nothing started" in done.stderr
+    assert not (tmp_path / "runs" / "bad" / "logs").exists() or not list((tmp_path / "runs" / "bad" / "logs").iterdir())
+
+
+def test_launch_waits_for_ready_and_stop_keeps_the_exit_code(tmp_path: Path) -> None:
+    """The one launcher: ready only once the check passes, output in the log file, and stop() returns the child's
+    own exit code (reaping the group must not turn it into 0)."""
+    from grpo.local.procs import launch
+
+    script = (
+        "import signal,sys,time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+        "time.sleep(0.5); print('up', flush=True); time.sleep(300)\n"
+    )
+    log_path = tmp_path / "logs" / "child.log"
+    child = launch(
+        "child", [sys.executable, "-c", script], log_path, lambda: "up" in log_path.read_text(), timeout_s=20
+    )
+    assert child.alive() and log_path.read_text() == "up\n"
+    assert child.stop(grace_s=5.0) == 7
+
+
+def test_launch_that_never_gets_ready_stops_the_child(tmp_path: Path) -> None:
+    from grpo.local.procs import launch
+
+    log_path = tmp_path / "never.log"
+    with pytest.raises(ChildFailed, match=r"(?s)never.*not ready after 1s.*waiting"):
+        launch("never", [sys.executable, "-c", "print('waiting', flush=True); import time; time.sleep(300)"], log_path,
+               lambda: False, timeout_s=1.0)  # fmt: skip
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "print('waiting'" in " ".join(p.info["cmdline"] or [])]

@@ -12,7 +12,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
-SCHEMA = Path(__file__).with_name("compose-spec.json")  # vendored from the Compose specification
+# Vendored so the test runs from a fresh clone, offline: schema/compose-spec.json of
+# https://github.com/compose-spec/compose-spec (Apache License 2.0).
+SCHEMA = Path(__file__).with_name("compose-spec.json")
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,15 @@ def test_every_service_has_a_health_check(compose: dict[str, Any]) -> None:
     for name, service in compose["services"].items():
         assert "healthcheck" in service, name
         assert service["healthcheck"]["test"][0] == "CMD", name
+
+
+def test_our_services_are_healthy_only_when_ready(compose: dict[str, Any]) -> None:
+    """depends_on waits for `service_healthy`: that must mean /readyz (it can work), not /healthz (it runs)."""
+    ports = {"reward": 8002, "rollout": 8001, "trainer": 8003, "rollout-gpu": 8001, "trainer-gpu": 8003}
+    for name, port in ports.items():
+        probe = " ".join(compose["services"][name]["healthcheck"]["test"])
+        assert f"http://127.0.0.1:{port}/readyz" in probe, (name, probe)
+        assert "/healthz" not in probe, name
 
 
 def test_dependencies_wait_for_healthy_services(compose: dict[str, Any]) -> None:

@@ -11,11 +11,11 @@ from typing import Any
 import helm_python
 import pytest
 import yaml
-from compose_env import compose_env
 
 from grpo.reward.settings import parse_settings as reward_settings
 from grpo.rollout.settings import parse_settings as rollout_settings
 from grpo.trainer.config import parse_settings as trainer_settings
+from tests.support.compose_env import compose_env
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "k8s" / "grpo"
@@ -45,7 +45,7 @@ def test_compose_config_files_are_valid_settings(service: str, monkeypatch: pyte
             assert shipped.stat().st_size > 10_000
     if service == "rollout":
         assert settings.run == "compose"
-        assert settings.reward_addr == "reward:50052"
+        assert settings.reward_addr == "reward:7052"
 
 
 def rendered(values: dict[str, Any]) -> list[dict[str, Any]]:

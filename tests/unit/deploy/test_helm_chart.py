@@ -59,7 +59,7 @@ def test_every_manifest_validates_against_kubernetes_schemas(manifests: tuple[st
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
-def test_workloads_have_grpc_probes_and_hardened_security(manifests: tuple[str, list[dict[str, Any]]]) -> None:
+def test_workloads_have_probes_and_hardened_security(manifests: tuple[str, list[dict[str, Any]]]) -> None:
     _, docs = manifests
     workloads = {**by_kind(docs, "Deployment"), **by_kind(docs, "StatefulSet")}
     assert {n.rsplit("-", 1)[-1] for n in workloads} == {"reward", "rollout", "trainer", "redis"}
@@ -73,8 +73,11 @@ def test_workloads_have_grpc_probes_and_hardened_security(manifests: tuple[str, 
             assert sc["capabilities"]["drop"] == ["ALL"], name
             assert c["resources"]["requests"], name
             if not name.endswith("redis"):
-                for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-                    assert "grpc" in c[probe], (name, probe)
+                # Readiness is /readyz (can it work: Redis, sandbox, ...); liveness and start-up are /healthz.
+                assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}, name
+                for probe in ("livenessProbe", "startupProbe"):
+                    assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, (name, probe)
+                assert "http" in {p["name"] for p in c["ports"]}, name
                 mounts = {m["mountPath"] for m in c["volumeMounts"]}
                 assert {"/tmp", "/cache", "/etc/grpo"} <= mounts
 
@@ -97,6 +100,11 @@ def test_unprivileged_sandbox_option_runs_reward_as_non_root() -> None:
     reward = by_kind(docs, "Deployment")["demo-grpo-reward"]["spec"]["template"]["spec"]
     assert reward["securityContext"]["runAsNonRoot"] is True
     assert "add" not in reward["containers"][0]["securityContext"]["capabilities"]
+    # Math only by choice: readiness must not wait for a sandbox this pod cannot have.
+    args = reward["containers"][0]["args"]
+    assert args[args.index("--sandbox") + 1] == "off"
+    privileged = by_kind(render({}), "Deployment")["demo-grpo-reward"]["spec"]["template"]["spec"]
+    assert "--sandbox" not in privileged["containers"][0]["args"]
 
 
 def test_network_policies_isolate_sandbox_and_weight_endpoint(manifests: tuple[str, list[dict[str, Any]]]) -> None:
@@ -105,22 +113,22 @@ def test_network_policies_isolate_sandbox_and_weight_endpoint(manifests: tuple[s
     reward = policies["demo-grpo-reward"]["spec"]
     assert reward["policyTypes"] == ["Ingress", "Egress"]
     assert reward["egress"] == [], "sandbox pods get no egress"
-    grpc_rule = next(r for r in reward["ingress"] if r["ports"][0]["port"] == 50052)
+    grpc_rule = next(r for r in reward["ingress"] if r["ports"][0]["port"] == 7052)
     assert grpc_rule["from"] == [{"podSelector": {"matchLabels": selector("rollout")}}]
     rollout = policies["demo-grpo-rollout"]["spec"]
-    weights_rule = next(r for r in rollout["ingress"] if r["ports"][0]["port"] == 50051)
+    weights_rule = next(r for r in rollout["ingress"] if r["ports"][0]["port"] == 7051)
     assert weights_rule["from"] == [{"podSelector": {"matchLabels": selector("trainer")}}]
     # The weights data port: open to the trainer only, and the trainer may reach it.
-    assert {"port": 50054, "protocol": "TCP"} in weights_rule["ports"]
-    assert not any(p["port"] == 50054 for r in rollout["ingress"] if r is not weights_rule for p in r["ports"])
+    assert {"port": 7054, "protocol": "TCP"} in weights_rule["ports"]
+    assert not any(p["port"] == 7054 for r in rollout["ingress"] if r is not weights_rule for p in r["ports"])
     trainer_egress = policies["demo-grpo-trainer"]["spec"]["egress"]
     to_rollout = next(
         r for r in trainer_egress if r.get("to") == [{"podSelector": {"matchLabels": selector("rollout")}}]
     )
-    assert {"port": 50054, "protocol": "TCP"} in to_rollout["ports"]
+    assert {"port": 7054, "protocol": "TCP"} in to_rollout["ports"]
     pod = by_kind(docs, "Deployment")["demo-grpo-rollout"]["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "weights", "containerPort": 50054} in pod["ports"]
-    assert pod["args"][pod["args"].index("--weights-data-port") + 1] == "50054"
+    assert {"name": "weights", "containerPort": 7054} in pod["ports"]
+    assert pod["args"][pod["args"].index("--weights-data-port") + 1] == "7054"
 
 
 def selector(component: str) -> dict[str, str]:

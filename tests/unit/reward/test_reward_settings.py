@@ -12,7 +12,7 @@ from grpo.reward.settings import parse_settings
 
 def test_defaults() -> None:
     s = parse_settings([])
-    assert (s.grpc_port, s.http_port) == (50052, 8002)
+    assert (s.grpc_port, s.http_port) == (7052, 8002)
     assert s.workers >= 1 and s.token is None and s.reward_model_path is None
 
 

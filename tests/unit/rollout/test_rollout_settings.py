@@ -13,7 +13,7 @@ from grpo.rollout.settings import parse_settings
 
 def test_defaults_and_flags() -> None:
     s = parse_settings([])
-    assert (s.engine, s.model, s.grpc_port, s.http_port, s.dtype) == ("hf", None, 50051, 8001, "float32")
+    assert (s.engine, s.model, s.grpc_port, s.http_port, s.dtype) == ("hf", None, 7051, 8001, "float32")
     s = parse_settings(
         ["--engine", "vllm", "--model", "Qwen/Qwen2.5-0.5B", "--grpc-port", "6000", "--weights-token", "w"]
     )

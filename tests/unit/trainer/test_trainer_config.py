@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from grpo.trainer.assemble import learner_config, overlong_buffer, resolve_algo, task_spec
-from grpo.trainer.config import PRESETS, parse_settings
+from grpo.trainer.config import PRESETS, TrainerSettings, parse_settings
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def data(tmp_path: Path) -> Path:
 
 def test_defaults_and_ports(data: Path) -> None:
     s = parse_settings(["--train-data", str(data)])
-    assert (s.grpc_port, s.http_port) == (50053, 8003)
+    assert (s.grpc_port, s.http_port) == (7053, 8003)
     assert s.preset == "grpo" and s.max_staleness == 0 and s.resume == "auto" and s.backend == "torch"
     assert s.algo_overrides() == {}
 
@@ -86,7 +86,7 @@ def test_every_algorithm_knob_is_a_setting_defaulting_to_the_preset(data: Path) 
 
     from grpo.algo import PRESETS as ALGO_PRESETS
     from grpo.algo import LossConfig
-    from grpo.trainer.config import ALGO_FIELDS, TrainerSettings
+    from grpo.trainer.config import ALGO_FIELDS
 
     knobs = {f.name for f in dataclasses.fields(LossConfig)} - {"name", "source", "notes"}
     assert set(ALGO_FIELDS) == knobs
@@ -153,14 +153,21 @@ def test_train_data_required() -> None:
         parse_settings([])
 
 
-def test_every_preset_has_an_example_config() -> None:
-    configs = Path(__file__).parents[3] / "services" / "trainer" / "configs"
+def test_every_preset_has_an_example_config_that_runs_from_the_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    from grpo.trainer.assemble import check_step_credit
+    from grpo.trainer.data import load_rows
+
+    root = Path(__file__).parents[3]
+    monkeypatch.chdir(root)  # the README runs them from the clone's root
     for name in PRESETS:
-        path = configs / f"{name}.yaml"
+        path = Path("services/trainer/configs") / f"{name}.yaml"
         assert path.is_file(), f"missing example config {path}"
-        s = parse_settings(["--config", str(path), "--train-data", str(path)])
+        s = parse_settings(["--config", str(path)])
         assert s.preset == name
-        resolve_algo(s)  # the example resolves against the real preset
+        algo = resolve_algo(s)  # the example resolves against the real preset
+        rows = load_rows(Path(s.train_data))  # the data it names ships with the repository
+        assert rows and load_rows(Path(s.eval_data))
+        check_step_credit(s, algo, rows)
 
 
 def test_task_spec_and_overlong_cap(data: Path) -> None:
@@ -198,3 +205,28 @@ def test_step_credit_needs_a_step_check_and_sends_it_with_every_training_task(da
         parse_settings(["--train-data", str(data), "--step-check", '{"source": "rule", "rules": "x"}'])
     with pytest.raises(ValidationError, match=r"step_check\.source must be rule, prm or cut"):
         parse_settings(["--train-data", str(data), "--step-check", '{"rule": "column_addition"}'])
+
+
+@pytest.mark.parametrize(
+    ("field", "registry"),
+    [("agg", "AGGREGATIONS"), ("advantage_mode", "ADVANTAGE_MODES"), ("kl_kind", "KL_ESTIMATORS"),
+     ("ratio_level", "RATIO_LEVELS"), ("preset", "PRESETS")],
+)  # fmt: skip
+def test_each_algorithm_setting_offers_exactly_its_registry(field: str, registry: str) -> None:
+    """The settings name the choices as plain literals (so --help never imports torch); a new registry entry
+    must be added there too, and this test says so."""
+    import typing
+
+    import grpo.algo.advantages
+    import grpo.algo.aggregation
+    import grpo.algo.kl
+    import grpo.algo.loss
+    import grpo.algo.presets
+
+    modules = (grpo.algo.advantages, grpo.algo.aggregation, grpo.algo.kl, grpo.algo.loss, grpo.algo.presets)
+    names = next(getattr(m, registry) for m in modules if hasattr(m, registry))
+    annotation = TrainerSettings.model_fields[field].annotation
+    choices = {a for arg in typing.get_args(annotation) for a in typing.get_args(arg)} or set(
+        typing.get_args(annotation)
+    )
+    assert choices - {None} == set(names), f"add the new name to TrainerSettings.{field} in grpo/trainer/config.py"

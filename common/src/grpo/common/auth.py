@@ -6,7 +6,7 @@ Health checks and reflection stay open: Kubernetes probes cannot send a token.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -21,37 +21,63 @@ def token_matches(given: str | None, expected: str) -> bool:
     return hmac.compare_digest(given.encode(), f"Bearer {expected}".encode())
 
 
-def _deny(message: str) -> grpc.RpcMethodHandler:
-    def abort(request: Any, context: grpc.ServicerContext) -> None:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    return grpc.unary_unary_rpc_method_handler(abort)
-
-
-class BearerTokenInterceptor(grpc.ServerInterceptor):
-    """Rejects calls without `authorization: Bearer <token>`.
-
-    `method_tokens` maps a full method name to its own token (e.g. the weight-update
-    endpoint can require a different one from Generate).
-    """
+class _TokenCheck:
+    """The rule both interceptors apply: which token a method needs and whether the call carries it."""
 
     def __init__(self, token: str | None, method_tokens: dict[str, str] | None = None) -> None:
         self.token = token
         self.method_tokens = method_tokens or {}
+
+    def denial(self, details: grpc.HandlerCallDetails) -> str | None:
+        """None when the call may go on, else the reason to refuse it."""
+        method = details.method
+        expected = self.method_tokens.get(method, self.token)
+        if expected is None or method.startswith(OPEN_SERVICES):
+            return None
+        metadata = dict(details.invocation_metadata or ())
+        if token_matches(metadata.get("authorization"), expected):
+            return None
+        return f"{method} needs 'authorization: Bearer <token>' metadata"
+
+
+class BearerTokenInterceptor(_TokenCheck, grpc.ServerInterceptor):
+    """Rejects calls without `authorization: Bearer <token>` (sync servers).
+
+    `method_tokens` maps a full method name to its own token (e.g. the weight-update
+    endpoint can require a different one from Generate).
+    """
 
     def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        method = handler_call_details.method
-        expected = self.method_tokens.get(method, self.token)
-        if expected is None or method.startswith(OPEN_SERVICES):
+        message = self.denial(handler_call_details)
+        if message is None:
             return continuation(handler_call_details)
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        if token_matches(metadata.get("authorization"), expected):
-            return continuation(handler_call_details)
-        return _deny(f"{method} needs 'authorization: Bearer <token>' metadata")
+
+        def abort(request: Any, context: grpc.ServicerContext) -> None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+        return grpc.unary_unary_rpc_method_handler(abort)
+
+
+class AioBearerTokenInterceptor(_TokenCheck, grpc.aio.ServerInterceptor):
+    """The same rule for grpc.aio servers."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        message = self.denial(handler_call_details)
+        if message is None:
+            return await continuation(handler_call_details)
+
+        async def abort(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+        return grpc.unary_unary_rpc_method_handler(abort)
 
 
 def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:

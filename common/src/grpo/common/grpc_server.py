@@ -1,4 +1,7 @@
-"""Build a gRPC server the way every service needs it: health, reflection, auth, TLS."""
+"""Build a gRPC server the way every service needs it: health, reflection, auth, TLS, size limits.
+
+`GrpcServer` serves from a thread pool, `AioGrpcServer` on the running asyncio loop; both are set up alike.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from grpo.common.auth import BearerTokenInterceptor
+from grpo.common.auth import AioBearerTokenInterceptor, BearerTokenInterceptor
+from grpo.common.ports import PortSetting, bind_error, check_port_free
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +32,38 @@ def server_credentials(cert_file: str | None, key_file: str | None) -> grpc.Serv
     return grpc.ssl_server_credentials([(Path(key_file).read_bytes(), Path(cert_file).read_bytes())])
 
 
+def _options() -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        # Off: with SO_REUSEPORT a second server on a taken port would bind and share it silently.
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def _bind(
+    server: grpc.Server | grpc.aio.Server,
+    host: str,
+    port: int,
+    credentials: grpc.ServerCredentials | None,
+    setting: PortSetting | None,
+) -> int:
+    """Listen on host:port; a taken port is PortInUse naming `setting`, not gRPC's reason-less RuntimeError."""
+    check_port_free(host, port, setting)
+    address = f"{host}:{port}"
+    try:
+        bound = (
+            server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
+        )
+    except RuntimeError:  # taken between the check and the bind
+        raise bind_error(host, port, setting) from None
+    if bound == 0:
+        raise bind_error(host, port, setting)
+    return int(bound)
+
+
 class GrpcServer:
-    """A started gRPC server with the standard health service and reflection."""
+    """A started gRPC server (thread pool) with the standard health service and reflection."""
 
     def __init__(
         self,
@@ -42,28 +76,18 @@ class GrpcServer:
         token: str | None = None,
         method_tokens: dict[str, str] | None = None,
         credentials: grpc.ServerCredentials | None = None,
+        setting: PortSetting | None = None,
     ) -> None:
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers),
             interceptors=[BearerTokenInterceptor(token, method_tokens)],
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),
-            ],
+            options=_options(),
         )
         register(self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
-        reflection.enable_server_reflection(names, self.server)
-        address = f"{host}:{port}"
-        if credentials is None:
-            self.port = self.server.add_insecure_port(address)
-        else:
-            self.port = self.server.add_secure_port(address, credentials)
-        if self.port == 0:
-            raise OSError(f"cannot bind gRPC to {address}")
+        reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        self.port = _bind(self.server, host, port, credentials, setting)
         self.service_names = list(service_names)
 
     def start(self) -> None:
@@ -72,10 +96,56 @@ class GrpcServer:
         log.info("gRPC listening on port %d (%s)", self.port, ", ".join(self.service_names))
 
     def set_serving(self, serving: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ["", *self.service_names]:
-            self.health.set(name, status)
+            self.health.set(name, _status(serving))
 
     def stop(self, grace: float = 2.0) -> None:
         self.set_serving(False)
         self.server.stop(grace).wait()
+
+
+class AioGrpcServer:
+    """The same server on the running asyncio loop (grpc.aio): async servicers, no handler threads.
+
+    Build it inside the loop that will serve it (grpc.aio binds the server to the current loop).
+    """
+
+    def __init__(
+        self,
+        register: Callable[[grpc.aio.Server], None],
+        service_names: Sequence[str],
+        host: str,
+        port: int,
+        *,
+        token: str | None = None,
+        method_tokens: dict[str, str] | None = None,
+        credentials: grpc.ServerCredentials | None = None,
+        setting: PortSetting | None = None,
+    ) -> None:
+        self.server = grpc.aio.server(
+            interceptors=[AioBearerTokenInterceptor(token, method_tokens)], options=_options()
+        )
+        register(self.server)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        self.port = _bind(self.server, host, port, credentials, setting)
+        self.service_names = list(service_names)
+
+    async def start(self) -> None:
+        await self.server.start()
+        await self.set_serving(True)
+        log.info("gRPC (aio) listening on port %d (%s)", self.port, ", ".join(self.service_names))
+
+    async def set_serving(self, serving: bool) -> None:
+        for name in ["", *self.service_names]:
+            await self.health.set(name, _status(serving))
+
+    async def stop(self, grace: float = 2.0) -> None:
+        """NOT_SERVING first (balancers stop sending), then up to `grace` seconds for calls in flight."""
+        await self.set_serving(False)
+        await self.server.stop(grace)
+
+
+def _status(serving: bool) -> health_pb2.HealthCheckResponse.ServingStatus.ValueType:
+    return health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING

@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from grpo.common.auth import token_matches
+from grpo.common.ports import PortSetting, bind_error
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def metrics_response(registry: CollectorRegistry) -> Response:
 
 Routes = Mapping[str, Callable[[], Response]]
 # Probes and scrapers cannot send a token: these stay open when auth is on.
-OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 def _handler(routes: Routes, token: str | None) -> type[BaseHTTPRequestHandler]:
@@ -67,12 +68,27 @@ def _handler(routes: Routes, token: str | None) -> type[BaseHTTPRequestHandler]:
 class HttpServer:
     """Serves `routes` (path → response builder) in a daemon thread; `port` is the bound one (useful with port 0).
 
-    With a `token`, every route but /healthz and /metrics needs `Authorization: Bearer <token>` (401 without).
+    With a `token`, every route but the probes and /metrics needs `Authorization: Bearer <token>` (401 without).
+    A port that cannot be bound ends the process with one line naming `setting` (PortInUse).
     """
 
-    def __init__(self, routes: Routes, host: str, port: int, name: str = "http", token: str | None = None) -> None:
+    def __init__(
+        self,
+        routes: Routes,
+        host: str,
+        port: int,
+        name: str = "http",
+        token: str | None = None,
+        setting: PortSetting | None = None,
+    ) -> None:
         self.routes = routes
-        self.server = ThreadingHTTPServer((host, port), _handler(routes, token))
+        self.server = ThreadingHTTPServer((host, port), _handler(routes, token), bind_and_activate=False)
+        try:
+            self.server.server_bind()
+            self.server.server_activate()
+        except OSError as exc:
+            self.server.server_close()
+            raise bind_error(host, port, setting, exc) from None
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
         self.thread = threading.Thread(target=self.server.serve_forever, name=name, daemon=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 
@@ -36,3 +37,13 @@ def setup_logging(level: str = "INFO", json_logs: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # transformers/huggingface_hub draw tqdm bars ("Loading weights: 100%|███|") on stderr: in a service
+    # log they are noise, and they break one-event-per-line. Read at their import, which comes later.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def adopt_logger(name: str) -> None:
+    """A library logger with its own handler (DeepSpeed: stdout, its own format) logs through ours instead."""
+    logger = logging.getLogger(name)
+    logger.handlers.clear()
+    logger.propagate = True

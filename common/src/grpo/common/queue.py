@@ -32,6 +32,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar
+from urllib.parse import urlsplit
 
 import redis
 from google.protobuf.message import DecodeError, Message
@@ -69,6 +70,12 @@ def connect(url: str, *, socket_timeout_s: float = 10.0, connect_timeout_s: floa
         health_check_interval=30,
         retry=Retry(NoBackoff(), 0),
     )
+
+
+def redacted(url: str) -> str:
+    """A Redis URL without its credentials, for logs."""
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
 def unavailable_on_error(fn: Callable[P, R]) -> Callable[P, R]:
@@ -141,19 +148,26 @@ class StreamStats:
     length: int
     pending: int  # delivered to the group, not acked
     lag: int  # not yet delivered to the group
+    last_delivered: str = ""  # the group's last delivered id: it moves whenever a consumer takes an entry
 
     @property
     def unacked(self) -> int:
         return self.pending + self.lag
 
 
-# Append the group and ack the task in one atomic step, only if the caller still owns the task.
+# Append the group and ack the task in one atomic step, only if the caller still owns the task. A short-lived
+# marker remembers who wrote it: when the reply is lost and the caller tries again, it learns that its own
+# first attempt went through (WRITTEN_BEFORE) instead of taking its group for someone else's.
 _APPEND_GROUP = """
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
-if #p == 0 then return 0 end
+if #p == 0 then
+  if redis.call('GET', KEYS[3]) == ARGV[2] then return 2 end
+  return 0
+end
 if p[1][2] ~= ARGV[2] then return -1 end
 redis.call('XADD', KEYS[2], '*', 'data', ARGV[4])
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[5])
 return 1
 """
 
@@ -171,7 +185,8 @@ end
 return n
 """
 
-APPENDED, ALREADY_DONE, TAKEN_OVER = 1, 0, -1
+APPENDED, ALREADY_DONE, TAKEN_OVER, WRITTEN_BEFORE = 1, 0, -1, 2
+WRITTEN_MARKER_MS = 2 * 60 * 1000  # how long a retried append can still recognise its own earlier write
 RELEASED_IDLE_MS = 10 * 365 * 24 * 3600 * 1000  # idle "forever": past any reclaim threshold
 
 
@@ -257,6 +272,18 @@ class RunQueue:
         return self._set_idle(consumer, entry_ids, 0)
 
     @unavailable_on_error
+    def task_owners(self, entry_ids: Sequence[str]) -> dict[str, str | None]:
+        """Which consumer holds each task now; None when it is no longer pending (acked, or deleted)."""
+        pipe = self.client.pipeline(transaction=False)
+        for entry_id in entry_ids:
+            pipe.xpending_range(self.tasks_key, TASKS_GROUP, min=entry_id, max=entry_id, count=1)
+        owners: dict[str, str | None] = dict.fromkeys(entry_ids)
+        for entry_id, rows in zip(entry_ids, pipe.execute(), strict=True):
+            if rows:
+                owners[entry_id] = _str(rows[0]["consumer"])
+        return owners
+
+    @unavailable_on_error
     def release_tasks(self, consumer: str, entry_ids: Sequence[str]) -> int:
         """Give back tasks `consumer` will not finish (graceful stop): any replica may reclaim them now."""
         return self._set_idle(consumer, entry_ids, RELEASED_IDLE_MS)
@@ -274,11 +301,13 @@ class RunQueue:
     def append_group(self, consumer: str, task_entry_id: str, record: queue_pb2.GroupRecord) -> int:
         """Append `record` and ack its task atomically, if `consumer` still owns the task.
 
-        Returns APPENDED, ALREADY_DONE (the task is no longer pending: someone finished it)
-        or TAKEN_OVER (another consumer reclaimed it and will write the group).
+        Returns APPENDED, WRITTEN_BEFORE (this consumer's earlier call already did it: its reply was lost),
+        ALREADY_DONE (the task is no longer pending: someone else finished it) or TAKEN_OVER (another
+        consumer reclaimed it and will write the group).
         """
-        args = [TASKS_GROUP, consumer, task_entry_id, record.SerializeToString()]
-        return int(self._append_script(keys=[self.tasks_key, self.groups_key], args=args))
+        args = [TASKS_GROUP, consumer, task_entry_id, record.SerializeToString(), WRITTEN_MARKER_MS]
+        keys = [self.tasks_key, self.groups_key, f"{self.tasks_key}:written:{task_entry_id}"]
+        return int(self._append_script(keys=keys, args=args))
 
     # ---- groups (rollout appends, trainer consumes) ------------------------------------------
 
@@ -329,7 +358,8 @@ class RunQueue:
         lag = info.get("lag")
         if lag is None:  # Redis cannot tell after deletions; count what lies past the last delivery
             lag = len(self.client.xrange(key, min=next_id(_str(info["last-delivered-id"])), max="+") or [])
-        return StreamStats(length=length, pending=int(info["pending"]), lag=int(lag))
+        last = _str(info["last-delivered-id"])
+        return StreamStats(length=length, pending=int(info["pending"]), lag=int(lag), last_delivered=last)
 
     def _read(
         self,

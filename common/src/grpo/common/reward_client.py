@@ -3,7 +3,7 @@
 It speaks the protobuf contract (grpo.v1.reward), so the rollout and the trainer need nothing of the
 reward service's package. Items are `ScoreItem` messages or dicts in the message's JSON form.
 
->>> client = RewardClient("127.0.0.1:50052")                       # doctest: +SKIP
+>>> client = RewardClient("127.0.0.1:7052")                       # doctest: +SKIP
 >>> client.score([{"id": "a", "completion": "\\\\boxed{4}", "checks": {"math": {"gold": "4"}}}])[0].reward  # doctest: +SKIP
 1.0
 """
@@ -11,8 +11,7 @@ reward service's package. Items are `ScoreItem` messages or dicts in the message
 from __future__ import annotations
 
 import logging
-import random
-import time
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ from google.protobuf import json_format
 
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import make_channel
+from grpo.common.retry import Backoff, RetryPolicy
 from grpo.v1 import reward_pb2 as pb
 from grpo.v1 import reward_pb2_grpc
 
@@ -42,8 +42,10 @@ class RewardServiceError(RuntimeError):
 
 
 class RewardClient:
-    """Score completions over gRPC. Each attempt has a deadline; retryable failures back off exponentially,
-    with jitter, for up to `retry_budget_s` in all (long enough to ride out a restart of the service)."""
+    """Score completions over gRPC. Each attempt has a deadline; retryable failures are retried under the
+    common policy (grpo.common.retry: doubling waits from `backoff_s` up to `max_backoff_s`, with jitter) for up
+    to `retry_budget_s` after the first failure (long enough to ride out a restart of the service); `stop` cuts
+    the waiting short when the caller shuts down."""
 
     def __init__(
         self,
@@ -55,34 +57,31 @@ class RewardClient:
         max_backoff_s: float = 2.0,
         root_certificates: bytes | None = None,
         ca_file: str | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.channel = make_channel(addr, ca_file, root_certificates=root_certificates)
         self.stub = reward_pb2_grpc.RewardServiceStub(self.channel)
         self.addr, self.timeout_s, self.retry_budget_s = addr, timeout_s, retry_budget_s
-        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.retry_policy = RetryPolicy(base_s=backoff_s, cap_s=max_backoff_s, deadline_s=retry_budget_s)
+        self.stop = stop
         self.metadata = bearer_metadata(token)
 
     def _call(self, method: Any, request: Any, name: str) -> Any:
-        started = time.monotonic()
-        attempt = 0
+        backoff = Backoff(self.retry_policy, f"{name} to {self.addr}", self.stop, log)
         while True:
-            attempt += 1
             try:
                 return method(request, timeout=self.timeout_s, metadata=self.metadata)
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code not in RETRYABLE:
                     raise RewardServiceError(f"{name} failed: {code}: {_details(exc)}", code) from exc
-                elapsed = time.monotonic() - started
-                delay = backoff_delay(attempt, self.backoff_s, self.max_backoff_s)
-                if elapsed + delay > self.retry_budget_s:
+                if not backoff.wait(f"{code}: {_details(exc)}"):
+                    stopped = " (stopping)" if self.stop is not None and self.stop.is_set() else ""
                     raise RewardServiceError(
-                        f"{name} to {self.addr} failed after {attempt} attempts in {elapsed:.1f}s "
-                        f"(retry budget {self.retry_budget_s:g}s): {code}: {_details(exc)}",
+                        f"{name} to {self.addr} failed after {backoff.failures} attempts in {backoff.elapsed_s:.1f}s "
+                        f"(retry budget {self.retry_budget_s:g}s){stopped}: {code}: {_details(exc)}",
                         code,
                     ) from exc
-                log.warning("%s to %s: %s; retry %d in %.2fs", name, self.addr, code, attempt, delay)
-                time.sleep(delay)
 
     @staticmethod
     def _request(items: Sequence[pb.ScoreItem | Mapping[str, Any]], timeout_s: float | None) -> pb.ScoreRequest:
@@ -131,11 +130,6 @@ def _score_item(item: pb.ScoreItem | Mapping[str, Any]) -> pb.ScoreItem:
         return json_format.ParseDict(item, pb.ScoreItem())
     except json_format.ParseError as exc:
         raise ValueError(f"not a grpo.v1.ScoreItem: {exc}") from None
-
-
-def backoff_delay(attempt: int, base_s: float, cap_s: float) -> float:
-    """Seconds to wait after failed attempt `attempt` (1-based): doubling, capped, with ±50 % jitter."""
-    return min(cap_s, base_s * 2 ** min(attempt - 1, 30)) * (0.5 + random.random())
 
 
 def _details(exc: grpc.RpcError | None) -> str:

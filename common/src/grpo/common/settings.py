@@ -24,6 +24,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from grpo.common.tiny_model import ModelNotFound
+
 S = TypeVar("S", bound=BaseSettings)
 
 
@@ -113,7 +115,9 @@ def load_settings(cls: type[S], argv: list[str] | None = None, env_file_var: str
             dotenv_settings: PydanticBaseSettingsSource,
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
-            cli: CliSettingsSource[argparse.ArgumentParser] = CliSettingsSource(settings_cls, cli_parse_args=rest)
+            cli: CliSettingsSource[argparse.ArgumentParser] = CliSettingsSource(
+                settings_cls, cli_parse_args=rest, root_parser=_root_parser(cls, env_file_var)
+            )
             # Earlier sources win: CLI > env > file (init) > defaults.
             return (cli, env_settings, init_settings)
 
@@ -123,9 +127,27 @@ def load_settings(cls: type[S], argv: list[str] | None = None, env_file_var: str
     return cls.model_validate(loaded.model_dump())
 
 
+def _root_parser(cls: type[BaseSettings], env_file_var: str | None) -> argparse.ArgumentParser:
+    """The parser pydantic-settings fills with one flag per field, plus `--config`, which is read before it."""
+    parser = argparse.ArgumentParser(
+        prog=cls.model_config.get("cli_prog_name"),
+        description=cls.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    also = f" (or ${env_file_var})" if env_file_var else ""
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help=f"a YAML or JSON file of settings{also}; precedence: defaults < file < environment < flags",
+    )
+    return parser
+
+
 @contextlib.contextmanager
 def exit_on_invalid_settings(prog: str) -> Iterator[None]:
     """Around a service's settings parsing in `main`: a bad value is one line naming the field and exit code 2.
+
+    A `--model` that `check_model` cannot find is reported the same way.
 
     The parse functions themselves raise `ValidationError`, so tests can assert on it.
     """
@@ -134,4 +156,7 @@ def exit_on_invalid_settings(prog: str) -> Iterator[None]:
     except ValidationError as exc:
         errors = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors())
         sys.stderr.write(f"{prog}: invalid settings: {errors}\n")
+        raise SystemExit(2) from None
+    except ModelNotFound as exc:
+        sys.stderr.write(f"{prog}: invalid settings: model: {exc}\n")
         raise SystemExit(2) from None

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -197,3 +198,41 @@ def resolve_model(name_or_path: str | Path | None) -> str:
     if local.exists():
         return str(local.resolve())
     return str(name_or_path)
+
+
+class ModelNotFound(ValueError):
+    """`--model` names neither a model folder nor a hub id we can read; the message says which and why."""
+
+
+# huggingface_hub's repo-id rule: `name` or `owner/name`, letters, digits, `-`, `_`, `.`.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
+
+
+def check_model(name_or_path: str | Path | None) -> str:
+    """`resolve_model`, checked before a service starts anything: a wrong `--model` is one clear line.
+
+    Loading a missing model otherwise fails after the servers are up and the data is read, in a long
+    transformers traceback ("Repo id must be in the form ..."). A hub id is checked by fetching its
+    config.json (from the local cache when offline), the first file every loader reads anyway.
+    """
+    resolved = resolve_model(name_or_path)
+    local = Path(resolved)
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ModelNotFound(f"{local} has no config.json: not a Hugging Face model folder")
+        return resolved
+    if local.exists():
+        raise ModelNotFound(f"{local} is a file; give the model's folder (the one holding config.json)")
+    name = str(name_or_path)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or not _HUB_ID.fullmatch(name):
+        raise ModelNotFound(f"no such model folder or hub id: {name!r} (a hub id is `owner/name`)")
+    try:
+        from huggingface_hub import hf_hub_download
+
+        hf_hub_download(name, "config.json")
+    except Exception as exc:  # offline, unknown repo, gated, no network: all mean "cannot load it"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelNotFound(
+            f"{name!r} is not a local folder, and its config.json could not be had from the hub ({reason})"
+        ) from None
+    return resolved

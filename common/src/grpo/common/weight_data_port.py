@@ -7,7 +7,8 @@ answered there) and sends the bytes here, on a connection that opens with a one-
 UpdateWeights call names in its metadata (`DATA_TOKEN_KEY`). A connection is only read once an
 authenticated call claims its token, so the port needs no credentials of its own; when gRPC
 runs TLS, so does this port, with the same certificate. A pusher that cannot connect sends the
-bytes in the gRPC stream instead (grpo.common.weights.push_weights).
+bytes in the gRPC stream instead. `DataPortSender` and `DataPortSource` are this transport's two sides
+(grpo.common.weight_transport).
 
 Because the call, not the header, names the connection, the bytes can flow while the pusher
 is still hashing them: the header (with the sha256) follows when the hash is done, and the
@@ -28,10 +29,18 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from grpo.common.weights import WeightUpdateError
+from grpo.common.weight_receiver import StreamMessage, WeightAssembler
+from grpo.common.weight_transport import StreamSender, UpdateCall, WeightSender, WeightSource, remaining, resolve
+from grpo.common.weights import WeightUpdateError, data_pieces, make_header
+from grpo.v1 import rollout_pb2
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -247,3 +256,90 @@ def connect(
         log.warning("weights data port %s:%d failed (%s); sending the weights over gRPC", host, port, exc)
         return None
     return conn
+
+
+class DataPortSender(WeightSender):
+    """The bytes on the replica's data port `port` while the header, once hashed, goes in the call; the gRPC
+    stream when the port cannot be reached."""
+
+    via = "data_port"
+
+    def __init__(self, port: int, chunk_bytes: int) -> None:
+        super().__init__(chunk_bytes)
+        self.port = port
+
+    def send(
+        self,
+        update: UpdateCall,
+        address: str,
+        tensors: Mapping[str, torch.Tensor],
+        version: int,
+        metadata: tuple[tuple[str, str], ...],
+        deadline: float,
+        checksum: str | Future[str] | None,
+        ca_file: str | None,
+    ) -> rollout_pb2.UpdateWeightsResponse:
+        token = new_token()
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        conn = connect(split_host(address), self.port, token, size, ca_file)
+        if conn is None:  # logged: the bytes go in the stream instead
+            fallback = StreamSender(self.chunk_bytes)
+            return fallback.send(update, address, tensors, version, metadata, deadline, checksum, ca_file)
+        with conn, ThreadPoolExecutor(1, thread_name_prefix="weights-sha256") as hasher:
+            # The bytes go out while the header's sha256 is computed (hashlib releases the GIL).
+            header = hasher.submit(lambda: make_header(tensors, version, resolve(checksum)))
+
+            def header_message() -> Iterator[bytes]:  # gRPC's sending thread waits here for the hash
+                yield rollout_pb2.WeightChunk(header=header.result()).SerializeToString()
+
+            left = remaining(deadline)
+            call = update.future(header_message(), timeout=left, metadata=(*metadata, (DATA_TOKEN_KEY, token)))
+            # A rejected call ends at once: closing the socket then unblocks a send in progress.
+            call.add_done_callback(lambda _: _shutdown(conn))
+            conn.settimeout(left)
+            try:
+                for pieces in data_pieces(tensors, self.chunk_bytes):
+                    conn.sendall(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+                conn.shutdown(socket.SHUT_WR)
+            except OSError as exc:
+                log.debug("weight data send to %s stopped: %s (the reply says why)", address, exc)
+            reply: rollout_pb2.UpdateWeightsResponse = call.result()
+            return reply
+
+
+class DataPortSource(WeightSource):
+    """The bytes from the connection on `port` that opened with `token`; then the call's stream, header only."""
+
+    via = "data_port"
+
+    def __init__(self, port: WeightDataPort | None, token: str) -> None:
+        self.port = port
+        self.token = token
+
+    def fill(self, assembler: WeightAssembler, messages: Iterable[StreamMessage], deadline: float) -> None:
+        if self.port is None:
+            raise WeightUpdateError("this replica has no weights data port: send the bytes in the stream")
+        # The pusher connects before it starts the call, so its connection is here or about to be.
+        wait = min(deadline - time.monotonic(), self.port.hello_timeout_s)
+        try:
+            conn, size = self.port.claim(self.token, max(wait, 0.0))
+        except WeightUpdateError:
+            self.port.discard(self.token)  # should it come after all
+            raise
+        with conn:
+            assembler.receive(size, reader(conn, deadline))
+            if assembler.offset == len(assembler.buffer):
+                expect_end(conn)
+        for message in messages:
+            assembler.feed(message)
+
+    def abandon(self) -> None:
+        if self.port is not None:
+            self.port.discard(self.token)
+
+
+def _shutdown(conn: socket.socket) -> None:
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed

@@ -1,24 +1,21 @@
-"""Weight transport between the trainer (sender) and rollout replicas (receivers): the sending side.
+"""The weight update format the trainer (sender) and rollout replicas (receivers) share, and `push_weights`.
 
 The stream is one `WeightHeader` then the raw tensor bytes, in header order. Canonical
 order is the tensor names sorted; the names are the checkpoint names (what
 `save_pretrained` writes to model.safetensors: tied weights appear once). The checksum
 is the sha256 hex digest of the concatenated little-endian bytes of every tensor in that
-order, so sender and receiver compute the same value from the same weights.
+order, so sender and receiver compute the same value from the same weights. How the bytes travel is
+the transport's business (grpo.common.weight_transport).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import socket
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from grpo.common.auth import bearer_metadata
-from grpo.common.channels import make_channel
 from grpo.v1 import rollout_pb2
 
 if TYPE_CHECKING:
@@ -125,7 +122,7 @@ def make_header(
     )
 
 
-def _data_pieces(tensors: Mapping[str, torch.Tensor], chunk_bytes: int) -> Iterator[list[memoryview]]:
+def data_pieces(tensors: Mapping[str, torch.Tensor], chunk_bytes: int) -> Iterator[list[memoryview]]:
     """The tensor bytes in canonical order, grouped into chunks of at most `chunk_bytes` (views, no copies).
 
     Small tensors are packed together; large ones are sliced, so no copy of the whole model is made.
@@ -155,7 +152,7 @@ def iter_weight_chunks(
 ) -> Iterator[rollout_pb2.WeightChunk]:
     """The stream as proto messages: the header, then the bytes in chunks of at most `chunk_bytes`."""
     yield rollout_pb2.WeightChunk(header=make_header(tensors, version, checksum))
-    for pieces in _data_pieces(tensors, chunk_bytes):
+    for pieces in data_pieces(tensors, chunk_bytes):
         yield rollout_pb2.WeightChunk(data=b"".join(pieces))
 
 
@@ -189,7 +186,7 @@ def iter_wire_messages(
 ) -> Iterator[bytes]:
     """`iter_weight_chunks`, already serialised (send with no request serializer)."""
     yield rollout_pb2.WeightChunk(header=make_header(tensors, version, checksum)).SerializeToString()
-    for pieces in _data_pieces(tensors, chunk_bytes):
+    for pieces in data_pieces(tensors, chunk_bytes):
         yield encode_data(pieces)
 
 
@@ -208,55 +205,12 @@ def push_weights(
     raises grpc.RpcError on rejection.
 
     With `data_port` (the replica's RolloutStatus.weights_data_port) the bytes go over that port,
-    while the header, once hashed, goes over gRPC: about 2x faster end to end. When the port cannot
-    be reached, or without it, the bytes follow the header in the gRPC stream. `checksum` may be a
-    future (one hash shared by pushes to several replicas); None means compute it here.
+    about 2x faster end to end; without it, or when the port cannot be reached, they follow the
+    header in the gRPC stream (grpo.common.weight_transport says how a transport is chosen).
+    `checksum` may be a future (one hash shared by pushes to several replicas); None means compute it here.
     """
-    from grpo.common import weight_data_port as wdp  # it imports this module
+    from grpo.common.weight_transport import sender_for  # it imports this module
 
-    start = time.monotonic()
-    metadata = bearer_metadata(token)
-    with make_channel(address, ca_file) as channel:
-        update = channel.stream_unary(
-            UPDATE_WEIGHTS_METHOD,
-            request_serializer=None,  # the messages are already wire bytes
-            response_deserializer=rollout_pb2.UpdateWeightsResponse.FromString,
-        )
-        data_token, conn = wdp.new_token(), None
-        if data_port:
-            size = sum(t.numel() * t.element_size() for t in tensors.values())
-            conn = wdp.connect(wdp.split_host(address), data_port, data_token, size, ca_file)
-        remaining = max(timeout_s - (time.monotonic() - start), 1.0)
-        if conn is None:
-            messages = iter_wire_messages(tensors, version, chunk_bytes, _resolve(checksum))
-            return update(messages, timeout=remaining, metadata=metadata)
-        with conn, ThreadPoolExecutor(1, thread_name_prefix="weights-sha256") as hasher:
-            # The bytes go out while the header's sha256 is computed (hashlib releases the GIL).
-            header = hasher.submit(lambda: make_header(tensors, version, _resolve(checksum)))
-
-            def header_message() -> Iterator[bytes]:  # gRPC's sending thread waits here for the hash
-                yield rollout_pb2.WeightChunk(header=header.result()).SerializeToString()
-
-            call_metadata = (*metadata, (wdp.DATA_TOKEN_KEY, data_token))
-            call = update.future(header_message(), timeout=remaining, metadata=call_metadata)
-            # A rejected call ends at once: closing the socket then unblocks a send in progress.
-            call.add_done_callback(lambda _: _shutdown(conn))
-            conn.settimeout(remaining)
-            try:
-                for pieces in _data_pieces(tensors, chunk_bytes):
-                    conn.sendall(pieces[0] if len(pieces) == 1 else b"".join(pieces))
-                conn.shutdown(socket.SHUT_WR)
-            except OSError as exc:
-                log.debug("weight data send to %s stopped: %s (the reply says why)", address, exc)
-            return call.result()
-
-
-def _resolve(checksum: str | Future[str] | None) -> str | None:
-    return checksum.result() if isinstance(checksum, Future) else checksum
-
-
-def _shutdown(conn: socket.socket) -> None:
-    try:
-        conn.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass  # already closed
+    return sender_for(data_port, chunk_bytes).push(
+        address, tensors, version, token=token, timeout_s=timeout_s, checksum=checksum, ca_file=ca_file
+    )

@@ -78,8 +78,17 @@ def validation_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_request(model: type[M], msg: Message) -> M:
+class Undecodable:
+    """What the gRPC edge's deserializer hands on for bytes that are not the request message."""
+
+    def __init__(self, message_type: str, reason: str) -> None:
+        self.message_type, self.reason = message_type, reason
+
+
+def parse_request(model: type[M], msg: Message | Undecodable) -> M:
     """Validate a request message as `model`; raises InputError with the fields named."""
+    if isinstance(msg, Undecodable):
+        raise InputError(f"the request is not a valid {msg.message_type}: {msg.reason}")
     try:
         return model.model_validate(proto_to_dict(msg))
     except ValidationError as exc:

@@ -1,7 +1,8 @@
 """The reward core both edges share: limits, admission, deadlines, and the verifiers wired to the pools.
 
-It owns one asyncio loop on its own thread; the HTTP and gRPC edges hand it coroutines
-with `submit` and wait on the returned future, so both see the same queue and limits.
+Its operations are coroutines awaited on the one asyncio loop that serves both edges
+(uvicorn and grpc.aio), so both see the same queue and limits; the work itself runs in
+the math worker processes and the sandbox threads.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -59,14 +60,15 @@ class RewardCore:
         self._aux_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="aux")
         self.components = ComponentRunner(settings, self.pool, self.sandbox, self._code_threads, self._aux_threads)
         self._inflight = 0
+        # Admission runs on the one loop today; the lock keeps the count right should a thread ever admit.
         self._lock = threading.Lock()
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="reward-core", daemon=True)
-        self._thread.start()
 
     def _start_sandbox(self) -> tuple[Any, str]:
         from grpo.reward.sandbox import SandboxUnavailable, make_sandbox
 
+        if self.settings.sandbox == "off":
+            log.info("sandbox off: code verification disabled")
+            return None, "off (the sandbox setting)"
         try:
             sandbox = make_sandbox(
                 self.settings.sandbox, workers=self.settings.sandbox_workers or self.settings.workers
@@ -79,10 +81,6 @@ class RewardCore:
         return sandbox, str(sandbox.isolation)
 
     # ---- plumbing ---------------------------------------------------------------------
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        """Run `coro` on the core loop; safe from any thread."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def deadline(self, timeout_s: float | None, remaining_s: float | None = None) -> float:
         """Absolute (monotonic) deadline: the request's timeout or the default, capped, and within `remaining_s`."""
@@ -124,6 +122,21 @@ class RewardCore:
             version=_version(),
             languages=self.languages(),
         )
+
+    def readiness_problems(self) -> list[str]:
+        """What keeps this server from doing its work: math workers, the sandbox, its languages (empty: ready)."""
+        problems: list[str] = []
+        if (why := self.pool.problem()) is not None:
+            problems.append(f"math: {why}")
+        if self.settings.sandbox == "off":  # a math-only server by choice
+            return problems
+        if self.sandbox is None:
+            problems.append(f"sandbox: {self.sandbox_note}")
+        elif (why := self.sandbox.problem()) is not None:
+            problems.append(f"sandbox: {why}")
+        elif not self.languages():
+            problems.append("sandbox: no language toolchain found")
+        return problems
 
     # ---- limits -----------------------------------------------------------------------
 
@@ -262,14 +275,14 @@ class RewardCore:
             log.exception("scoring item %s failed", item_id)
             return error_result(item_id, f"internal error: {type(exc).__name__}: {exc}", time.monotonic() - started)
 
-    def drain(self, grace_s: float) -> None:
+    async def drain(self, grace_s: float) -> None:
         """Wait up to `grace_s` for admitted work to finish (shutdown)."""
         deadline = time.monotonic() + grace_s
         while self._inflight and time.monotonic() < deadline:
-            time.sleep(0.05)
+            await asyncio.sleep(0.05)
 
     def close(self) -> None:
-        """Stop the pools and the sandbox (work in flight ends as errors, answered), then the loop."""
+        """Stop the pools and the sandbox (work in flight ends as errors, answered)."""
         self.pool.close()
         if self.sandbox is not None:
             try:
@@ -278,8 +291,6 @@ class RewardCore:
                 log.exception("sandbox close failed")
         self._code_threads.shutdown(wait=False, cancel_futures=True)
         self._aux_threads.shutdown(wait=False, cancel_futures=True)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
 
 
 def _code_response(tests: list[CodeTestResult]) -> VerifyCodeResponse:

@@ -1,12 +1,11 @@
-"""HTTP edge (FastAPI): /v1/verify/math, /v1/execute, /v1/verify/code, /v1/score, /healthz, /metrics, /docs."""
+"""HTTP edge (FastAPI): /v1/verify/math, /v1/execute, /v1/verify/code, /v1/score, /healthz, /readyz, /metrics, /docs."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,6 +21,7 @@ from grpo.reward.schemas import (
     ExecuteRequest,
     ExecuteResponse,
     Health,
+    Readiness,
     ScoreRequest,
     ScoreResponse,
     VerifyCodeRequest,
@@ -31,7 +31,6 @@ from grpo.reward.schemas import (
 )
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class BodyLimit:
@@ -82,9 +81,6 @@ def create_app(core: RewardCore, token: str | None = None) -> FastAPI:
         description="Sandboxed verifier API: math answers, code execution against tests, format, language, scoring.",
     )
 
-    async def run(coro: Coroutine[Any, Any, T]) -> T:
-        return await asyncio.wrap_future(core.submit(coro))
-
     def require_token(authorization: str | None = Header(default=None)) -> None:
         if token is not None and not token_matches(authorization, token):
             raise HTTPException(401, "missing or wrong 'Authorization: Bearer <token>'", {"WWW-Authenticate": "Bearer"})
@@ -94,28 +90,36 @@ def create_app(core: RewardCore, token: str | None = None) -> FastAPI:
     @v1.post("/verify/math", response_model=VerifyMathResponse)
     async def verify_math(req: VerifyMathRequest) -> VerifyMathResponse:
         """Judge an answer (or a whole completion) against a gold answer."""
-        return await run(core.verify_math(req))
+        return await core.verify_math(req)
 
     @v1.post("/execute", response_model=ExecuteResponse)
     async def execute(req: ExecuteRequest) -> ExecuteResponse:
         """Run a program in the sandbox."""
-        return await run(core.execute(req))
+        return await core.execute(req)
 
     @v1.post("/verify/code", response_model=VerifyCodeResponse)
     async def verify_code(req: VerifyCodeRequest) -> VerifyCodeResponse:
         """Run candidate code (or the last fenced block of a completion) against tests."""
-        return await run(core.verify_code(req))
+        return await core.verify_code(req)
 
     @v1.post("/score", response_model=ScoreResponse)
     async def score(req: ScoreRequest) -> ScoreResponse:
         """Score a batch of completions; `reward` is null with a reason when it cannot be trusted."""
-        return ScoreResponse(results=await run(core.score(req)))
+        return ScoreResponse(results=await core.score(req))
 
     app.include_router(v1)
 
     @app.get("/healthz", response_model=Health)
     async def healthz() -> Health:
+        """Liveness: 200 while the process serves."""
         return core.health()
+
+    @app.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
+    async def readyz() -> JSONResponse:
+        """Readiness: 200 when math workers, the sandbox and its languages are up; else 503 naming what is not."""
+        missing = core.readiness_problems()
+        body = Readiness(ready=not missing, missing=missing, sandbox=core.sandbox_note, languages=core.languages())
+        return JSONResponse(body.model_dump(), status_code=503 if missing else 200)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

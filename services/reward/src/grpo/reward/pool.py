@@ -126,6 +126,13 @@ class WorkerPool:
         """The current worker process ids, by slot."""
         return [w.proc.pid if w is not None else None for w in self._workers]
 
+    def problem(self) -> str | None:
+        """None while every slot takes work (a slot replaces its crashed worker itself); else what is wrong."""
+        if self._closed.is_set():
+            return "the math worker pool is closed"
+        stopped = sum(not thread.is_alive() for thread in self._threads)
+        return f"{stopped} of {self.size} math worker slots stopped" if stopped else None
+
     def queue_depth(self) -> int:
         return self._queue.qsize()
 

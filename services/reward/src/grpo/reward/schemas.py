@@ -366,3 +366,12 @@ class Health(Model):
     inflight: int = 0
     version: str = ""
     languages: list[str] = Field(default_factory=list, description="Languages whose toolchains the sandbox has.")
+
+
+class Readiness(Model):
+    ready: bool
+    missing: list[str] = Field(
+        default_factory=list, description="What keeps the server from its work; empty when ready."
+    )
+    sandbox: str = ""
+    languages: list[str] = Field(default_factory=list)

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from grpo.common.settings import ServiceSettings, load_settings, service_config
 
 BUILTIN_COMPONENTS = ("math", "code", "format", "language", "overlong", "reward_model")
+
+
+def one_per_cpu() -> int:
+    """The default of `workers` (a named function: --help prints its name)."""
+    return os.cpu_count() or 1
 
 
 class RewardSettings(ServiceSettings):
@@ -18,14 +24,15 @@ class RewardSettings(ServiceSettings):
 
     host: str = "0.0.0.0"
     """Address both servers bind to."""
-    grpc_port: int = Field(default=50052, ge=0, le=65535)
+    grpc_port: int = Field(default=7052, ge=0, le=65535)
     """gRPC port (0 picks a free one)."""
     http_port: int = Field(default=8002, ge=0, le=65535)
     """HTTP port (FastAPI: /v1/..., /docs, /healthz, /metrics)."""
-    workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=512)
+    workers: int = Field(default_factory=one_per_cpu, ge=1, le=512)
     """Math worker processes, and concurrent sandbox runs unless sandbox_workers is set."""
-    sandbox: str = "auto"
-    """Sandbox implementation for code (auto picks the strongest isolation this machine allows)."""
+    sandbox: Literal["auto", "namespace", "off"] = "auto"
+    """Sandbox for code: auto (= namespace, the only one), or off for a math-only server. Readiness (/readyz)
+    waits for a working sandbox unless it is off; without one, code requests answer sandbox_error."""
     sandbox_workers: int | None = Field(default=None, ge=1, le=512)
     """Concurrent sandbox runs; defaults to workers."""
     token: str | None = None
@@ -68,8 +75,6 @@ class RewardSettings(ServiceSettings):
     """Cap on a requested memory limit."""
     math_batch: int = Field(default=16, ge=1, le=64)
     """Most math verifications sent to a worker per round trip (a fair share of the queue; keeps workers busy)."""
-    grpc_threads: int = Field(default=32, ge=1)
-    """gRPC handler threads (each waits on the core; the work itself runs in the pools)."""
     reward_model_path: str | None = None
     """Local path of a HF sequence-classification model; the reward_model component is off when unset."""
     reward_model_batch_size: int = Field(default=16, ge=1)

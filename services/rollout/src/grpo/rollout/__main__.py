@@ -9,11 +9,15 @@ from typing import TYPE_CHECKING
 
 from grpo.common.logs import setup_logging
 from grpo.common.settings import exit_on_invalid_settings
-from grpo.common.signals import stop_on_signals
+from grpo.common.signals import exit_on_signals, stop_on_signals
+from grpo.common.tiny_model import check_model
 from grpo.rollout.settings import RolloutSettings, parse_settings
 
 if TYPE_CHECKING:
+    from grpo.common.grpc_server import GrpcServer
+    from grpo.common.http_server import HttpServer
     from grpo.rollout.engines.base import Engine
+    from grpo.rollout.service import RolloutService
 
 log = logging.getLogger("grpo.rollout")
 
@@ -37,41 +41,10 @@ def build_engine(settings: RolloutSettings, model: str) -> Engine:
 
 
 def serve(settings: RolloutSettings, stop: threading.Event) -> None:
-    # Heavy imports (torch, transformers) only after the settings are known to be valid.
-    from grpo.common.grpc_server import GrpcServer, server_credentials
-    from grpo.common.http_server import HttpServer
-    from grpo.common.tiny_model import resolve_model
-    from grpo.common.weight_data_port import WeightDataPort, server_ssl_context
-    from grpo.rollout.grpc_api import SERVICE_NAME, UPDATE_METHOD, register
-    from grpo.rollout.http_api import http_routes
-    from grpo.rollout.service import Limits, RolloutService
-
-    model = resolve_model(settings.model)
-    limits = Limits(settings.max_prompts, settings.max_n, settings.max_new_tokens_cap)
-    service = RolloutService(build_engine(settings, model), model, settings.replica_id, limits)
-    method_tokens = {UPDATE_METHOD: settings.weights_token} if settings.weights_token else None
-    grpc_server = GrpcServer(
-        register(service, settings.weights_stream_timeout_s),
-        [SERVICE_NAME],
-        settings.host,
-        settings.grpc_port,
-        workers=settings.grpc_workers,
-        token=settings.token,
-        method_tokens=method_tokens,
-        credentials=server_credentials(settings.tls_cert_file, settings.tls_key_file),
-    )
-    service.grpc_port = grpc_server.port
-    if settings.weights_data_port >= 0:
-        service.data_port = WeightDataPort(
-            settings.host,
-            settings.weights_data_port,
-            server_ssl_context(settings.tls_cert_file, settings.tls_key_file),
-        )
-    http = HttpServer(
-        http_routes(service), settings.host, settings.http_port, name="rollout-http", token=settings.token
-    )
-    grpc_server.start()
-    http.start()
+    """Start the engine and servers (a signal meanwhile exits at once), then serve until `stop` or a signal."""
+    with exit_on_signals("start-up"):
+        grpc_server, http, service = start(settings)
+    stop_on_signals(stop)
     worker = None
     if settings.redis_url:
         from grpo.rollout.worker import run_worker
@@ -100,11 +73,68 @@ def serve(settings: RolloutSettings, stop: threading.Event) -> None:
         log.info("rollout stopped")
 
 
+def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutService]:
+    log.info("starting: loading %s with the %s engine", settings.model, settings.engine)
+    # Heavy imports (torch, transformers) only after the settings are known to be valid.
+    from grpo.common.grpc_server import GrpcServer, server_credentials
+    from grpo.common.http_server import HttpServer
+    from grpo.common.ports import PortSetting, check_ports
+    from grpo.common.readiness import Readiness, grpc_health_check, redis_check
+    from grpo.common.tiny_model import resolve_model
+    from grpo.common.weight_data_port import WeightDataPort, server_ssl_context
+    from grpo.rollout.grpc_api import SERVICE_NAME, UPDATE_METHOD, register
+    from grpo.rollout.http_api import http_routes
+    from grpo.rollout.service import Limits, RolloutService
+
+    # A taken port is said before the model loads.
+    check_ports(settings, "grpc_port", "http_port", *(["weights_data_port"] if settings.weights_data_port > 0 else []))
+    model = resolve_model(settings.model)
+    limits = Limits(settings.max_prompts, settings.max_n, settings.max_new_tokens_cap)
+    service = RolloutService(build_engine(settings, model), model, settings.replica_id, limits)
+    method_tokens = {UPDATE_METHOD: settings.weights_token} if settings.weights_token else None
+    grpc_server = GrpcServer(
+        register(service, settings.weights_stream_timeout_s),
+        [SERVICE_NAME],
+        settings.host,
+        settings.grpc_port,
+        workers=settings.grpc_workers,
+        token=settings.token,
+        method_tokens=method_tokens,
+        credentials=server_credentials(settings.tls_cert_file, settings.tls_key_file),
+        setting=PortSetting.of(settings, "grpc_port"),
+    )
+    service.grpc_port = grpc_server.port
+    if settings.weights_data_port >= 0:
+        service.data_port = WeightDataPort(
+            settings.host,
+            settings.weights_data_port,
+            server_ssl_context(settings.tls_cert_file, settings.tls_key_file),
+        )
+    readiness = Readiness()
+    if settings.redis_url:  # worker mode: no tasks without Redis, no rewards without the reward service
+        readiness.add("redis", redis_check(settings.redis_url))
+        if settings.reward_addr:
+            readiness.add("reward", grpc_health_check(settings.reward_addr, settings.reward_tls_ca_file))
+    http = HttpServer(
+        http_routes(service, readiness),
+        settings.host,
+        settings.http_port,
+        name="rollout-http",
+        token=settings.token,
+        setting=PortSetting.of(settings, "http_port"),
+    )
+    grpc_server.start()
+    http.start()
+    return grpc_server, http, service
+
+
 def main(argv: list[str] | None = None) -> None:
     with exit_on_invalid_settings("grpo-rollout"):
         settings = parse_settings(argv)
-    setup_logging(settings.log_level, settings.json_logs)
-    serve(settings, stop_on_signals())
+        setup_logging(settings.log_level, settings.json_logs)
+        with exit_on_signals("the model check"):
+            settings = settings.model_copy(update={"model": check_model(settings.model)})
+    serve(settings, threading.Event())
 
 
 if __name__ == "__main__":

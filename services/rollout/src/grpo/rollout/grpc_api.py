@@ -14,7 +14,8 @@ from grpo.common.weight_data_port import DATA_TOKEN_KEY, valid_token
 from grpo.common.weight_receiver import StreamMessage, decode_chunk
 from grpo.common.weights import WeightUpdateError
 from grpo.rollout.engines.base import PromptOutput, SamplingParams
-from grpo.rollout.service import Limits, RolloutService, UpdateBusy
+from grpo.rollout.service import Limits, RolloutService
+from grpo.rollout.weight_updates import UpdateBusy
 from grpo.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -175,11 +176,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         try:
             if data_token is not None and not valid_token(data_token):
                 raise WeightUpdateError(f"{DATA_TOKEN_KEY} metadata must be 64 lowercase hex characters")
-            result = self.service.update_weights(
+            updates = self.service.updates
+            result = updates.update(
                 limit.wrap(request_iterator),
+                updates.source(data_token),
                 lock_timeout_s=limit.limit_s,
                 data_timeout_s=limit.limit_s,
-                data_token=data_token,
             )
         except WeightUpdateError as exc:
             code = grpc.StatusCode.FAILED_PRECONDITION if exc.precondition else grpc.StatusCode.INVALID_ARGUMENT

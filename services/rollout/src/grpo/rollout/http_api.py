@@ -1,12 +1,16 @@
-"""The HTTP side of the rollout service: the routes behind /healthz and /metrics (Prometheus)."""
+"""The HTTP side of the rollout service: /healthz (liveness), /readyz (readiness) and /metrics (Prometheus)."""
 
 from __future__ import annotations
 
 from grpo.common.http_server import Response, Routes, json_response, metrics_response
+from grpo.common.readiness import Readiness
 from grpo.rollout.service import RolloutService
 
 
-def http_routes(service: RolloutService) -> Routes:
+def http_routes(service: RolloutService, readiness: Readiness | None = None) -> Routes:
+    """`readiness`: what the replica needs besides its engine (Redis and the reward service in worker mode)."""
+    readiness = readiness or Readiness()
+
     def healthz() -> Response:
         return json_response(
             {
@@ -19,4 +23,9 @@ def http_routes(service: RolloutService) -> Routes:
             }
         )
 
-    return {"/healthz": healthz, "/metrics": lambda: metrics_response(service.metrics.registry)}
+    def readyz() -> Response:
+        missing = readiness.problems()
+        body = {"ready": not missing, "missing": missing, "weight_version": service.version}
+        return json_response(body, 503 if missing else 200)
+
+    return {"/healthz": healthz, "/readyz": readyz, "/metrics": lambda: metrics_response(service.metrics.registry)}

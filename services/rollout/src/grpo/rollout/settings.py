@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from grpo.common.settings import ServiceSettings, load_settings, service_config
+
+
+def hostname_and_pid() -> str:
+    """The default replica id, unique per process (a named function: --help prints its name)."""
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 class RolloutSettings(ServiceSettings):
@@ -39,16 +45,16 @@ class RolloutSettings(ServiceSettings):
     """host:port of the reward service's gRPC API (used by the worker loop)."""
     host: str = "0.0.0.0"
     """Address the gRPC and HTTP servers bind to."""
-    grpc_port: int = Field(50051, ge=0, le=65535)
+    grpc_port: int = Field(7051, ge=0, le=65535)
     """gRPC port (0 picks a free one)."""
     http_port: int = Field(8001, ge=0, le=65535)
     """HTTP port for /healthz and /metrics (0 picks a free one)."""
-    weights_data_port: int = Field(50054, ge=-1, le=65535)
+    weights_data_port: int = Field(7054, ge=-1, le=65535)
     """TCP port that takes the bytes of weight updates (about 3x faster than the gRPC stream; TLS when gRPC
     has it). 0 picks a free one; -1 turns it off, and updates then send their bytes in the gRPC stream."""
     advertise_host: str = Field(default_factory=socket.gethostname)
     """Host name other services use to reach this replica (registered in Redis)."""
-    replica_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{__import__('os').getpid()}")
+    replica_id: str = Field(default_factory=hostname_and_pid)
     """Unique name of this replica."""
     token: str | None = None
     """Bearer token every gRPC call must carry (health and reflection stay open)."""

@@ -15,12 +15,22 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from urllib.parse import urlsplit
+from dataclasses import replace
 
 from prometheus_client import CollectorRegistry, Counter
 
-from grpo.common.queue import APPENDED, TAKEN_OVER, Entry, QueueUnavailable, RunQueue, connect
+from grpo.common.queue import (
+    APPENDED,
+    TAKEN_OVER,
+    WRITTEN_BEFORE,
+    Entry,
+    QueueUnavailable,
+    RunQueue,
+    connect,
+    redacted,
+)
 from grpo.common.registry import ReplicaInfo, ReplicaRegistry
+from grpo.common.retry import Backoff, RetryPolicy
 from grpo.common.reward_client import RewardClient
 from grpo.rollout.grpc_api import encode_prompts, sampling_params
 from grpo.rollout.records import Generated, batches, failed_record, group_records, score_items
@@ -29,6 +39,11 @@ from grpo.rollout.settings import RolloutSettings
 from grpo.v1 import queue_pb2, reward_pb2
 
 log = logging.getLogger(__name__)
+
+# The worker's retry loops, under the one policy (grpo.common.retry; docs/reliability.md lists them all).
+LOOP_RETRY = RetryPolicy(base_s=0.5, cap_s=10.0)  # the read loop: forever, reset after each batch
+BATCH_RETRY = RetryPolicy(base_s=0.5, cap_s=5.0)  # one task that failed to generate (attempts from settings)
+WRITE_RETRY = RetryPolicy(base_s=0.5, cap_s=5.0, attempts=5)  # append + ack through a short Redis outage
 
 Scorer = Callable[[list[reward_pb2.ScoreItem]], list[reward_pb2.ScoreResult]]
 OUTCOMES = ("done", "failed", "reclaimed", "dropped", "invalid", "redis_errors")
@@ -42,6 +57,10 @@ def _events_counter(registry: CollectorRegistry) -> Counter:
     if registry not in _COUNTERS:
         _COUNTERS[registry] = Counter("grpo_rollout_worker_events", "Worker loop events", ["kind"], registry=registry)
     return _COUNTERS[registry]
+
+
+class Stopping(Exception):
+    """The worker is stopping: the batch in hand is released to other replicas, not written."""
 
 
 class WorkerStats:
@@ -86,6 +105,7 @@ class RolloutWorker:
         self.on_written = on_written
         self._leases: set[str] = set()
         self._lock = threading.Lock()
+        self._stop = threading.Event()  # run()'s stop event: retries wait on it, so a stop is prompt
 
     # -- heartbeat and leases (own thread) --
 
@@ -100,7 +120,23 @@ class RolloutWorker:
             leased = sorted(self._leases)
             owned = self.queue.touch_tasks(self.replica_id, leased)
         if owned < len(leased):
-            log.warning("%d of %d leased task(s) were taken over by other replicas", len(leased) - owned, len(leased))
+            self._report_lost_leases(leased)
+
+    def _report_lost_leases(self, leased: list[str]) -> None:
+        """Say who holds the tasks we thought were ours: another replica (our lease lapsed) or nobody (acked)."""
+        with self._lock:  # a task written meanwhile has left our leases and is no loss
+            lost = {i: owner for i, owner in self.queue.task_owners(leased).items()
+                    if owner != self.replica_id and i in self._leases}  # fmt: skip
+        taken = sorted({owner for owner in lost.values() if owner is not None})
+        if taken:
+            n = sum(owner is not None for owner in lost.values())
+            log.warning("%d of %d leased task(s) were reclaimed by other replicas (%s): our lease on them lapsed "
+                        "(reclaim_idle_s %gs, heartbeat_s %gs)", n, len(leased), ", ".join(taken),
+                        self.options.reclaim_idle_s, self.options.heartbeat_s)  # fmt: skip
+        if None in lost.values():
+            acked = sorted(i for i, owner in lost.items() if owner is None)
+            log.warning("%d of %d leased task(s) were acked by another client while this replica worked on them: %s",
+                        len(acked), len(leased), ", ".join(acked[:5]))  # fmt: skip
 
     def _heartbeat_loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -119,10 +155,12 @@ class RolloutWorker:
     # -- main loop --
 
     def run(self, stop_event: threading.Event) -> None:
+        self._stop = stop_event
         hb_stop = threading.Event()
         hb = threading.Thread(target=self._heartbeat_loop, args=(hb_stop,), name="rollout-heartbeat", daemon=True)
         hb.start()
-        backoff, first = 0.5, True
+        backoff = Backoff(LOOP_RETRY, "worker loop", stop_event, log)
+        first = True
         try:
             while not stop_event.is_set():
                 try:
@@ -131,16 +169,12 @@ class RolloutWorker:
                     entries = self._next_entries(own_pending=first)
                     first = False
                     self._handle(entries, stop_event)
-                    backoff = 0.5
+                    backoff.reset()
                 except QueueUnavailable as exc:
                     self.stats.add("redis_errors")
-                    log.warning("redis unavailable, retrying in %.1fs: %s", backoff, exc)
-                    stop_event.wait(backoff)
-                    backoff = min(backoff * 2, 10.0)
-                except Exception:  # a bug or an unexpected Redis reply: keep serving, loudly
-                    log.exception("worker loop error, retrying in %.1fs", backoff)
-                    stop_event.wait(backoff)
-                    backoff = min(backoff * 2, 10.0)
+                    backoff.wait(f"redis unavailable: {exc}")
+                except Exception as exc:  # a bug or an unexpected Redis reply: keep serving, loudly
+                    backoff.wait(f"{type(exc).__name__}: {exc}", exc_info=True)
         finally:
             hb_stop.set()
             hb.join(timeout=5)
@@ -185,7 +219,7 @@ class RolloutWorker:
                 if stop_event.is_set():
                     return
                 self._process(batch)
-            finished = True
+            finished = not stop_event.is_set()  # a stop may have cut a retry short: release what is left
         finally:
             self._lease(ids, hold=False)
             if not finished:  # stopping, or Redis failed mid-way: let any replica take the rest now
@@ -194,28 +228,38 @@ class RolloutWorker:
     def _process(self, batch: list[Entry[queue_pb2.PromptTask]]) -> None:
         """Generate, score and write a batch; when it fails, split it up so one bad task fails alone."""
         tasks = [e.message for e in batch if e.message is not None]
+        policy = replace(BATCH_RETRY, attempts=self.options.task_max_attempts)
+        backoff = Backoff(policy, f"task {tasks[0].task_id}", self._stop, log)
         error, retry = "", False
-        for attempt in range(1, self.options.task_max_attempts + 1):
+        while True:
             try:
                 records = self._generate_and_score(tasks)
             except QueueUnavailable:
                 raise
+            except Stopping:
+                return  # released by _handle
             except ValueError as exc:  # a bad task (e.g. prompt too long): retrying cannot help
                 error, retry = f"invalid task: {exc}", False
             except Exception as exc:
-                log.exception("batch of %d task(s) failed (attempt %d)", len(tasks), attempt)
-                error, retry = f"failed after {attempt} attempt(s): {type(exc).__name__}: {exc}", True
+                if len(batch) == 1:
+                    error, retry = f"failed after {backoff.failures + 1} attempt(s): {type(exc).__name__}: {exc}", True
+                else:
+                    log.exception("batch of %d task(s) failed; trying them one by one", len(tasks))
             else:
                 for entry, record in zip(batch, records, strict=True):
                     self._write(entry, record)
                 return
             if len(batch) > 1:
                 for entry in batch:
+                    if self._stop.is_set():
+                        return  # released by _handle
                     self._process([entry])
                 return
-            if not retry or attempt == self.options.task_max_attempts:
+            if not retry or not backoff.wait(error, exc_info=True):
                 break
-            time.sleep(min(0.5 * 2 ** (attempt - 1), 5.0))
+        if self._stop.is_set() and retry:
+            return  # stopping mid-retry: the task is released to other replicas, not failed
+        log.error("task %s: %s", tasks[0].task_id, error)
         self._write(batch[0], failed_record(tasks[0], self.replica_id, error))
 
     def _generate_and_score(self, tasks: list[queue_pb2.PromptTask]) -> list[queue_pb2.GroupRecord]:
@@ -226,6 +270,8 @@ class RolloutWorker:
             results: list[reward_pb2.ScoreResult] | None = self.score(score_items(tasks, generated))
             reward_error = ""
         except Exception as exc:  # the client already retried: the group fails, it is never scored 0
+            if self._stop.is_set():
+                raise Stopping from exc  # our own shutdown cut the retries short: release the task, do not fail it
             log.error("reward service failed for %d task(s): %s", len(tasks), exc)
             results, reward_error = None, f"reward service: {type(exc).__name__}: {exc}"
         t2 = time.monotonic()
@@ -236,23 +282,29 @@ class RolloutWorker:
 
     def _write(self, entry: Entry[queue_pb2.PromptTask], record: queue_pb2.GroupRecord) -> None:
         """Append + ack atomically, retrying through short Redis outages; else leave the task pending."""
-        for attempt in range(5):
+        backoff = Backoff(WRITE_RETRY, f"append of group {record.group_id}", self._stop, log)
+        while True:
             try:
                 with self._lock:  # the task leaves our leases as it is acked, not when the whole batch is done
                     code = self.queue.append_group(self.replica_id, entry.entry_id, record)
                     self._leases.discard(entry.entry_id)
                 break
             except QueueUnavailable as exc:
-                log.warning("append of group %s failed (attempt %d): %s", record.group_id, attempt + 1, exc)
-                time.sleep(min(0.5 * 2**attempt, 5.0))
-        else:
-            return  # still pending: reclaimed later, by us or another replica
-        if code == APPENDED:
+                # The append may have gone through with its reply lost: stop renewing a task that may be acked
+                # (were it not, the retries end well inside reclaim_idle_s).
+                with self._lock:
+                    self._leases.discard(entry.entry_id)
+                if not backoff.wait(exc):
+                    log.warning("group %s not written: its task stays pending for a reclaim", record.group_id)
+                    return  # still pending: reclaimed later, by us or another replica
+        if code == WRITTEN_BEFORE:
+            log.info("group %s was written by the attempt whose reply was lost", record.group_id)
+        if code in (APPENDED, WRITTEN_BEFORE):
             self.stats.add("done" if record.status == "ok" else "failed")
             if self.on_written is not None:
                 self.on_written(record.status == "ok")
         else:
-            why = "taken over by another replica" if code == TAKEN_OVER else "already done"
+            why = "taken over by another replica" if code == TAKEN_OVER else "already done by another replica"
             log.warning("dropping result of task %s: %s", record.task_id, why)
             self.stats.add("dropped")
 
@@ -287,14 +339,9 @@ def service_generator(service: RolloutService) -> Callable[[Sequence[queue_pb2.P
     return generate
 
 
-def redacted(url: str) -> str:
-    """A Redis URL without its credentials, for logs."""
-    parts = urlsplit(url)
-    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
-
-
-def reward_client(settings: RolloutSettings) -> RewardClient:
-    """The worker's client of the reward service at `settings.reward_addr` (TLS when a CA file is set)."""
+def reward_client(settings: RolloutSettings, stop: threading.Event | None = None) -> RewardClient:
+    """The worker's client of the reward service at `settings.reward_addr` (TLS when a CA file is set); `stop`
+    ends its retries at once (a stop during a reward outage is prompt, not up to reward_retry_budget_s)."""
     if not settings.reward_addr:
         raise ValueError("the worker loop needs --reward-addr (host:port of the reward gRPC API)")
     return RewardClient(
@@ -303,6 +350,7 @@ def reward_client(settings: RolloutSettings) -> RewardClient:
         timeout_s=settings.reward_timeout_s,
         retry_budget_s=settings.reward_retry_budget_s,
         ca_file=settings.reward_tls_ca_file,
+        stop=stop,
     )
 
 
@@ -312,7 +360,7 @@ def run_worker(service: RolloutService, settings: RolloutSettings, stop_event: t
         raise ValueError("the worker loop needs --redis-url and --reward-addr (host:port of the reward gRPC API)")
     # Blocking reads wait worker_block_ms; the socket deadline must outlast them.
     client = connect(settings.redis_url, socket_timeout_s=settings.worker_block_ms / 1000 + 5.0)
-    reward = reward_client(settings)
+    reward = reward_client(settings, stop_event)
     worker = RolloutWorker(
         service_generator(service),
         lambda: (service.version, service.checksum),

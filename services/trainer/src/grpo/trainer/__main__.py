@@ -4,19 +4,29 @@ from __future__ import annotations
 
 from grpo.common.logs import setup_logging
 from grpo.common.settings import exit_on_invalid_settings
-from grpo.trainer.config import parse_settings
+from grpo.common.tiny_model import check_model
+from grpo.trainer.config import TrainerSettings, parse_settings
 
 
 def main(argv: list[str] | None = None) -> None:
     with exit_on_invalid_settings("grpo-trainer"):
         settings = parse_settings(argv)
-    setup_logging(settings.log_level, settings.json_logs)
+        setup_logging(settings.log_level, settings.json_logs)
+        check_models(settings)
     from grpo.trainer.control import RunControl
     from grpo.trainer.service import install_signal_handlers, serve
 
     control = RunControl(settings.run_id, settings.steps)
     install_signal_handlers(control)
     raise SystemExit(serve(settings, control))
+
+
+def check_models(settings: TrainerSettings) -> None:
+    """Every model the run will load, before anything starts (a stage without one continues the last)."""
+    check_model(settings.model)
+    for stage in settings.stages or []:
+        if stage.get("model"):
+            check_model(stage["model"])
 
 
 if __name__ == "__main__":

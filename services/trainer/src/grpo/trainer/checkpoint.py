@@ -57,6 +57,11 @@ def list_checkpoints(root: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def checkpoint_step(path: Path | str) -> int:
+    """The step a checkpoint folder holds (its trainer_state.json)."""
+    return int(json.loads((Path(path) / STATE_FILE).read_text())["step"])
+
+
 def latest_checkpoint(root: Path | str) -> Path | None:
     """The newest complete checkpoint, or None."""
     found = list_checkpoints(Path(root))

@@ -227,7 +227,7 @@ class TrainerSettings(ServiceSettings):
 
     host: str = "0.0.0.0"
     """Bind address of the gRPC and HTTP servers."""
-    grpc_port: int = Field(50053, ge=0, le=65535)
+    grpc_port: int = Field(7053, ge=0, le=65535)
     """TrainerService gRPC port (0 = pick a free one)."""
     http_port: int = Field(8003, ge=0, le=65535)
     """HTTP port: /healthz, /metrics, /v1/status (0 = pick a free one)."""

@@ -8,6 +8,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from grpo.common.readiness import Readiness
+
 
 @dataclass(frozen=True)
 class ReplicaView:
@@ -66,6 +68,7 @@ class RunControl:
         self._requests: queue.Queue[Future[tuple[str, int]]] = queue.Queue()
         self._lock = threading.Lock()
         self._status = StatusSnapshot(run_id=run_id, total_steps=total_steps)
+        self.readiness = Readiness()  # what /readyz asks besides the phase (the run adds its Redis)
 
     # ---- status -------------------------------------------------------------------------
     def status(self) -> StatusSnapshot:

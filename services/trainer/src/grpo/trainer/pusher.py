@@ -13,7 +13,9 @@ import grpc
 
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import make_channel
-from grpo.common.weights import push_weights, weights_checksum
+from grpo.common.retry import Backoff, RetryPolicy
+from grpo.common.weight_transport import sender_for
+from grpo.common.weights import weights_checksum
 from grpo.v1 import rollout_pb2, rollout_pb2_grpc
 
 if TYPE_CHECKING:
@@ -65,29 +67,34 @@ def _push_one(
     ca_file: str | None = None,
 ) -> PushResult:
     start = time.monotonic()
-    error = ""
-    attempts = 0
-    while attempts <= retries:
+    sender = sender_for(target.data_port)
+    # The one retry policy (grpo.common.retry), bounded by the push's own deadline as well as by `retries`.
+    policy = RetryPolicy(base_s=0.5, cap_s=5.0, attempts=retries + 1, deadline_s=max(deadline - start, 0.0))
+    backoff = Backoff(policy, f"weight push of version {version} to {target.replica_id}", logger=log)
+    error, attempts = "", 0
+    while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0.5:
             error = error or "push deadline passed"
             break
         attempts += 1
         try:
-            reply = push_weights(
-                target.address, tensors, version, token=token, timeout_s=remaining, checksum=checksum, ca_file=ca_file,
-                data_port=target.data_port,
-            )  # fmt: skip
+            reply = sender.push(
+                target.address, tensors, version, token=token, timeout_s=remaining, checksum=checksum, ca_file=ca_file
+            )
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             error = f"{code.name if code else 'error'}: {exc.details() if hasattr(exc, 'details') else exc}"
             if code == grpc.StatusCode.FAILED_PRECONDITION:
                 break  # the replica holds a newer version: a retry cannot fix it
-            continue  # ABORTED (another update in progress), UNAVAILABLE, ...: worth another attempt
-        error = verify_reply(reply, version, checksum.result())
-        if not error:
-            return PushResult(target.replica_id, target.address, True, reply.version, reply.checksum, "",
-                              time.monotonic() - start, attempts)  # fmt: skip
+            # ABORTED (another update in progress), UNAVAILABLE, ...: worth another attempt after a wait
+        else:
+            error = verify_reply(reply, version, checksum.result())
+            if not error:
+                return PushResult(target.replica_id, target.address, True, reply.version, reply.checksum, "",
+                                  time.monotonic() - start, attempts)  # fmt: skip
+        if not backoff.wait(error):
+            break
     return PushResult(target.replica_id, target.address, False, error=error, seconds=time.monotonic() - start,
                       attempts=attempts)  # fmt: skip
 

@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import torch
@@ -18,7 +19,9 @@ from prometheus_client import CollectorRegistry
 
 from grpo.algo import group_advantages
 from grpo.common.queue import QueueUnavailable, RunQueue, connect
+from grpo.common.readiness import redis_check
 from grpo.common.registry import ReplicaRegistry
+from grpo.common.retry import RetryPolicy, retry
 from grpo.trainer.accounting import Accounting, StepQuota, batches_to_publish, lineage_staleness, triage
 from grpo.trainer.assemble import build_learner, check_step_credit, resolve_algo, task_spec
 from grpo.trainer.checkpoint import latest_checkpoint
@@ -34,12 +37,14 @@ from grpo.trainer.pusher import ReplicaTarget, push_to_replicas
 from grpo.trainer.ranks import RankDriver
 from grpo.trainer.report import read_metrics
 from grpo.trainer.vine import VALUE_KIND, ValueBooks, sample_credit, split_points, value_task_id
+from grpo.trainer.waiting import WaitReporter
 from grpo.v1 import queue_pb2
 
 log = logging.getLogger(__name__)
 CONSUMER = "trainer"  # one stable consumer name per run: a restarted trainer finds its pending list under it
 Kept = list[tuple[str, queue_pb2.GroupRecord]]
 T = TypeVar("T")
+REDIS_RETRY = RetryPolicy(base_s=0.5, cap_s=5.0)  # every Redis call of the loop; deadline_s is redis_outage_s
 
 
 class GrpoRun:
@@ -59,8 +64,10 @@ class GrpoRun:
         self.eval_rows = eval_rows(load_rows(s.eval_data), s.eval_size) if s.eval_data else []
         client = connect(s.redis_url)
         self.queue = RunQueue(client, s.run_id)
+        self.control.readiness.add("redis", redis_check(s.redis_url))
         self.queue.ensure_groups()
         self.registry = ReplicaRegistry(client, s.run_id)
+        self.waiting = WaitReporter(self.queue, self.registry, s.redis_url)  # says what a long wait is for
         self.reader = GroupReader(self.queue, CONSUMER)
         self.learner = RankDriver(build_learner(s, self.algo), s.model)
         self.acct = Accounting()
@@ -167,8 +174,11 @@ class GrpoRun:
                     f"{self.s.replica_wait_s:.0f}s (need {self.s.min_replicas}); are they started with the same "
                     "--redis-url and run name?"
                 )
-            time.sleep(0.5)
+            self.waiting.tick(f"waiting for rollout replicas: {len(live)} of {self.s.min_replicas} live "
+                              f"(the run fails after {self.s.replica_wait_s:.0f}s)")  # fmt: skip
+            self.control.stop_event.wait(0.5)
             live = self._live()
+        self.waiting.done()
         newest = max([r.weight_version for r in live], default=0)
         new_version = max(self.version, newest) + 1
         if self.resumed_version is not None:
@@ -196,7 +206,8 @@ class GrpoRun:
         for r in results:
             if r.ok:
                 self.confirmed[r.replica_id] = r.version
-        if not any(r.ok for r in results):
+        # Judged over every live replica, not this call's targets: one that took the version earlier serves it.
+        if not any(r.weight_version >= self.version or self.confirmed.get(r.replica_id) == self.version for r in live):
             log.error("no replica accepted version %d; its groups will be dropped as stale until one does",
                       self.version)  # fmt: skip
         self.push_stats = {
@@ -246,7 +257,10 @@ class GrpoRun:
                     self._on_resolved(quota, "timeout")
             entry = self._retry(lambda: self.reader.next(block_ms=500), "reading groups")
             if entry is None:
+                self.waiting.tick(f"step {self.step}: waiting for groups, {len(kept)} of {quota.need} kept, "
+                                  f"{self.acct.n_in_flight - len(kept)} task(s) in flight")  # fmt: skip
                 continue
+            self.waiting.done()
             record = entry.message
             if record is None or record.eval:
                 self.reader.ack_now(entry.entry_id)  # unreadable, or an eval group nobody awaits any more
@@ -290,15 +304,13 @@ class GrpoRun:
 
     def _retry(self, call: Callable[[], T], what: str) -> T:
         """Ride out a Redis outage of up to redis_outage_s (then fail the run: reported, never hung)."""
-        deadline = time.monotonic() + self.s.redis_outage_s
-        while True:
-            try:
-                return call()
-            except QueueUnavailable as exc:
-                if time.monotonic() > deadline or self.control.stopping:
-                    raise RuntimeError(f"Redis unavailable for {self.s.redis_outage_s:.0f}s while {what}") from exc
-                log.warning("Redis unavailable while %s (%s); retrying", what, exc)
-                time.sleep(1.0)
+        policy = replace(REDIS_RETRY, deadline_s=self.s.redis_outage_s)
+        try:
+            return retry(call, what, policy, on=QueueUnavailable, stop=self.control.stop_event, logger=log,
+                         describe=lambda exc: f"Redis unavailable: {exc}")  # fmt: skip
+        except QueueUnavailable as exc:
+            why = "stopping" if self.control.stopping else f"for {self.s.redis_outage_s:.0f}s"
+            raise RuntimeError(f"Redis unavailable while {what} ({why})") from exc
 
     def _republish(self, tid: str) -> None:
         self._retry(lambda: self.publisher.republish(tid, self.version, self.acct), "republishing a task")
@@ -377,7 +389,10 @@ class GrpoRun:
             while pending and time.monotonic() < started + self.s.group_timeout_s and not self.control.stopping:
                 entry = self._retry(lambda: self.reader.next(block_ms=500), "reading value groups")
                 if entry is None:
+                    self.waiting.tick(f"step {self.step}: waiting for value groups, {len(pending)} of "
+                                      f"{len(plan)} missing")  # fmt: skip
                     continue
+                self.waiting.done()
                 record = entry.message
                 if record is None or record.kind != VALUE_KIND:
                     held.append(entry)  # a group for a later step (or an evaluation)

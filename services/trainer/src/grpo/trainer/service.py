@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from pathlib import Path
 from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
 from grpo.common.grpc_server import GrpcServer, server_credentials
 from grpo.common.http_server import HttpServer
+from grpo.common.ports import PortSetting, check_ports
+from grpo.trainer.checkpoint import checkpoint_step, latest_checkpoint
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
 from grpo.trainer.data import DataError
@@ -22,9 +25,16 @@ log = logging.getLogger(__name__)
 
 
 def install_signal_handlers(control: RunControl) -> None:
-    """SIGTERM/SIGINT: finish the current step, checkpoint, exit; a second signal exits at once."""
+    """SIGTERM/SIGINT: finish the current step, checkpoint, exit; a second signal exits at once.
+
+    While rank 0 is still starting (loading a large model takes minutes) there is nothing to keep: exit
+    at once. Ranks > 0 always wait for rank 0, whose final checkpoint needs them.
+    """
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        if control.status().phase == "starting" and env_rank() == 0:
+            log.info("signal %d during start-up: exiting", signum)
+            raise SystemExit(128 + signum)
         if control.stopping:
             log.warning("second signal %d: exiting without a final checkpoint", signum)
             os._exit(130)
@@ -37,10 +47,15 @@ def install_signal_handlers(control: RunControl) -> None:
 
 def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
     """Run the configured mode with the gRPC and HTTP APIs up; returns the process exit code."""
+    if env_rank() == 0:  # only rank 0 serves; a taken port is said before torch loads
+        check_ports(settings, "grpc_port", "http_port")
     import torch
 
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
+    if not torch.cuda.is_available():
+        # DeepSpeed (ours, or imported by transformers when saving) otherwise warns it "was unable to detect" a GPU.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if env_rank() > 0:
         return follow_rank(settings)
     control = control or RunControl(settings.run_id, settings.steps)
@@ -52,9 +67,15 @@ def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
         settings.grpc_port,
         token=settings.token,
         credentials=server_credentials(settings.tls_cert_file, settings.tls_key_file),
+        setting=PortSetting.of(settings, "grpc_port"),
     )
     http = HttpServer(
-        http_routes(control, registry), settings.host, settings.http_port, name="trainer-http", token=settings.token
+        http_routes(control, registry),
+        settings.host,
+        settings.http_port,
+        name="trainer-http",
+        token=settings.token,
+        setting=PortSetting.of(settings, "http_port"),
     )
     grpc_server.start()
     http.start()
@@ -84,6 +105,11 @@ def run_mode(settings: TrainerSettings, control: RunControl, registry: Collector
 
         run_stages(settings, control, lambda stage: run_mode(stage, control, registry))
         return
+    finished = finished_run(settings)
+    if finished:
+        log.warning("%s", finished)
+        control.update(phase="done", step=settings.steps, total_steps=settings.steps)
+        return
     if settings.mode == "sft":
         from grpo.trainer.sft import run_sft
 
@@ -98,6 +124,23 @@ def run_mode(settings: TrainerSettings, control: RunControl, registry: Collector
         run.close()
 
 
+def finished_run(s: TrainerSettings) -> str | None:
+    """What to tell the operator when the checkpoint to resume from has done every step (else None).
+
+    Re-running a finished run would load the model, wait for replicas and exit 0 having done nothing.
+    """
+    if s.resume == "never":
+        return None
+    path = latest_checkpoint(s.output_dir / "checkpoints") if s.resume == "auto" else Path(s.resume)
+    if path is None or checkpoint_step(path) < s.steps:
+        return None
+    return (
+        f"run {s.run_id!r} has finished: checkpoint {path} is at step {checkpoint_step(path)} of {s.steps} "
+        f"(final model: {s.output_dir / 'final'}); nothing to do. To train further raise --steps (it resumes "
+        "from there); to start again use --resume never or another --output-dir"
+    )
+
+
 def follow_rank(settings: TrainerSettings) -> int:
     """A DeepSpeed rank > 0: build the same learner, then mirror rank 0's collective operations."""
     from grpo.trainer.assemble import build_learner
@@ -108,6 +151,8 @@ def follow_rank(settings: TrainerSettings) -> int:
         for stage in plan_stages(settings):
             if read_outcome(stage) is None:
                 follow_rank(stage.settings)
+        return 0
+    if finished_run(settings):  # rank 0 says so and returns without a collective call
         return 0
     learner = build_learner(settings)
     try:

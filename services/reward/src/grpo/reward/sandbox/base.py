@@ -104,6 +104,10 @@ class Sandbox(ABC):
 
         return build_and_run(self, language, program, stdin, limits or Limits(), files, read_back)
 
+    def problem(self) -> str | None:
+        """None while runs can start; else what keeps them from starting (the service's readiness)."""
+        return None
+
     @abstractmethod
     def close(self) -> None:
         """Stop every helper process; runs in flight end with sandbox_error."""

@@ -15,22 +15,22 @@ def sample_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(next tokens [B], their log-probs [B]) from last-position logits [B, V].
 
-    The log-prob is log_softmax(logits / temperature) of the sampled token, taken before
-    top-k/top-p truncation; temperature 0 is greedy and its log-probs use temperature 1.
+    The log-prob is grpo.common.logprobs.token_logprobs (the trainer's own definition) of the sampled
+    token at the sampling temperature, taken before top-k/top-p truncation; temperature 0 is greedy
+    and its log-probs use temperature 1.
     """
     import torch
 
+    from grpo.common.logprobs import token_logprobs
+
     logits = logits.float()
     if params.temperature == 0:
-        logp = torch.log_softmax(logits, dim=-1)
         tokens = logits.argmax(dim=-1)
-        return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
-    scaled = logits / params.temperature
-    logp = torch.log_softmax(scaled, dim=-1)
-    filtered = truncate(scaled, params.top_k, params.top_p)
+        return tokens, token_logprobs(logits[:, None], tokens[:, None])[:, 0]
+    filtered = truncate(logits / params.temperature, params.top_k, params.top_p)
     probs = torch.softmax(filtered, dim=-1)
     tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-    return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+    return tokens, token_logprobs(logits[:, None], tokens[:, None], params.temperature)[:, 0]
 
 
 def truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

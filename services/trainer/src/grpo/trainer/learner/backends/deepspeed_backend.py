@@ -80,12 +80,14 @@ def skip_shm_comm_build() -> None:
 
 class DeepSpeedBackend(Backend):
     def __init__(self, config: Any) -> None:
+        from grpo.common.logs import adopt_logger
         from grpo.common.tiny_model import cache_root
 
         # JIT-built ops (if any) land in a cache that survives fresh clones on the same machine.
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_root() / "torch_extensions"))
         import deepspeed
 
+        adopt_logger("DeepSpeed")
         ensure_distributed_env()
         on_gpu = torch.cuda.is_available()
         if not on_gpu:

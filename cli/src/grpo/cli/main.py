@@ -1,4 +1,5 @@
-"""`grpo`: `demo` (the embedded default), `up` / `status` / `down` (the services locally from one config file).
+"""`grpo`: `demo` (the embedded default, grpo.demo), `up` / `status` / `down` (the services locally from one
+config file, grpo.local).
 
 Arguments are parsed before torch is imported, so `grpo --help` is instant.
 """
@@ -58,7 +59,8 @@ def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from grpo.demo.config import DemoConfig
     from grpo.demo.demo import run_demo
-    from grpo.demo.procs import ChildFailed
+    from grpo.local.procs import ChildFailed
+    from grpo.local.stack import LaunchError
 
     overrides = {k: v for k, v in (("preset", args.preset), ("steps", args.steps), ("replicas", args.replicas),
                                    ("redis_url", args.redis_url), ("seed", args.seed),
@@ -68,7 +70,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cfg = DemoConfig.quick(**overrides) if args.quick else DemoConfig(**overrides)
     try:
         summary = run_demo(cfg, args.runs_dir, args.run_id, live_view=not args.no_live)
-    except ChildFailed as exc:
+    except (ChildFailed, LaunchError) as exc:
         log.error("%s", exc)
         return 1
     run_dir = args.runs_dir / summary["run_id"]
@@ -83,8 +85,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from grpo.demo.launcher import LaunchError, up
-    from grpo.demo.procs import ChildFailed
+    from grpo.local.launcher import LaunchError, up
+    from grpo.local.procs import ChildFailed
 
     try:
         state = up(args.config, args.runs_dir, args.detach)
@@ -99,7 +101,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from grpo.demo.launcher import find_states, status
+    from grpo.local.launcher import find_states, status
 
     paths = find_states(args.runs_dir, args.run_id, live_only=True)
     if not paths:
@@ -111,7 +113,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from grpo.demo.launcher import down, find_states
+    from grpo.local.launcher import down, find_states
 
     paths = find_states(args.runs_dir, args.run_id, live_only=args.run_id is None)
     if not paths:

@@ -15,6 +15,7 @@ PIDs and ports go to <runs_dir>/<run_id>/stack.json; `down` stops exactly those 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -22,15 +23,14 @@ from typing import Any
 
 import yaml
 
-from grpo.demo.procs import Supervisor, same_process, stop_pid
-from grpo.demo.stack import STATE_FILE, StackSpec, StackState, start_services
+from grpo.local.procs import Supervisor, same_process, stop_pid
+from grpo.local.stack import STATE_FILE, LaunchError, StackSpec, StackState, start_services
 
 log = logging.getLogger(__name__)
 KNOWN_KEYS = {"run_id", "runs_dir", "redis_url", "replicas", "reward", "rollout", "trainer", "start_timeout_s"}
-
-
-class LaunchError(ValueError):
-    """A config file that cannot be used; the message says what to change."""
+TRAINER_FIELDS = ("phase", "step", "total_steps", "policy_version", "tasks_published", "groups_trained", "dropped",
+                  "in_flight", "error")  # fmt: skip
+LAST_TRAINER_STATUS = "trainer_status.json"  # what `grpo status` last heard from the trainer, for after it exits
 
 
 def read_stack_config(path: Path) -> dict[str, Any]:
@@ -126,11 +126,7 @@ def status(state_path: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"run_id": state.run_id, "run_dir": state.run_dir, "redis_url": state.redis_url,
                            "processes": [{k: p[k] for k in ("name", "pid", "ports", "alive")} for p in process_table(state)]}  # fmt: skip
     if state.trainer_http:
-        trainer = fetch_status(state.trainer_http)
-        if trainer is not None:
-            out["trainer"] = {k: trainer.get(k) for k in ("phase", "step", "total_steps", "policy_version",
-                                                          "tasks_published", "groups_trained", "dropped", "in_flight", "error")}  # fmt: skip
-            out["last_metrics"] = trainer.get("metrics", {})
+        out.update(trainer_status(state, fetch_status(state.trainer_http)))
     try:
         from grpo.common.queue import RunQueue, connect
         from grpo.common.registry import ReplicaRegistry
@@ -145,3 +141,37 @@ def status(state_path: Path) -> dict[str, Any]:
     except Exception as exc:  # status must still show the processes when Redis is down
         out["redis_error"] = f"{type(exc).__name__}: {exc}"
     return out
+
+
+def trainer_status(state: StackState, live: dict[str, Any] | None) -> dict[str, Any]:
+    """The trainer's section: live from /v1/status while it answers (and remembered in the run folder), else
+    the last one heard plus what it left behind (exited, finished, last step), so an ended run still shows."""
+    remembered = Path(state.run_dir) / LAST_TRAINER_STATUS
+    if live is not None:
+        section = {"trainer": {k: live.get(k) for k in TRAINER_FIELDS}, "last_metrics": live.get("metrics", {})}
+        remembered.write_text(json.dumps(section))
+        return section
+    try:
+        section = json.loads(remembered.read_text())
+    except (OSError, ValueError):
+        section = {"trainer": {}, "last_metrics": {}}
+    row = next((p for p in process_table(state) if p["name"] == "trainer"), None)
+    trainer = section["trainer"]
+    trainer["alive"] = bool(row and row["alive"])
+    if not trainer["alive"]:
+        trainer["phase"] = "exited"
+    if state.trainer_output_dir:
+        output = Path(state.trainer_output_dir)
+        trainer["finished"] = (output / "final").is_dir()  # the trainer saves final/ only after its last step
+        rows = _metrics_rows(output / "metrics.jsonl")
+        if rows:
+            trainer["step"] = max(int(trainer.get("step") or 0), int(rows[-1].get("step", 0)))
+            section["last_metrics"] = section["last_metrics"] or rows[-1]
+    return section
+
+
+def _metrics_rows(path: Path) -> list[dict[str, Any]]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []

@@ -1,19 +1,17 @@
-"""`python -m grpo.reward.demo`: start the reward service, score a handful of examples over HTTP, show a table."""
+"""`python -m grpo.demo.reward_examples`: start the reward service, score a handful of examples over HTTP, show a table."""
 
 from __future__ import annotations
 
+import json
 import logging
-import subprocess
 import sys
-import time
+import urllib.request
 from typing import Any
 
-import httpx
-
 from grpo.common.logs import setup_logging
-from grpo.common.net import free_port
+from grpo.local.services import start_reward
 
-log = logging.getLogger("grpo.reward.demo")
+log = logging.getLogger("grpo.demo.reward_examples")
 
 CODE_OK = "```python\nn = int(input())\nprint(n * n)\n```"
 CODE_BAD = "```python\nn = int(input())\nprint(n + n)\n```"
@@ -48,28 +46,11 @@ EXAMPLES: list[dict[str, Any]] = [
 ]
 
 
-def start_service(
-    *flags: str, workers: int = 2, timeout_s: float = 60.0, quiet: bool = False
-) -> tuple[subprocess.Popen[bytes], str]:
-    """The reward service (with extra `flags`) as a child process on free loopback ports, once /healthz
-    answers; returns (process, base URL). `quiet` discards its output (benchmarks)."""
-    http_port, grpc_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "grpo.reward", "--host", "127.0.0.1", "--http-port", str(http_port)]
-    cmd += ["--grpc-port", str(grpc_port), "--workers", str(workers), "--log-level", "WARNING", *flags]
-    output = subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen(cmd, stdout=output, stderr=output)
-    url = f"http://127.0.0.1:{http_port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"reward service exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.terminate()
-    raise TimeoutError(f"reward service not healthy within {timeout_s}s")
+def _json(url: str, body: object | None = None, timeout_s: float = 120.0) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read())
 
 
 def show(results: list[dict[str, Any]]) -> None:
@@ -99,18 +80,15 @@ def show(results: list[dict[str, Any]]) -> None:
 
 def main() -> int:
     setup_logging("INFO")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    proc, url = start_service()
+    service = start_reward("--log-level", "WARNING", workers=2)
     try:
+        url = service.http_url
         log.info("reward service up at %s (OpenAPI at %s/docs)", url, url)
-        response = httpx.post(f"{url}/v1/score", json={"items": EXAMPLES}, timeout=120)
-        response.raise_for_status()
-        show(response.json()["results"])
-        health = httpx.get(f"{url}/healthz", timeout=5).json()
-        log.info("sandbox: %s", health["sandbox"])
+        show(_json(f"{url}/v1/score", {"items": EXAMPLES})["results"])
+        log.info("sandbox: %s", _json(f"{url}/healthz", timeout_s=5)["sandbox"])
     finally:
-        proc.terminate()
-        proc.wait(15)
+        service.stop()
+        service.log_path.unlink(missing_ok=True)
     log.info("reward service stopped")
     return 0
 

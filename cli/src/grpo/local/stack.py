@@ -1,0 +1,187 @@
+"""Start Redis, the reward service, rollout replicas and the trainer as separate processes on free ports.
+
+Each service gets its own config file (its own field names) under `<run_dir>/config/` and is
+started as `python -m grpo.<service> --config FILE`; the stack fills in the addresses that tie
+them together (Redis URL, reward address, run name, ports). Used by `grpo demo` and `grpo up`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import json
+import logging
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from grpo.common.net import free_port
+from grpo.local.procs import Child, Supervisor, http_ok, port_open
+from grpo.local.redis_server import find_redis_server
+
+log = logging.getLogger(__name__)
+STATE_FILE = "stack.json"
+# Each service's settings class, imported only to check a section (the trainer's pulls in torch).
+SETTINGS = {
+    "grpo.reward": ("grpo.reward.settings", "RewardSettings"),
+    "grpo.rollout": ("grpo.rollout.settings", "RolloutSettings"),
+    "grpo.trainer": ("grpo.trainer.config", "TrainerSettings"),
+}
+
+
+class LaunchError(ValueError):
+    """A stack config that cannot be used; the message says what to change. Raised before anything starts."""
+
+
+@dataclass
+class StackSpec:
+    """What to start; the service dicts are those services' own settings (ports are filled in when absent)."""
+
+    run_id: str
+    run_dir: Path
+    redis_url: str | None = None
+    reward: dict[str, Any] = field(default_factory=dict)
+    rollout: dict[str, Any] = field(default_factory=dict)
+    replicas: int = 1
+    trainer: dict[str, Any] | None = None
+    start_timeout_s: float = 180.0
+
+
+@dataclass
+class StackState:
+    """What was started: written to `<run_dir>/stack.json` for `grpo status` / `grpo down`."""
+
+    run_id: str
+    run_dir: str
+    redis_url: str
+    reward_addr: str
+    reward_http: int
+    trainer_http: int | None
+    processes: list[dict[str, Any]]
+    trainer_output_dir: str | None = None
+
+    def save(self) -> Path:
+        path = Path(self.run_dir) / STATE_FILE
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> StackState:
+        return cls(**json.loads(path.read_text()))
+
+
+def _write_config(run_dir: Path, name: str, values: dict[str, Any]) -> Path:
+    path = run_dir / "config" / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({k: str(v) if isinstance(v, Path) else v for k, v in values.items()}))
+    return path
+
+
+@dataclass
+class Planned:
+    """One service to start: its section of the stack config, and the settings file it gets."""
+
+    name: str
+    section: str
+    module: str
+    values: dict[str, Any]
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.values['http_port']}/healthz"
+
+
+def _ports(values: dict[str, Any]) -> dict[str, Any]:
+    out = dict(values)
+    for key in ("grpc_port", "http_port"):
+        if not out.get(key):
+            out[key] = free_port()
+    return {k: str(v) if isinstance(v, Path) else v for k, v in out.items()}
+
+
+def plan_services(spec: StackSpec, redis_url: str, *, with_trainer: bool = True) -> list[Planned]:
+    """The settings each service will get (ports filled in, addresses tying them together)."""
+    reward = _ports({"host": "127.0.0.1", "workers": 1, **spec.reward})
+    planned = [Planned("reward", "reward", "grpo.reward", reward)]
+    reward_addr = f"127.0.0.1:{reward['grpc_port']}"
+    for i in range(spec.replicas):
+        values = _ports({"engine": "hf", "torch_threads": 1, "host": "127.0.0.1", "advertise_host": "127.0.0.1",
+                         "weights_data_port": 0, **spec.rollout, "redis_url": redis_url, "reward_addr": reward_addr, "run": spec.run_id,
+                         "replica_id": f"{spec.run_id}-rollout-{i}"})  # fmt: skip
+        planned.append(Planned(f"rollout-{i}", "rollout", "grpo.rollout", values))
+    if with_trainer and spec.trainer is not None:
+        values = _ports({"host": "127.0.0.1", **spec.trainer, "redis_url": redis_url, "run_id": spec.run_id})
+        planned.append(Planned("trainer", "trainer", "grpo.trainer", values))
+    return planned
+
+
+def settings_problems(planned: list[Planned]) -> list[str]:
+    """Every bad key or value of every section, one `section.field: message` each (replicas share a section)."""
+    problems: list[str] = []
+    checked: set[str] = set()
+    for service in planned:
+        if service.section in checked:
+            continue
+        checked.add(service.section)
+        module, name = SETTINGS[service.module]
+        settings_cls = getattr(importlib.import_module(module), name)
+        try:
+            settings_cls.model_validate(service.values)
+        except ValidationError as exc:
+            for error in exc.errors():
+                field_name = ".".join(str(p) for p in error["loc"])
+                message = error["msg"]
+                if error["type"] == "extra_forbidden":
+                    close = difflib.get_close_matches(field_name, settings_cls.model_fields, n=1)
+                    message = f"unknown setting{f' (did you mean {close[0]}?)' if close else ''}"
+                problems.append(f"{service.section}{'.' + field_name if field_name else ''}: {message}")
+    return problems
+
+
+def _service(sup: Supervisor, run_dir: Path, service: Planned) -> Child:
+    config = _write_config(run_dir, service.name, service.values)
+    ports = {k: int(v) for k, v in service.values.items() if k.endswith("_port")}
+    # Unbuffered so a crash's last lines reach the log file.
+    cmd = [sys.executable, "-u", "-m", service.module, "--config", str(config)]
+    return sup.start(service.name, cmd, env={"PYTHONUNBUFFERED": "1"}, **ports)
+
+
+def start_redis(sup: Supervisor, run_dir: Path, port: int) -> Child:
+    data = run_dir / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    cmd = [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data), "--save", "",
+           "--appendonly", "no", "--protected-mode", "yes"]  # fmt: skip
+    return sup.start("redis", cmd, port=port)
+
+
+def start_services(sup: Supervisor, spec: StackSpec, *, with_trainer: bool = True) -> StackState:
+    """Check every section's settings (LaunchError naming each problem, nothing started), then start everything
+    in spec (Redis when no URL); returns when each is healthy. ChildFailed otherwise."""
+    redis_port = free_port() if spec.redis_url is None else 0
+    redis_url = spec.redis_url or f"redis://127.0.0.1:{redis_port}/0"
+    planned = plan_services(spec, redis_url, with_trainer=with_trainer)
+    problems = settings_problems(planned)
+    if problems:
+        raise LaunchError(f"{len(problems)} invalid setting(s), nothing started:\n  " + "\n  ".join(problems))
+    run_dir, timeout = spec.run_dir, spec.start_timeout_s
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if spec.redis_url is None:
+        redis = start_redis(sup, run_dir, redis_port)
+        sup.wait_ready(redis, lambda: port_open(redis_port), 30.0)
+    children = [(_service(sup, run_dir, service), service) for service in planned]
+    for child, service in children:
+        sup.wait_ready(child, functools.partial(http_ok, service.health_url), timeout)
+    reward = planned[0].values
+    trainer = next((s.values for s in planned if s.section == "trainer"), None)
+    return StackState(
+        run_id=spec.run_id, run_dir=str(run_dir), redis_url=redis_url, reward_addr=f"127.0.0.1:{reward['grpc_port']}",
+        reward_http=int(reward["http_port"]), trainer_http=int(trainer["http_port"]) if trainer else None,
+        processes=[{"name": c.name, "pid": c.pid, "create_time": c.create_time, "cmd": c.cmd, "ports": c.ports,
+                    "log": str(c.log_path)} for c in sup.children],
+        trainer_output_dir=str(trainer["output_dir"]) if trainer and trainer.get("output_dir") else None,
+    )  # fmt: skip

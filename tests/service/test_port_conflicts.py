@@ -1,0 +1,61 @@
+"""A taken port stops each service at once: one line naming the port and the flag and variable that move it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from grpo.common.net import free_port
+
+SERVICES = {
+    "reward": ("grpo.reward", "GRPO_REWARD_", ["--workers", "1"]),
+    "rollout": ("grpo.rollout", "GRPO_ROLLOUT_", ["--engine", "hf", "--torch-threads", "1"]),
+    "trainer": ("grpo.trainer", "GRPO_TRAINER_", []),
+}
+CASES = [
+    ("reward", "grpc_port"),
+    ("reward", "http_port"),
+    ("rollout", "grpc_port"),
+    ("rollout", "http_port"),
+    ("rollout", "weights_data_port"),
+    ("trainer", "grpc_port"),
+    ("trainer", "http_port"),
+]
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port some other process (this test) listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(("service", "field"), CASES, ids=[f"{s}-{f}" for s, f in CASES])
+def test_a_taken_port_is_one_clear_line_and_exit_1(service: str, field: str, taken_port: int, tmp_path: Path) -> None:
+    module, env_prefix, extra = SERVICES[service]
+    ports = {"grpc_port": free_port(), "http_port": free_port(), "weights_data_port": free_port(), field: taken_port}
+    cmd = [sys.executable, "-m", module, "--host", "127.0.0.1"]
+    for name in ("grpc_port", "http_port"):
+        cmd += [f"--{name.replace('_', '-')}", str(ports[name])]
+    if service == "rollout":
+        cmd += ["--weights-data-port", str(ports["weights_data_port"])]
+    if service == "trainer":
+        data = tmp_path / "train.jsonl"
+        data.write_text('{"prompt": "1 + 1?", "task_type": "math", "gold": "2"}\n')
+        cmd += ["--train-data", str(data), "--output-dir", str(tmp_path / "out")]
+    done = subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=120)
+    flag = f"--{field.replace('_', '-')}"
+    expected = (
+        f"grpo-{service}: port {taken_port} ({flag} / {env_prefix}{field.upper()}) is in use by another process; "
+        f"pick another with {flag} or stop that process"
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == expected, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr

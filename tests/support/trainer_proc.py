@@ -1,0 +1,93 @@
+"""The trainer as a real process for tests: its config file, start-up, and what it writes (metrics)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from grpo.common.net import free_port
+from grpo.local.procs import spawn
+
+ROLLOUT_ENV = {
+    "GRPO_ROLLOUT_HEARTBEAT_S": "0.3",
+    "GRPO_ROLLOUT_RECLAIM_IDLE_S": "5",
+    "GRPO_ROLLOUT_REGISTRY_TTL_S": "3",
+    "GRPO_ROLLOUT_WORKER_BLOCK_MS": "200",
+}
+
+
+def write_data(path: Path, n: int, offset: int = 0) -> Path:
+    rows = [
+        {"id": f"q{i}", "prompt": f"What is {i} + {i + 1}?", "gold": str(2 * i + 1)} for i in range(offset, offset + n)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def trainer_config(tmp: Path, run: str, redis_url: str, **extra: Any) -> Path:
+    config = {
+        "run_id": run,
+        "redis_url": redis_url,
+        "train_data": str(write_data(tmp / "train.jsonl", 16)),
+        "output_dir": str(tmp / "out"),
+        "group_size": 4,
+        "prompts_per_step": 3,
+        "max_new_tokens": 16,
+        "temperature": 1.0,
+        "stop": ["e"],
+        "overlong_soft_penalty": True,
+        "overlong_buffer": 8,
+        "reward_weights": {"overlong": 1.0, "math": 1.0},
+        "beta": 0.0,
+        "mask_truncated": False,
+        "lr": 1e-5,
+        "micro_batch_size": 8,
+        "grpc_port": free_port(),
+        "http_port": free_port(),
+        "host": "127.0.0.1",
+        "torch_threads": 1,
+        "replica_wait_s": 60,
+        "push_timeout_s": 30,
+        **extra,
+    }
+    path = tmp / "trainer.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def start_trainer(config: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """`python -m grpo.trainer *extra` with `config`, output appended to `log`; the test waits for or kills it."""
+    env = {"OMP_NUM_THREADS": "1", "GRPO_TRAINER_CONFIG": str(config)}
+    return spawn("trainer", [sys.executable, "-m", "grpo.trainer", *extra], log, env=env).proc
+
+
+def run_trainer(config: Path, log: Path, timeout: float = 150) -> None:
+    """Run the trainer to its end; it must exit 0 within `timeout` (killed otherwise)."""
+    proc = start_trainer(config, log)
+    try:
+        assert proc.wait(timeout=timeout) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc.poll() is not None and proc.returncode != 0:
+            break
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what} (exit {proc.poll()}):\n{log.read_text()[-4000:]}")
+
+
+def read_metrics(out: Path) -> list[dict[str, Any]]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
