@@ -33,7 +33,7 @@ PROJECT = "grpocomposetest"
 TOKEN = "compose-test-s3cret"
 GRPO_STEPS = 60
 IMAGES = {
-    "reward": ("grpo.reward", "--optional=torch,transformers,tokenizers,safetensors,rich"),
+    "reward": ("grpo.reward", "--optional=torch,transformers,tokenizers,safetensors,huggingface_hub,rich"),
     "rollout": ("grpo.rollout",),
     "trainer": ("grpo.trainer", "grpo.algo"),
 }
