@@ -29,18 +29,18 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo.common.weight_receiver import StreamMessage, WeightAssembler
-from grpo.common.weight_transport import StreamSender, UpdateCall, WeightSender, WeightSource, remaining, resolve
+from grpo.common.weight_transport import Push, StreamSender, WeightSender, WeightSource, remaining, resolve
 from grpo.common.weights import WeightUpdateError, data_pieces, make_header
 from grpo.v1 import rollout_pb2
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -268,32 +268,25 @@ class DataPortSender(WeightSender):
         super().__init__(chunk_bytes)
         self.port = port
 
-    def send(
-        self,
-        update: UpdateCall,
-        address: str,
-        tensors: Mapping[str, torch.Tensor],
-        version: int,
-        metadata: tuple[tuple[str, str], ...],
-        deadline: float,
-        checksum: str | Future[str] | None,
-        ca_file: str | None,
-    ) -> rollout_pb2.UpdateWeightsResponse:
+    def send(self, push: Push) -> rollout_pb2.UpdateWeightsResponse:
+        tensors, version, address = push.tensors, push.version, push.address
         token = new_token()
         size = sum(t.numel() * t.element_size() for t in tensors.values())
-        conn = connect(split_host(address), self.port, token, size, ca_file)
+        conn = connect(split_host(address), self.port, token, size, push.ca_file)
         if conn is None:  # logged: the bytes go in the stream instead
             fallback = StreamSender(self.chunk_bytes)
-            return fallback.send(update, address, tensors, version, metadata, deadline, checksum, ca_file)
+            return fallback.send(push)
         with conn, ThreadPoolExecutor(1, thread_name_prefix="weights-sha256") as hasher:
             # The bytes go out while the header's sha256 is computed (hashlib releases the GIL).
-            header = hasher.submit(lambda: make_header(tensors, version, resolve(checksum)))
+            header = hasher.submit(lambda: make_header(tensors, version, resolve(push.checksum)))
 
             def header_message() -> Iterator[bytes]:  # gRPC's sending thread waits here for the hash
                 yield rollout_pb2.WeightChunk(header=header.result()).SerializeToString()
 
-            left = remaining(deadline)
-            call = update.future(header_message(), timeout=left, metadata=(*metadata, (DATA_TOKEN_KEY, token)))
+            left = remaining(push.deadline)
+            call = push.update.future(
+                header_message(), timeout=left, metadata=(*push.metadata, (DATA_TOKEN_KEY, token))
+            )
             # A rejected call ends at once: closing the socket then unblocks a send in progress.
             call.add_done_callback(lambda _: _shutdown(conn))
             conn.settimeout(left)

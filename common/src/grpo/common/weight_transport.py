@@ -30,6 +30,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 import grpc
@@ -45,6 +46,20 @@ if TYPE_CHECKING:
 
 # The UpdateWeights call as the senders make it: pre-serialised messages in, the parsed reply out.
 UpdateCall: TypeAlias = grpc.StreamUnaryMultiCallable
+
+
+@dataclass(frozen=True)
+class Push:
+    """One update of one replica, as a sender's `send` gets it."""
+
+    update: UpdateCall  # the UpdateWeights call on a channel to the replica
+    address: str
+    tensors: Mapping[str, torch.Tensor]
+    version: int
+    metadata: tuple[tuple[str, str], ...]  # the bearer token, if any
+    deadline: float  # time.monotonic() by which the reply must be in
+    checksum: str | Future[str] | None  # None: the sender computes it
+    ca_file: str | None  # TLS to the replica when set
 
 
 class WeightSender(ABC):
@@ -77,21 +92,13 @@ class WeightSender(ABC):
                 response_deserializer=rollout_pb2.UpdateWeightsResponse.FromString,
             )
             deadline = start + timeout_s
-            return self.send(update, address, tensors, version, bearer_metadata(token), deadline, checksum, ca_file)
+            return self.send(
+                Push(update, address, tensors, version, bearer_metadata(token), deadline, checksum, ca_file)
+            )
 
     @abstractmethod
-    def send(
-        self,
-        update: UpdateCall,
-        address: str,
-        tensors: Mapping[str, torch.Tensor],
-        version: int,
-        metadata: tuple[tuple[str, str], ...],
-        deadline: float,
-        checksum: str | Future[str] | None,
-        ca_file: str | None,
-    ) -> rollout_pb2.UpdateWeightsResponse:
-        """Move the bytes and make the `update` call (header first) with `metadata` by `deadline`."""
+    def send(self, push: Push) -> rollout_pb2.UpdateWeightsResponse:
+        """Move the bytes and make the `push.update` call (header first) with its metadata by its deadline."""
 
 
 class StreamSender(WeightSender):
@@ -99,19 +106,11 @@ class StreamSender(WeightSender):
 
     via = "stream"
 
-    def send(
-        self,
-        update: UpdateCall,
-        address: str,
-        tensors: Mapping[str, torch.Tensor],
-        version: int,
-        metadata: tuple[tuple[str, str], ...],
-        deadline: float,
-        checksum: str | Future[str] | None,
-        ca_file: str | None,
-    ) -> rollout_pb2.UpdateWeightsResponse:
-        messages = iter_wire_messages(tensors, version, self.chunk_bytes, resolve(checksum))
-        reply: rollout_pb2.UpdateWeightsResponse = update(messages, timeout=remaining(deadline), metadata=metadata)
+    def send(self, push: Push) -> rollout_pb2.UpdateWeightsResponse:
+        messages = iter_wire_messages(push.tensors, push.version, self.chunk_bytes, resolve(push.checksum))
+        reply: rollout_pb2.UpdateWeightsResponse = push.update(
+            messages, timeout=remaining(push.deadline), metadata=push.metadata
+        )
         return reply
 
 
