@@ -22,10 +22,6 @@ class Readiness:
         with self._lock:
             self._checks[name] = check
 
-    def remove(self, name: str) -> None:
-        with self._lock:
-            self._checks.pop(name, None)
-
     def problems(self) -> list[str]:
         """`name: reason` for every check that fails (a check that raises fails with its exception)."""
         with self._lock:
