@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -16,8 +17,27 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def _demo(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "GRPO_CACHE_DIR": str(tmp_path / "cache")}
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A cache holding the quick profile's cold-start model, trained once here (in-process, the code the CLI
+    runs) and reused by every demo below, as a user's second `grpo demo` reuses the first one's."""
+    import torch
+
+    from grpo.demo import live
+    from grpo.demo.config import DemoConfig
+    from grpo.demo.demo import prepare
+
+    path, threads = tmp_path_factory.mktemp("cache"), torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRPO_CACHE_DIR", str(path))
+        _, _, info = prepare(DemoConfig.quick(), tmp_path_factory.mktemp("cold-start"), live.ViewState(), lambda: None)
+    torch.set_num_threads(threads)  # prepare() pins this process to one
+    assert info["sft_reused"] is False and info["sft_steps"] > 0
+    yield path
+
+
+def _demo(tmp_path: Path, cache: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "GRPO_CACHE_DIR": str(cache)}
     cmd = [sys.executable, "-m", "grpo.cli", "--runs-dir", str(tmp_path / "runs"), "demo", "--no-live", *args]
     # As from a terminal: SIGINT not ignored (a background job of a non-interactive shell, e.g. CI, inherits
     # SIG_IGN for SIGINT, and Python then never installs its KeyboardInterrupt handler).
@@ -44,9 +64,9 @@ def _leftovers(run_dir: Path, state: dict[str, object] | None) -> list[str]:
     return found
 
 
-def test_demo_reward_rises_through_all_services(tmp_path: Path) -> None:
+def test_demo_reward_rises_through_all_services(tmp_path: Path, cache: Path) -> None:
     started = time.monotonic()
-    proc = _demo(tmp_path, "--quick", "--run-id", "e2e")
+    proc = _demo(tmp_path, cache, "--quick", "--run-id", "e2e")
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
     run_dir = tmp_path / "runs" / "e2e"
@@ -54,6 +74,7 @@ def test_demo_reward_rises_through_all_services(tmp_path: Path) -> None:
     # The learning claim of this test: mean training reward over the last steps beats the first steps.
     assert summary["reward_last_steps"] > summary["reward_first_steps"], summary
     assert summary["grpo_steps"] == 40 and summary["eval_accuracy_before"] is not None
+    assert summary["sft_reused"] is True and "reusing the SFT model of an earlier run" in out
     assert len(summary["eval_history"]) >= 3 and summary["eval_accuracy_after"] is not None
     for name in ("report.md", "reward.png", "accuracy.png", "kl.png", "length.png", "step_time.png"):
         assert (run_dir / name).stat().st_size > 0, name
@@ -65,8 +86,8 @@ def test_demo_reward_rises_through_all_services(tmp_path: Path) -> None:
     assert time.monotonic() - started < 600
 
 
-def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
-    proc = _demo(tmp_path, "--quick", "--sft-max-steps", "10", "--steps", "1000", "--run-id", "intr")
+def test_ctrl_c_stops_every_child(tmp_path: Path, cache: Path) -> None:
+    proc = _demo(tmp_path, cache, "--quick", "--steps", "1000", "--run-id", "intr")
     run_dir = tmp_path / "runs" / "intr"
     deadline = time.monotonic() + 300
     while not (run_dir / "stack.json").exists():  # written once every service is healthy
@@ -81,10 +102,10 @@ def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
     assert _leftovers(run_dir, state) == []
 
 
-def test_demo_with_step_rewards_trains_on_them(tmp_path: Path) -> None:
+def test_demo_with_step_rewards_trains_on_them(tmp_path: Path, cache: Path) -> None:
     """`grpo demo --preset prm`: the reward service scores each scratchpad column (rule column_addition), the
     rollout places the steps on tokens, the trainer turns them into per-token advantages, and the model learns."""
-    proc = _demo(tmp_path, "--quick", "--preset", "prm", "--steps", "20", "--run-id", "prm")
+    proc = _demo(tmp_path, cache, "--quick", "--preset", "prm", "--steps", "20", "--run-id", "prm")
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
     run_dir = tmp_path / "runs" / "prm"
@@ -99,12 +120,11 @@ def test_demo_with_step_rewards_trains_on_them(tmp_path: Path) -> None:
     assert rows[-1]["tasks/dropped/unscored"] == 0 and rows[-1]["tasks/dropped/failed"] == 0
 
 
-def test_demo_with_vineppo_estimates_values_through_the_rollout(tmp_path: Path) -> None:
+def test_demo_with_vineppo_estimates_values_through_the_rollout(tmp_path: Path, cache: Path) -> None:
     """`grpo demo --preset vineppo`: value tasks (continuations of each completion's prefixes at its scratchpad
     steps) go through Redis to the rollout and the reward service, every one is used or dropped with a reason,
     their cost is measured, and the policy is trained on the value differences."""
-    proc = _demo(tmp_path, "--quick", "--preset", "vineppo", "--steps", "4", "--sft-max-steps", "20",
-                 "--run-id", "vine")  # fmt: skip
+    proc = _demo(tmp_path, cache, "--quick", "--preset", "vineppo", "--steps", "4", "--run-id", "vine")
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
     run_dir = tmp_path / "runs" / "vine"

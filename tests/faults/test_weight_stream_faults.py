@@ -110,18 +110,22 @@ DATA_PUSHER = textwrap.dedent(
 )
 
 
-def _pusher(address: str, version: int, mode: str, data_port: int = 0) -> subprocess.Popen[str]:
+def _start_pusher(address: str, version: int, mode: str, data_port: int = 0) -> subprocess.Popen[str]:
+    """A pusher process that sends half of a version's stream (or data-port bytes), then dies or stalls."""
     script, args = (DATA_PUSHER, [str(data_port)]) if data_port else (PUSHER, [])
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script, address, str(version), mode, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    cmd = [sys.executable, "-c", script, address, str(version), mode, *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _mid_stream(proc: subprocess.Popen[str]) -> subprocess.Popen[str]:
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until the stream is half sent
     assert line.strip() == "mid-stream", line
     return proc
+
+
+def _pusher(address: str, version: int, mode: str, data_port: int = 0) -> subprocess.Popen[str]:
+    return _mid_stream(_start_pusher(address, version, mode, data_port))
 
 
 @pytest.mark.parametrize("via", ["stream", "data_port"])
@@ -184,17 +188,10 @@ def test_server_cuts_off_stalled_streams_at_its_limit(tmp_path: Path, weights: d
     lorises: list[subprocess.Popen[str]] = []
     try:
         version, checksum, tokens = _state(rollout.address)
-        lorises = [
-            subprocess.Popen(
-                [sys.executable, "-c", PUSHER, rollout.address, str(version + 1), "stall"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(2)
-        ]
-        for loris in lorises:  # started together: both stall within a second or two of each other
-            assert loris.stdout is not None and loris.stdout.readline().strip() == "mid-stream"
+        # Started together, so both stall within a second or two of each other.
+        lorises = [_start_pusher(rollout.address, version + 1, "stall") for _ in range(2)]
+        for loris in lorises:
+            _mid_stream(loris)
         stalled = time.monotonic()
         time.sleep(0.5)  # both streams are open on the server
         with pytest.raises(grpc.RpcError) as info:

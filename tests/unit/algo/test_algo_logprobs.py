@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from grpo.algo import entropy_from_logits, sft_loss, token_logprobs
+from grpo.common.logprobs import all_token_logprobs
 
 
 def _reference(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -51,6 +52,22 @@ def test_half_precision_is_computed_in_float32() -> None:
     got = token_logprobs(logits, ids)
     assert got.dtype == torch.float32
     assert torch.allclose(got, token_logprobs(logits.float(), ids), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_samplers_full_distribution_agrees_with_the_trainers_token_logprobs(dtype: torch.dtype) -> None:
+    """vLLM's hook hands over every token's log-prob (`all_token_logprobs` of the temperature-scaled logits);
+    the trainer recomputes `token_logprobs(logits, ids, T)`. The sampled token's must be the same number."""
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(2, 5, 11, generator=gen) * 6).to(dtype)
+    ids = torch.randint(0, 11, (2, 5), generator=gen)
+    temperature = 0.7
+    full = all_token_logprobs(logits.float() / temperature)  # vLLM's sampler scales float32 logits
+    assert full.dtype == torch.float32 and full.shape == logits.shape
+    picked = full.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    # log_softmax and z - logsumexp(z) round differently in the last bits (logits up to ~25 here).
+    torch.testing.assert_close(picked, token_logprobs(logits, ids, temperature), atol=2e-5, rtol=0)
+    torch.testing.assert_close(all_token_logprobs(logits.float()).exp().sum(-1), torch.ones(2, 5))
 
 
 def test_bad_arguments() -> None:

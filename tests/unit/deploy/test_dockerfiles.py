@@ -42,7 +42,8 @@ def test_hadolint_catches_a_bad_dockerfile(tmp_path: Path) -> None:
 def test_images_run_as_non_root_with_health_checks(dockerfile: Path) -> None:
     text = dockerfile.read_text()
     assert re.search(r"^USER 10001$", text, re.M), "final stage must run as the non-root user"
-    assert "HEALTHCHECK" in text and "/healthz" in text
+    # Docker's "healthy" is what depends_on waits for: ready (/readyz), not merely running (/healthz).
+    assert re.search(r"^HEALTHCHECK .*\n.*/readyz", text, re.M) and "/healthz" not in text
     # Dependencies are installed before the source is copied (cached layer).
     assert text.index("pip install -r") < text.index("COPY common common")
 

@@ -42,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--run-id", default=None, help="run folder name under --runs-dir (default demo-<time>)")
     d.add_argument("--quick", action="store_true", help="the short profile used by the e2e test")
     d.add_argument("--sft-max-steps", type=int, default=None, help="cap on cold-start SFT steps")
+    d.add_argument(
+        "--fresh-sft",
+        action="store_true",
+        help="train the cold start again instead of reusing an earlier run's with the same settings",
+    )
     d.add_argument("--no-live", action="store_true", help="log lines instead of the live view")
     u = sub.add_parser("up", parents=[common], help="start Redis, reward, rollout and trainer from one config file")
     u.add_argument("-c", "--config", type=Path, required=True)
@@ -67,6 +72,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                    ("sft_max_steps", args.sft_max_steps)) if v is not None}  # fmt: skip
     if args.sync:
         overrides["max_staleness"] = 0
+    if args.fresh_sft:
+        overrides["reuse_sft"] = False
     cfg = DemoConfig.quick(**overrides) if args.quick else DemoConfig(**overrides)
     try:
         summary = run_demo(cfg, args.runs_dir, args.run_id, live_view=not args.no_live)

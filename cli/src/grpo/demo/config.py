@@ -33,6 +33,8 @@ class DemoConfig(BaseModel):
     sft_max_steps: int = 400
     sft_eval_every: int = 10
     sft_eval_size: int = 500
+    reuse_sft: bool = True
+    """Reuse the cold-start model of an earlier run with the same SFT settings (cached under $GRPO_CACHE_DIR)."""
 
     # GRPO (the trainer service)
     steps: int = Field(200, ge=1)
@@ -66,6 +68,12 @@ class DemoConfig(BaseModel):
         """The e2e profile: the same pipeline, fewer steps and a smaller eval (minutes on 2 cores)."""
         base = {"steps": 40, "eval_every": 20, "eval_size": 100, "sft_eval_size": 200, "sft_threshold": 0.25}
         return cls.model_validate({**base, **overrides})
+
+    def sft_settings(self) -> dict[str, object]:
+        """Every setting the cold-start model depends on (the problem splits too: they are drawn together)."""
+        fields = ("seed", "sft_lr", "sft_batch", "sft_threshold", "sft_max_steps", "sft_eval_every", "sft_eval_size",
+                  "max_new_tokens", "n_sft", "n_grpo")  # fmt: skip
+        return {**{f: getattr(self, f) for f in fields}, "n_eval": max(self.eval_size, self.sft_eval_size)}
 
     def trainer_settings(self, *, model: str, train_data: str, eval_data: str, redis_url: str, run_id: str,
                          output_dir: str, grpc_port: int, http_port: int) -> dict[str, object]:  # fmt: skip

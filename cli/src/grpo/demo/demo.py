@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from grpo.demo import live
+from grpo.demo import live, sft_cache
 from grpo.demo.config import DemoConfig
 from grpo.local.procs import ChildFailed, Supervisor, log_tail
 from grpo.local.stack import StackSpec, start_services
@@ -50,13 +50,23 @@ def prepare(cfg: DemoConfig, run_dir: Path, view: live.ViewState, refresh: Any) 
         view.step, view.eval_before = int(point["step"]), point["accuracy"]
         refresh()
 
-    result = run_sft(
-        base, run_dir / "model" / "sft", splits.sft, splits.eval[: cfg.sft_eval_size], lr=cfg.sft_lr,
-        batch_size=cfg.sft_batch, threshold=cfg.sft_threshold, max_steps=cfg.sft_max_steps,
-        eval_every=cfg.sft_eval_every, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, on_eval=on_eval,
-    )  # fmt: skip
-    info = {"sft_steps": result.steps, "sft_seconds": round(result.seconds, 1), "sft_history": result.history}
-    return run_dir / "model" / "sft", result.accuracy, info
+    sft_dir, cached = run_dir / "model" / "sft", sft_cache.entry_dir(cfg.sft_settings())
+    reused = sft_cache.load(cached, sft_dir) if cfg.reuse_sft else None
+    if reused is not None:
+        result = reused
+        log.info("cold start: reusing the SFT model of an earlier run with these settings (%d steps, held-out "
+                 "accuracy %.3f) from %s; --fresh-sft trains it again", result.steps, result.accuracy, cached)  # fmt: skip
+    else:
+        result = run_sft(
+            base, sft_dir, splits.sft, splits.eval[: cfg.sft_eval_size], lr=cfg.sft_lr,
+            batch_size=cfg.sft_batch, threshold=cfg.sft_threshold, max_steps=cfg.sft_max_steps,
+            eval_every=cfg.sft_eval_every, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, on_eval=on_eval,
+        )  # fmt: skip
+        sft_cache.store(cached, sft_dir, result)
+    view.eval_before = result.accuracy
+    info = {"sft_steps": result.steps, "sft_seconds": round(result.seconds, 1), "sft_history": result.history,
+            "sft_reused": reused is not None}  # fmt: skip
+    return sft_dir, result.accuracy, info
 
 
 def watch(

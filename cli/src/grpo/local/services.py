@@ -13,11 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from subprocess import Popen
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from grpo.common.channels import make_channel
 from grpo.common.net import free_port
+from grpo.common.readiness import grpc_health_check
 from grpo.local.procs import Child, http_ok, launch, log_tail
 
 
@@ -92,16 +89,6 @@ def start_reward(
     return ServiceProc(child, grpc_port, http_port)
 
 
-def grpc_serving(address: str, ca_file: Path | None = None) -> bool:
-    """The standard gRPC health check says SERVING (over TLS trusting `ca_file` when given)."""
-    with make_channel(address, ca_file) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-        except grpc.RpcError:
-            return False
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
-
-
 def start_rollout(
     *args: str,
     log_dir: Path,
@@ -122,7 +109,14 @@ def start_rollout(
         ports = ["--weights-data-port", str(data_port)]
     cmd = [python, "-m", "grpo.rollout", "--host", "127.0.0.1", "--grpc-port", str(grpc_port)]
     cmd += ["--http-port", str(http_port), "--torch-threads", "1", *ports, *args]
-    ready = functools.partial(grpc_serving, f"127.0.0.1:{grpc_port}", ca_file)
+    health = grpc_health_check(f"127.0.0.1:{grpc_port}", str(ca_file) if ca_file else None)
     log_path = log_dir / f"rollout-{grpc_port}.log"
-    child = launch("rollout", cmd, log_path, ready, timeout_s=timeout_s, env={"OMP_NUM_THREADS": "1", **(env or {})})
+    child = launch(
+        "rollout",
+        cmd,
+        log_path,
+        lambda: health() is None,
+        timeout_s=timeout_s,
+        env={"OMP_NUM_THREADS": "1", **(env or {})},
+    )
     return ServiceProc(child, grpc_port, http_port, data_port)

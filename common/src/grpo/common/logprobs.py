@@ -34,6 +34,16 @@ def token_logprobs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0) 
     return picked - torch.logsumexp(z, dim=-1)
 
 
+def all_token_logprobs(logits: Tensor) -> Tensor:
+    """log softmax over the vocabulary, in float32 or better: [..., V] → [..., V].
+
+    The same numbers as `token_logprobs` for every token at once, for a sampler that must hand over the whole
+    distribution (vLLM gathers the sampled token's and the top-k log-probs from it after sampling). The caller
+    has already divided by the temperature, as vLLM's sampler does before this point.
+    """
+    return logits.log_softmax(dim=-1, dtype=torch.float64 if logits.dtype == torch.float64 else torch.float32)
+
+
 def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """H = logsumexp(z) − Σ_v softmax(z)_v z_v per position, z = logits / T: [..., V] → [...], float32 or better.
 

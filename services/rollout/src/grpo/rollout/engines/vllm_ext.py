@@ -1,7 +1,7 @@
 """Methods vLLM adds to its worker (`worker_extension_cls`): in-place weight reload and the log-prob hook.
 
 This module is imported inside vLLM's worker, which is another process in multiprocess
-mode, so it depends only on torch and safetensors. The engine calls these methods with
+mode, so it depends only on torch, safetensors and grpo-common's torch-only `logprobs`. The engine calls these methods with
 `LLM.collective_rpc("grpo_...")`.
 """
 
@@ -11,6 +11,8 @@ import logging
 from typing import Any, cast
 
 import torch
+
+from grpo.common.logprobs import all_token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +62,8 @@ class PreTruncationLogprobs(torch.nn.Module):
         cast(Any, inner).logprobs_mode = "raw_logprobs"
 
     def forward(self, logits: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # The logits arrive temperature-scaled; the inner sampler may mask them in place.
-        logprobs = logits.log_softmax(dim=-1, dtype=torch.float32)
+        # The logits arrive temperature-scaled; the inner sampler may mask them in place, so take them first.
+        logprobs = all_token_logprobs(logits)
         sampled, _ = self.inner(logits, *args, **kwargs)
         return sampled, logprobs
 
