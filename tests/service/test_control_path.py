@@ -16,6 +16,8 @@ import pytest
 
 from grpo.local.redis_server import RedisServer
 
+pytestmark = pytest.mark.slow  # 10–15 s on 2 shared cores: torch, the trainer loop, two replica processes
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_control_path.py"
 STEPS, PROMPTS = 4, 8
 
