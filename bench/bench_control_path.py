@@ -271,7 +271,7 @@ def trainer_settings(redis_url: str, run: str, work: Path, opts: ArmOptions, n: 
 
     return TrainerSettings(
         train_data=write_rows(work / "train.jsonl"), redis_url=redis_url, run_id=run, output_dir=work / "out",
-        steps=opts.steps, prompts_per_step=opts.prompts, group_size=opts.group_size, max_staleness=1,
+        steps=opts.steps, prompts_per_step=opts.prompts, group_size=opts.group_size, max_staleness=opts.max_staleness,
         max_new_tokens=max(opts.tokens, 24), min_replicas=n, replica_wait_s=60, checkpoint_every=opts.checkpoint_every,
         resume="never", group_timeout_s=300, lr=1e-6,
     )  # fmt: skip
@@ -342,6 +342,7 @@ class ArmOptions:
     group_size: int = 8
     tokens: int = 24  # completion tokens per sample (the demo's max_new_tokens)
     checkpoint_every: int = 4
+    max_staleness: int = 1  # the demo's; a group triaged two steps after its batch was published is dropped stale
     idle_s: float = 3.0
     extra_cpus: dict[str, Callable[[], float]] = field(default_factory=dict)
 
@@ -353,12 +354,14 @@ def resolved(run: Any) -> int:
 def measure_run(run: Any, client: redis.Redis, cpus: dict[str, Callable[[], float]], skip: int) -> dict[str, Any]:
     """Run the loop to its end; the window opens when step `skip` is done (a watcher thread takes the snapshot)."""
     marks: dict[str, Snapshot] = {}
+    if skip <= 0:  # the whole run: the snapshot comes before the loop publishes anything
+        marks["start"] = Snapshot.take(client, cpus, resolved(run))
     done = threading.Event()
 
     def watch() -> None:
         while not done.is_set() and run.step < skip:
             time.sleep(0.002)
-        marks["start"] = Snapshot.take(client, cpus, resolved(run))
+        marks.setdefault("start", Snapshot.take(client, cpus, resolved(run)))
 
     watcher = threading.Thread(target=watch, name="bench-watch", daemon=True)
     watcher.start()
@@ -411,7 +414,8 @@ def run_arm(
             measured = measure_run(run, client, cpus, opts.skip)
         finally:
             workers = hosts.stop()
-        result = {"replicas": n, "hosts": len(hosts.children), **measured, "idle": idle, "worker_counts": workers}
+        result = {"replicas": n, "hosts": len(hosts.children), **measured, "idle": idle, "worker_counts": workers,
+                  "load_avg_1m": round(os.getloadavg()[0], 2)}  # fmt: skip
         result["books"] = books(run)
         result["stream_left"] = {k: vars(v) for k, v in RunQueue(client, run_id).stats().items()}
     client.close()
