@@ -130,7 +130,9 @@ def host_main(args: argparse.Namespace) -> int:
     """Run `args.count` RolloutWorker loops (threads) until SIGTERM; write their counters to `args.out`."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     stop = stop_on_signals()
-    workers, threads, closers = [], [], []
+    workers: list[RolloutWorker] = []
+    threads: list[threading.Thread] = []
+    closers: list[Callable[[], None]] = []
     for index in range(args.first, args.first + args.count):
         settings = worker_settings(args, index)
         client = connect(args.redis_url, socket_timeout_s=settings.worker_block_ms / 1000 + 5.0)
@@ -252,7 +254,7 @@ def trainer_run(settings: Any) -> Any:
 
     run = StandInPushRun(settings, RunControl(settings.run_id, settings.steps))
     run.learner.close()
-    run.learner = StandInLearner(run.learner.version)
+    run.learner = StandInLearner(run.learner.version)  # type: ignore[assignment]  # duck-typed: what the loop calls
     return run
 
 
