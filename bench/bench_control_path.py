@@ -1,4 +1,4 @@
-"""Control-path overhead per group at 1, 8 and 64 simulated rollout replicas, and reward scoring per worker.
+"""Control-path overhead per group at 1, 8 and 64 simulated rollout replicas (real worker loops, stand-in engine).
 
 What is real: a private redis-server; the trainer's own loop (`GrpoRun.run`: admission control, the
 publisher, the group reader, triage, the accounting, the outcome ledger, deferred acks after checkpoints,
@@ -22,8 +22,8 @@ round trip (PING) from one client. The reward service's scoring rate per worker 
 
 The machine is shared (2 cores, other jobs): absolute numbers are context, the ratios carry.
 Writes bench/results/control_path.json.
-Usage: python bench/bench_control_path.py [--replicas 1 8 64] [--steps 40] [--prompts 128] [--group-size 8]
-       [--tokens 24] [--long-tokens 1024] [--reward-steps 8] [--reward-workers 2]
+Usage: python bench/bench_control_path.py [--replicas 1 8 64] [--steps 40] [--repeats 3] [--prompts 128]
+       [--group-size 8] [--tokens 24] [--long-tokens 1024] [--reward-steps 8] [--reward-workers 2]
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from grpo.rollout.worker import RolloutWorker, WorkerStats
 from grpo.v1 import queue_pb2, reward_pb2
 
 RESULTS = Path(__file__).parent / "results" / "control_path.json"
-HOSTS_MAX = 2  # replica-host processes: one per core here; more would only add GIL-free contention
+HOSTS_MAX = 2  # replica-host processes, one per core here: more would only contend for the same two cores
 ZERO_VARIANCE_EVERY = 8  # tasks whose id hashes to 0 mod this get all-correct samples: a counted drop
 log = logging.getLogger("bench.control_path")
 
