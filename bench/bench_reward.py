@@ -1,7 +1,12 @@
 """/v1/score math throughput on distinct inputs vs single-threaded in-process math-verify, same run.
 
+Also the scoring rate per worker as the rollout sees it (`per_worker`): gRPC Score calls through the
+rollout's RewardClient, worker_batch_tasks × G = 32 items per call (math + format checks), 4 callers, at 1
+and 2 reward workers, on the mixed shapes below and on the demo's integer answers; with the service's CPU
+ms per item (its whole process tree), the figure that carries to other machines when the cores are shared.
 Writes bench/results/reward.json. Target: ratio >= 1.5 on 2 cores (service with 2 workers).
 Run: .venv/bin/python bench/bench_reward.py [--n 2000] [--workers 2] [--batch 50] [--concurrency 4]
+     .venv/bin/python bench/bench_reward.py --per-worker   # only that section, merged into reward.json
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
+from grpo.common.reward_client import RewardClient
 from grpo.local.services import start_reward
+from grpo.v1 import reward_pb2
 
 RESULTS = Path(__file__).parent / "results" / "reward.json"
 
@@ -51,6 +59,63 @@ def make_pairs(n: int, seed: int = 0) -> list[tuple[str, str, bool]]:
             seen.add((completion, gold))
             pairs.append((completion, gold, right))
     return pairs
+
+
+def integer_pairs(n: int, seed: int = 0) -> list[tuple[str, str, bool]]:
+    """The demo's answers: three-digit sums as plain integers in the answer tag, about half right."""
+    rng = random.Random(seed)
+    pairs = []
+    for i in range(n):
+        total = 110 + i  # distinct golds
+        right = rng.random() < 0.5
+        answer = total if right else total + rng.randint(1, 9)
+        pairs.append(
+            (f"<think>{rng.randint(10, 99)} {total % 100:02d}</think><answer>{answer}</answer>", str(total), right)
+        )
+    return pairs
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its live descendants (the service and its workers)."""
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    return sum(sum(p.cpu_times()[:2]) for p in procs if p.is_running())
+
+
+def grpc_rate(workers: int, pairs: list[tuple[str, str, bool]], batch: int, concurrency: int) -> dict[str, Any]:
+    """Score calls of `batch` items over gRPC from `concurrency` callers (as rollout replicas send them)."""
+    items = [
+        reward_pb2.ScoreItem(id=str(i), completion=c, checks=reward_pb2.Checks(
+            math=reward_pb2.MathCheck(gold=g), format=reward_pb2.FormatCheck()))
+        for i, (c, g, _) in enumerate(pairs)
+    ]  # fmt: skip
+    chunks = [items[i : i + batch] for i in range(0, len(items), batch)]
+    service = start_reward("--log-level", "WARNING", workers=workers)
+    try:
+        with RewardClient(service.grpc_addr, timeout_s=600.0) as client:
+            client.score(items[:batch])  # warm-up: the workers import sympy's paths
+            cpu0, started = tree_cpu_s(service.proc.pid), time.perf_counter()
+            with ThreadPoolExecutor(concurrency) as ex:
+                results = [r for chunk in ex.map(client.score, chunks) for r in chunk]
+            elapsed, cpu = time.perf_counter() - started, tree_cpu_s(service.proc.pid) - cpu0
+    finally:
+        service.stop()
+        service.log_path.unlink(missing_ok=True)
+    return {
+        "workers": workers, "items": len(items), "seconds": round(elapsed, 3),
+        "scored": sum(r.status == "ok" and r.HasField("reward") for r in results),
+        "items_per_s": round(len(items) / elapsed, 1), "items_per_s_per_worker": round(len(items) / elapsed / workers, 1),
+        "service_cpu_ms_per_item": round(1000 * cpu / len(items), 3),
+        "items_per_cpu_s": round(len(items) / cpu, 1) if cpu else None,
+    }  # fmt: skip
+
+
+def per_worker(n: int, batch: int = 32, concurrency: int = 4) -> dict[str, Any]:
+    """The per-worker scoring rate at 1 and 2 workers, on the mixed shapes and on integer answers."""
+    out: dict[str, Any] = {"batch": batch, "concurrency": concurrency, "checks": "math + format", "load_avg_1m": []}
+    for name, pairs in (("mixed", make_pairs(n, seed=7)), ("integer", integer_pairs(n, seed=7))):
+        out[name] = [grpc_rate(w, pairs, batch, concurrency) for w in (1, 2)]
+        out["load_avg_1m"].append(round(os.getloadavg()[0], 2))
+    return out
 
 
 def reference_math_verify(pairs: list[tuple[str, str, bool]]) -> tuple[float, int]:
@@ -106,9 +171,17 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--math-batch", type=int, default=16)
+    parser.add_argument("--per-worker", action="store_true", help="only the per-worker section, merged into the file")
+    parser.add_argument("--per-worker-n", type=int, default=1000, help="items per per-worker measurement")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("math_verify").setLevel(logging.ERROR)
+    if args.per_worker:
+        report = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        report["per_worker"] = per_worker(args.per_worker_n)
+        RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+        print(json.dumps(report["per_worker"], indent=2))
+        return 0
 
     pairs = make_pairs(args.n)
     expected = sum(right for _, _, right in pairs)
@@ -150,6 +223,7 @@ def main() -> int:
         "ratio_service_vs_math_verify": round(ref_s / service_s, 3),
         "ratio_service_vs_ours_inline": round(ours_s / service_s, 3),
         "target_ratio": 1.5,
+        "per_worker": per_worker(args.per_worker_n),
         "cpu_count": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "python": platform.python_version(),

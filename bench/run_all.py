@@ -24,6 +24,7 @@ BENCHES = [
     "bench_ranks.py",
     "bench_async.py",
     "bench_load.py",
+    "bench_control_path.py",
 ]
 log = logging.getLogger("bench")
 
