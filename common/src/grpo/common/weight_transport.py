@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, TypeAlias
@@ -69,6 +69,7 @@ class WeightSender(ABC):
 
     def __init__(self, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.chunk_bytes = chunk_bytes
+        self.bytes_sent = 0  # the update's data bytes this sender has sent, over every `send` (the pusher's egress)
 
     def push(
         self,
@@ -109,9 +110,15 @@ class StreamSender(WeightSender):
     def send(self, push: Push) -> rollout_pb2.UpdateWeightsResponse:
         messages = iter_wire_messages(push.tensors, push.version, self.chunk_bytes, resolve(push.checksum))
         reply: rollout_pb2.UpdateWeightsResponse = push.update(
-            messages, timeout=remaining(push.deadline), metadata=push.metadata
+            self._counted(messages), timeout=remaining(push.deadline), metadata=push.metadata
         )
         return reply
+
+    def _counted(self, messages: Iterable[bytes]) -> Iterator[bytes]:
+        for i, message in enumerate(messages):
+            yield message
+            if i:  # the first is the header; a data message is its bytes and a few of framing
+                self.bytes_sent += len(message)
 
 
 class WeightSource(ABC):
