@@ -259,24 +259,27 @@ class Relayer:
                 call = update.future(
                     _header_only(payload, deadline), timeout=remaining(hop_deadline), metadata=metadata
                 )
-                self._pump(conn, call, hop.replica_id, payload, deadline)
+                # Open until the reply: a TLS socket closed with unread data (the hop's session tickets) is reset,
+                # and the hop would lose the bytes still in flight.
+                with conn:
+                    self._pump(conn, call, hop.replica_id, payload, deadline)
+                    call.exception()  # waits for the reply
             reply: rollout_pb2.UpdateWeightsResponse = call.result()
             return reply
 
     def _pump(self, conn: socket.socket, call: grpc.Future, replica_id: str, payload: Payload, deadline: float) -> None:
-        with conn:
-            call.add_done_callback(lambda _: _shutdown(conn))  # a rejected or dead hop unblocks our send
-            conn.settimeout(remaining(deadline))
-            try:
-                for view in payload.pieces(deadline):
-                    conn.sendall(view)
-                    self._count(replica_id, len(view))
-                conn.shutdown(socket.SHUT_WR)
-            except OSError as exc:
-                log.debug("relay: weight data to %s stopped: %s (its reply says why)", replica_id, exc)
-            except RelayBroken:
-                call.cancel()  # the hop must not take a short update: it sees the cut and rejects it
-                raise
+        call.add_done_callback(lambda _: _shutdown(conn))  # a rejected or dead hop unblocks our send
+        conn.settimeout(remaining(deadline))
+        try:
+            for view in payload.pieces(deadline):
+                conn.sendall(view)
+                self._count(replica_id, len(view))
+            conn.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            log.debug("relay: weight data to %s stopped: %s (its reply says why)", replica_id, exc)
+        except RelayBroken:
+            call.cancel()  # the hop must not take a short update: it sees the cut and rejects it
+            raise
 
     def _stream(self, replica_id: str, payload: Payload, deadline: float) -> Iterator[bytes]:
         yield from _header_only(payload, deadline)

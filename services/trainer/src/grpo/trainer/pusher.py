@@ -211,10 +211,9 @@ def _route(r: rollout_pb2.RelayResult) -> str:
     """How a relayed update reached (or missed) a replica, for the logs and the run's records."""
     if not r.sender:
         return "not reached"
-    route = "relay root" if r.sender == "trainer" else f"relayed via {r.sender}"
-    if r.rerouted_around:
-        route += f"; {r.rerouted_around} failed mid-relay, re-routed through {r.sender}"
-    return route
+    if r.rerouted_around:  # its sender took the place of a hop that failed (died, or never got the bytes)
+        return f"{r.rerouted_around} failed mid-relay; re-routed through {r.sender}"
+    return "relay root" if r.sender == "trainer" else f"relayed via {r.sender}"
 
 
 def replica_status(
