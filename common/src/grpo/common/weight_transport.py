@@ -14,6 +14,10 @@ Which one is used is set on the replica by its one setting, `weights_data_port` 
 the replica advertises the port in the Redis registry and in GetStatus, and `sender_for` picks the
 transport from that advertisement, so trainer and replica cannot disagree.
 
+Either sender goes to one replica. Relay fan-out (grpo.common.weight_relay) sends one copy into a tree
+of replicas instead: a replica with children in the call's `RelayPlan` forwards its receive buffer to
+them as it fills, over the same two transports, and every replica still checks what it got itself.
+
 A new backend (NCCL broadcast, a shared-memory or filesystem drop) is one file with a
 `WeightSender` and a `WeightSource`: the sender starts the bytes moving and makes the UpdateWeights
 call with the header (naming the bytes in the call's metadata, as the data port names its token);
