@@ -136,3 +136,18 @@ def test_a_replica_the_relay_misses_is_pushed_to_directly(
     assert results[1].ok and results[1].route == "gone failed mid-relay; re-routed through trainer"
     assert [r.ok for r in results[2:]] == [True, True], results
     assert sum(r.bytes_sent for r in results[1:]) == model_bytes(weights)
+
+
+def test_a_replica_that_already_holds_the_version_counts_as_done(
+    replicas: list[RolloutProc], base: dict[str, torch.Tensor]
+) -> None:
+    """r2 took the version directly (say from a sender that died right after passing it on): the relay finds it
+    refused as not newer, sees r2 holds exactly it, and counts it done; r3 still gets it through r2."""
+    version = next_version(replicas)
+    weights = perturbed(base, seed=version)
+    (direct,) = push_to_replicas(targets(replicas)[1:2], weights, version, timeout_s=60)
+    assert direct.ok, direct
+    results = push_to_replicas(targets(replicas), weights, version, timeout_s=60, retries=0, mode="relay", fanout=1)
+    assert [(r.ok, r.error) for r in results] == [(True, "")] * 3, results
+    assert results[2].route == "relayed via r2"
+    assert states(replicas) == [(version, weights_checksum(weights))] * 3

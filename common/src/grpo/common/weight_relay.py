@@ -37,7 +37,7 @@ from grpo.common.weight_data_port import DATA_TOKEN_KEY, _shutdown, connect, new
 from grpo.common.weight_receiver import StreamMessage, WeightAssembler
 from grpo.common.weight_transport import remaining, resolve
 from grpo.common.weights import CHUNK_BYTES, UPDATE_WEIGHTS_METHOD, data_pieces, encode_data, make_header
-from grpo.v1 import rollout_pb2
+from grpo.v1 import rollout_pb2, rollout_pb2_grpc
 
 if TYPE_CHECKING:
     import torch
@@ -211,17 +211,36 @@ class Relayer:
         except grpc.RpcError as exc:
             result.error = describe(exc)
             subtree = relayed_in(exc)
+            if isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                self._already_held(hop, payload.header(deadline), result)
         else:
             header = payload.header(deadline)
             result.version, result.checksum = reply.version, reply.checksum
             result.ok = (reply.version, reply.checksum) == (header.version, header.sha256)
             if not result.ok:
                 result.error = f"reports version {reply.version} ({reply.checksum[:12]}), sent {header.version}"
-            subtree = list(reply.relayed)
+            # A replica that does not relay (an older build) answers for itself only: its children are ours to reach.
+            subtree = list(reply.relayed) if reply.relayed or not hop.children else None
         result.seconds = time.monotonic() - start
         if subtree is None:  # the hop failed and took its subtree's fate with it: reach its children ourselves
             subtree = self._reroute(hop, result.error, payload, deadline)
         return [result, *subtree]
+
+    def _already_held(
+        self, hop: rollout_pb2.RelayHop, header: rollout_pb2.WeightHeader, result: rollout_pb2.RelayResult
+    ) -> None:
+        """A hop that refused the version as not newer may hold exactly it (from a sender that died after passing
+        it on): then it is done, not failed."""
+        try:
+            with make_channel(hop.address, self.ca_file) as channel:
+                status = rollout_pb2_grpc.RolloutServiceStub(channel).GetStatus(
+                    rollout_pb2.GetStatusRequest(), timeout=5, metadata=bearer_metadata(self.token)
+                )
+        except grpc.RpcError:
+            return
+        if (status.weight_version, status.weight_checksum) == (header.version, header.sha256):
+            result.ok, result.error = True, ""
+            result.version, result.checksum = status.weight_version, status.weight_checksum
 
     def _reroute(
         self, hop: rollout_pb2.RelayHop, error: str, payload: Payload, deadline: float
