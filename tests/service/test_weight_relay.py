@@ -70,6 +70,35 @@ def test_one_copy_from_the_trainer_reaches_every_replica(
     ] * 3
 
 
+def test_the_relay_falls_back_to_the_grpc_stream_hop_by_hop(
+    replicas: list[RolloutProc], base: dict[str, torch.Tensor]
+) -> None:
+    """Hops without a data port (advertised 0) take the bytes in the stream; a relaying replica then forwards
+    them as they arrive there, the header first."""
+    version = next_version(replicas)
+    weights = perturbed(base, seed=version)
+    by_stream = [update_bytes(p, "stream") for p in replicas]
+    no_ports = [ReplicaTarget(t.replica_id, t.address, 0) for t in targets(replicas)]
+    results = push_to_replicas(no_ports, weights, version, timeout_s=60, mode="relay", fanout=1)
+    assert all(r.ok for r in results), results
+    assert states(replicas) == [(version, weights_checksum(weights))] * 3
+    assert [update_bytes(p, "stream") - before for p, before in zip(replicas, by_stream, strict=True)] == [
+        model_bytes(weights)
+    ] * 3
+
+
+def test_a_replica_forwards_what_it_refuses_itself(replicas: list[RolloutProc], base: dict[str, torch.Tensor]) -> None:
+    """r2 already holds a newer version: it refuses the relayed one and still passes it on to r3, which lacks it."""
+    version = next_version(replicas)
+    (newer,) = push_to_replicas(targets(replicas)[1:2], perturbed(base, seed=50), version + 1, timeout_s=60)
+    assert newer.ok, newer
+    weights = perturbed(base, seed=version)
+    results = push_to_replicas(targets(replicas), weights, version, timeout_s=60, retries=0, mode="relay", fanout=1)
+    assert [r.ok for r in results] == [True, False, True], results
+    assert results[1].error.startswith("FAILED_PRECONDITION") and results[2].route == "relayed via r2"
+    assert [v for v, _ in states(replicas)] == [version, version + 1, version]
+
+
 def test_direct_push_sends_one_copy_per_replica(replicas: list[RolloutProc], base: dict[str, torch.Tensor]) -> None:
     version = next_version(replicas)
     weights = perturbed(base, seed=version)
