@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +16,7 @@ from grpo.common.weights import weights_checksum
 from grpo.trainer.pusher import PushResult, ReplicaTarget, push_to_replicas, replica_status
 from grpo.v1 import rollout_pb2 as pb
 from tests.support.rollout_proc import RolloutProc, perturbed, start_rollout_service, tiny_model_weights, update_bytes
+from tests.support.trainer_proc import trainer_config
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +184,30 @@ def test_a_replica_that_already_holds_the_version_counts_as_done(
     assert [(r.ok, r.error) for r in results] == [(True, "")] * 3, results
     assert results[2].route == "relayed via r2"
     assert states(replicas) == [(version, weights_checksum(weights))] * 3
+
+
+def test_the_trainer_relays_to_three_replicas_by_default(
+    replicas: list[RolloutProc], tmp_path: Path, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run's own sync (weight_push auto): three live replicas, one copy sent, every replica confirmed."""
+    from grpo.common.registry import ReplicaInfo
+    from grpo.trainer.config import TrainerSettings
+    from grpo.trainer.control import RunControl
+    from grpo.trainer.run import GrpoRun
+
+    config = json.loads(trainer_config(tmp_path, "relay", redis_url, push_timeout_s=30).read_text())
+    run = GrpoRun(TrainerSettings(**config), RunControl())
+    try:
+        for target, state in zip(targets(replicas), states(replicas), strict=True):
+            run.registry.heartbeat(ReplicaInfo(target.replica_id, target.address, state[0], state[1], time.time(),
+                                               weights_data_port=target.data_port))  # fmt: skip
+        version = next_version(replicas)
+        run.learner.set_version(version)
+        with caplog.at_level(logging.INFO, logger="grpo.trainer"):
+            run._sync_replicas()
+        assert run.confirmed == {"r1": version, "r2": version, "r3": version}
+        sent = run.push_stats["push/bytes_sent"]
+        assert sent == model_bytes(run.learner.push_tensors()), run.push_stats
+        assert any("relayed via r1" in r.message for r in caplog.records)
+    finally:
+        run.close()
