@@ -29,6 +29,10 @@ def test_a_fanout_of_one_is_a_chain_and_more_a_breadth_first_tree() -> None:
     assert [h.replica_id for h in walk([relay_tree(hops(6), 2)])] == ["r0", "r1", "r3", "r4", "r2", "r5"]
     with pytest.raises(ValueError):
         relay_tree([], 2)
+    # A chain longer than protobuf nests becomes a tree; its plan still parses.
+    long = relay_tree(hops(200), 1)
+    assert len(long.children) == 2 and len(list(walk([long]))) == 200
+    assert pb.RelayPlan.FromString(pb.RelayPlan(hops=[long]).SerializeToString()) == pb.RelayPlan(hops=[long])
 
 
 def test_the_plan_travels_as_binary_metadata() -> None:

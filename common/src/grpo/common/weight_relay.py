@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from grpo.common.auth import bearer_metadata
-from grpo.common.channels import make_channel
+from grpo.common.channels import DEFAULT_OPTIONS, make_channel
 from grpo.common.weight_data_port import DATA_TOKEN_KEY, _shutdown, connect, new_token, split_host
 from grpo.common.weight_receiver import StreamMessage, WeightAssembler
 from grpo.common.weight_transport import remaining, resolve
@@ -46,6 +46,12 @@ log = logging.getLogger(__name__)
 
 RELAY_PLAN_KEY = "grpo-relay-bin"  # UpdateWeights call metadata: the receiving replica's RelayPlan
 RELAYED_KEY = "grpo-relayed-bin"  # trailing metadata of a rejected call: UpdateWeightsResponse(relayed=...)
+# A plan is nested messages: protobuf parses at most 100 levels, so a longer chain becomes a tree (`relay_tree`).
+MAX_DEPTH = 64
+# The plan and a rejected call's results ride in metadata: gRPC's default 8 KiB holds a plan of ~150 replicas,
+# and an error trailer is accepted up to this size by the senders (errors are cut to ERROR_CHARS).
+CHANNEL_OPTIONS = (*DEFAULT_OPTIONS, ("grpc.max_metadata_size", 1 << 20))
+ERROR_CHARS = 300
 
 
 class RelayBroken(RuntimeError):
@@ -221,7 +227,7 @@ class Relayer:
                 result.error = f"reports version {reply.version} ({reply.checksum[:12]}), sent {header.version}"
             # A replica that does not relay (an older build) answers for itself only: its children are ours to reach.
             subtree = list(reply.relayed) if reply.relayed or not hop.children else None
-        result.seconds = time.monotonic() - start
+        result.seconds, result.error = time.monotonic() - start, result.error[:ERROR_CHARS]
         if subtree is None:  # the hop failed and took its subtree's fate with it: reach its children ourselves
             subtree = self._reroute(hop, result.error, payload, deadline)
         return [result, *subtree]
@@ -264,7 +270,7 @@ class Relayer:
             metadata.append((RELAY_PLAN_KEY, rollout_pb2.RelayPlan(hops=hop.children).SerializeToString()))
         token = new_token()
         conn = connect(split_host(hop.address), hop.data_port, token, size, self.ca_file) if hop.data_port else None
-        with make_channel(hop.address, self.ca_file) as channel:
+        with make_channel(hop.address, self.ca_file, CHANNEL_OPTIONS) as channel:
             update = channel.stream_unary(
                 UPDATE_WEIGHTS_METHOD,
                 request_serializer=None,  # the messages are already wire bytes
@@ -320,9 +326,14 @@ def _header_only(payload: Payload, deadline: float) -> Iterator[bytes]:
 
 def relay_tree(hops: Sequence[rollout_pb2.RelayHop], fanout: int) -> rollout_pb2.RelayHop:
     """The hops (childless) as one tree in breadth-first order: hop i's children are i*fanout+1 ...; fanout 1
-    is a chain. The sender sends to the root only."""
+    is a chain, unless it would be deeper than MAX_DEPTH (then 2). The sender sends to the root only."""
     if not hops or fanout < 1:
         raise ValueError("a relay tree needs at least one hop and a fanout of at least 1")
+    if fanout == 1 and len(hops) > MAX_DEPTH:
+        log.warning(
+            "relay: a chain of %d replicas is deeper than %d; relaying through a tree of 2", len(hops), MAX_DEPTH
+        )
+        fanout = 2
 
     def subtree(i: int) -> rollout_pb2.RelayHop:
         hop = rollout_pb2.RelayHop()
