@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,19 +50,32 @@ def model_bytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+def relayed_bytes(proc: RolloutProc) -> float:
+    """The replica's grpo_rollout_weight_relay_bytes_total: what it passed on to other replicas."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{proc.http_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    prefix = "grpo_rollout_weight_relay_bytes_total "
+    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
+
+
 @pytest.mark.parametrize(
-    ("fanout", "routes"),
+    ("fanout", "routes", "copies_passed_on"),
     [
-        (1, ["relay root", "relayed via r1", "relayed via r2"]),  # a chain
-        (2, ["relay root", "relayed via r1", "relayed via r1"]),  # a tree: r1 feeds both
+        (1, ["relay root", "relayed via r1", "relayed via r2"], [1, 1, 0]),  # a chain
+        (2, ["relay root", "relayed via r1", "relayed via r1"], [2, 0, 0]),  # a tree: r1 feeds both
     ],
 )
 def test_one_copy_from_the_trainer_reaches_every_replica(
-    replicas: list[RolloutProc], base: dict[str, torch.Tensor], fanout: int, routes: list[str]
+    replicas: list[RolloutProc],
+    base: dict[str, torch.Tensor],
+    fanout: int,
+    routes: list[str],
+    copies_passed_on: list[int],
 ) -> None:
     version = next_version(replicas)
     weights = perturbed(base, seed=version)
     by_data_port = [update_bytes(p, "data_port") for p in replicas]
+    passed_on = [relayed_bytes(p) for p in replicas]
     results = push_to_replicas(targets(replicas), weights, version, timeout_s=60, mode="relay", fanout=fanout)
     assert [(r.replica_id, r.ok, r.route) for r in results] == [
         (f"r{i}", True, route) for i, route in enumerate(routes, 1)
@@ -72,6 +86,10 @@ def test_one_copy_from_the_trainer_reaches_every_replica(
     assert [update_bytes(p, "data_port") - before for p, before in zip(replicas, by_data_port, strict=True)] == [
         model_bytes(weights)
     ] * 3
+    # The egress moved to the replicas with children, one copy per child.
+    assert [relayed_bytes(p) - before for p, before in zip(replicas, passed_on, strict=True)] == [
+        n * model_bytes(weights) for n in copies_passed_on
+    ]
 
 
 def test_the_relay_falls_back_to_the_grpc_stream_hop_by_hop(

@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -181,14 +181,21 @@ class Relayer:
     """Sends an update to hops of a plan and gathers their subtrees' results, re-routing around failed hops.
 
     `name` is this sender ("trainer" or the replica id); `token` and `ca_file` are what it presents to and
-    trusts in the hops. `bytes_sent` counts the update bytes it sent, per hop it sent them to.
+    trusts in the hops. `bytes_sent` counts the update bytes it sent, per hop it sent them to; `on_sent(n)`
+    hears of each piece (a replica's metric).
     """
 
     def __init__(
-        self, name: str, token: str | None = None, ca_file: str | None = None, chunk_bytes: int = CHUNK_BYTES
+        self,
+        name: str,
+        token: str | None = None,
+        ca_file: str | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+        on_sent: Callable[[int], None] | None = None,
     ) -> None:
         self.name, self.token, self.ca_file, self.chunk_bytes = name, token, ca_file, chunk_bytes
         self.bytes_sent: dict[str, int] = {}
+        self._on_sent = on_sent
         self._lock = threading.Lock()
 
     def relay(
@@ -317,6 +324,8 @@ class Relayer:
     def _count(self, replica_id: str, size: int) -> None:
         with self._lock:
             self.bytes_sent[replica_id] = self.bytes_sent.get(replica_id, 0) + size
+        if self._on_sent is not None:
+            self._on_sent(size)
 
 
 def _header_only(payload: Payload, deadline: float) -> Iterator[bytes]:
