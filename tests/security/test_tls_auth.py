@@ -17,7 +17,7 @@ from grpo.common.reward_client import RewardClient, RewardServiceError
 from grpo.common.weights import push_weights, weights_checksum
 from grpo.rollout.settings import RolloutSettings
 from grpo.rollout.worker import reward_client
-from grpo.trainer.pusher import push_to_replicas, replica_status
+from grpo.trainer.pusher import ReplicaTarget, push_to_replicas, replica_status
 from grpo.v1 import reward_pb2 as rpb
 from grpo.v1 import reward_pb2_grpc, rollout_pb2_grpc
 from grpo.v1 import rollout_pb2 as pb
@@ -160,6 +160,34 @@ def test_rollout_over_tls_generates_and_takes_weights_from_the_trainer(tmp_path:
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         assert proc.stop() == 0, proc.log_text()[-2000:]
+
+
+def test_relay_runs_tls_and_the_token_hop_to_hop(tmp_path: Path) -> None:
+    """Each replica relays to the next over TLS (trusting its own certificate, the deployment's) with its own
+    weights token; a replica that does not take that token refuses the hop, and says so."""
+    cert, key = self_signed_cert(tmp_path)
+    env = {"GRPO_ROLLOUT_TLS_CERT_FILE": str(cert), "GRPO_ROLLOUT_TLS_KEY_FILE": str(key)}
+    tokens = ["t0k", "t0k", "t0k", "another"]
+    procs = [
+        start_rollout_service("--token", token, "--replica-id", f"r{i}", log_dir=tmp_path, env=env, ca_file=cert)
+        for i, token in enumerate(tokens, 1)
+    ]
+    try:
+        targets = [ReplicaTarget(f"r{i}", p.address, p.data_port) for i, p in enumerate(procs, 1)]
+        weights = perturbed(tiny_model_weights(), seed=1)
+        results = push_to_replicas(
+            targets, weights, 1, token="t0k", timeout_s=60, retries=0, ca_file=str(cert), mode="relay", fanout=1
+        )
+        assert [r.ok for r in results] == [True, True, True, False], results
+        assert [r.route for r in results] == ["relay root", "relayed via r1", "relayed via r2", "relayed via r3"]
+        assert results[3].error.startswith("UNAUTHENTICATED"), results[3]
+        for proc in procs[:3]:  # the bytes went to each data port, over TLS
+            assert update_bytes(proc, "data_port") > 0
+            assert replica_status(proc.address, token="t0k", ca_file=str(cert)).weight_version == 1
+        assert replica_status(procs[3].address, token="another", ca_file=str(cert)).weight_version == 0
+    finally:
+        for proc in procs:
+            assert proc.stop() == 0, proc.log_text()[-2000:]
 
 
 def test_half_configured_tls_rollout_refuses_to_start(tmp_path: Path) -> None:

@@ -117,8 +117,13 @@ def test_network_policies_isolate_sandbox_and_weight_endpoint(manifests: tuple[s
     assert grpc_rule["from"] == [{"podSelector": {"matchLabels": selector("rollout")}}]
     rollout = policies["demo-grpo-rollout"]["spec"]
     weights_rule = next(r for r in rollout["ingress"] if r["ports"][0]["port"] == 7051)
-    assert weights_rule["from"] == [{"podSelector": {"matchLabels": selector("trainer")}}]
-    # The weights data port: open to the trainer only, and the trainer may reach it.
+    # From the trainer, and from the other replicas (relay fan-out), which may reach each other.
+    assert weights_rule["from"] == [{"podSelector": {"matchLabels": selector(c)}} for c in ("trainer", "rollout")]
+    to_replicas = next(
+        r for r in rollout["egress"] if r.get("to") == [{"podSelector": {"matchLabels": selector("rollout")}}]
+    )
+    assert {"port": 7054, "protocol": "TCP"} in to_replicas["ports"]
+    # The weights data port: open to the trainer and the replicas only, and the trainer may reach it.
     assert {"port": 7054, "protocol": "TCP"} in weights_rule["ports"]
     assert not any(p["port"] == 7054 for r in rollout["ingress"] if r is not weights_rule for p in r["ports"])
     trainer_egress = policies["demo-grpo-trainer"]["spec"]["egress"]

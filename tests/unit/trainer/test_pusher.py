@@ -1,13 +1,17 @@
-"""The weight pusher's retries follow the one retry policy (grpo.common.retry): they wait, and stop at the deadline."""
+"""The weight pusher: its retries follow the one retry policy (grpo.common.retry), and how it picks direct or relay."""
 
 from __future__ import annotations
 
 import time
+from typing import Literal
 
+import pytest
 import torch
 
 from grpo.common.net import free_port
-from grpo.trainer.pusher import ReplicaTarget, push_to_replicas
+from grpo.trainer.pusher import ReplicaTarget, push_mode, push_to_replicas
+
+PushSetting = Literal["auto", "direct", "relay"]
 
 
 def test_a_failed_push_waits_before_each_retry() -> None:
@@ -25,3 +29,22 @@ def test_retries_end_at_the_push_deadline() -> None:
     [result] = push_to_replicas([ReplicaTarget("gone", f"127.0.0.1:{free_port()}")], {"w": torch.zeros(4)}, 1,
                                 timeout_s=2, retries=100)  # fmt: skip
     assert not result.ok and time.monotonic() - start < 3.5
+
+
+@pytest.mark.parametrize(
+    ("setting", "replicas", "mode"),
+    [("auto", 1, "direct"), ("auto", 2, "direct"), ("auto", 3, "relay"), ("auto", 8, "relay"),
+     ("direct", 8, "direct"), ("relay", 2, "relay")],
+)  # fmt: skip
+def test_auto_relays_to_three_replicas_or_more(setting: PushSetting, replicas: int, mode: str) -> None:
+    assert push_mode(setting, replicas) == mode
+
+
+def test_a_relay_whose_root_is_gone_reports_every_replica_and_retries_directly() -> None:
+    """Nothing listens anywhere: the trainer re-routes around each dead hop, then pushes to each directly; every
+    replica has its own failed result and none is counted as done."""
+    targets = [ReplicaTarget(f"r{i}", f"127.0.0.1:{free_port()}") for i in range(3)]
+    results = push_to_replicas(targets, {"w": torch.zeros(4)}, 1, timeout_s=10, retries=1, mode="relay", fanout=1)
+    assert [r.replica_id for r in results] == ["r0", "r1", "r2"]
+    assert all(not r.ok and r.attempts == 2 and "UNAVAILABLE" in r.error for r in results), results
+    assert [r.route.split(" (")[0] for r in results] == ["direct, after the relay failed"] * 3

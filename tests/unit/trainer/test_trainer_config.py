@@ -23,6 +23,7 @@ def test_defaults_and_ports(data: Path) -> None:
     assert (s.grpc_port, s.http_port) == (7053, 8003)
     assert s.preset == "grpo" and s.max_staleness == 0 and s.resume == "auto" and s.backend == "torch"
     assert s.algo_overrides() == {}
+    assert (s.weight_push, s.relay_fanout) == ("auto", 2)  # relay from 3 replicas on (grpo.trainer.pusher.push_mode)
 
 
 def test_preset_values_become_defaults(data: Path) -> None:
@@ -132,6 +133,8 @@ def test_precedence_file_env_cli(data: Path, tmp_path: Path, monkeypatch: pytest
         (["--run-id", "a:b"], "run_id"),
         (["--clip-low", "1.5"], "clip_low"),
         (["--max-staleness", "-1"], "max_staleness"),
+        (["--weight-push", "broadcast"], "weight_push"),
+        (["--relay-fanout", "0"], "relay_fanout"),
     ],
 )
 def test_bad_values_name_the_field(data: Path, argv: list[str], field: str) -> None:

@@ -292,7 +292,9 @@ class DataPortSender(WeightSender):
             conn.settimeout(left)
             try:
                 for pieces in data_pieces(tensors, self.chunk_bytes):
-                    conn.sendall(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+                    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                    conn.sendall(data)
+                    self.bytes_sent += len(data)
                 conn.shutdown(socket.SHUT_WR)
             except OSError as exc:
                 log.debug("weight data send to %s stopped: %s (the reply says why)", address, exc)

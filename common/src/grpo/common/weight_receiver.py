@@ -110,11 +110,19 @@ class WeightAssembler:
     """Receives a weight stream and checks it against the engine's specs before anything is applied.
 
     `allocate(size)` gives the buffer the bytes are received into (see StagingBuffers); the
-    tensors `finish` returns are views into it.
+    tensors `finish` returns are views into it. `on_progress(self)` is called once the buffer exists and
+    whenever `offset` moves (a relaying replica forwards the buffer as it fills: grpo.common.weight_relay).
     """
 
-    def __init__(self, specs: Specs, loaded_version: int, allocate: Callable[[int], bytearray] = bytearray) -> None:
+    def __init__(
+        self,
+        specs: Specs,
+        loaded_version: int,
+        allocate: Callable[[int], bytearray] = bytearray,
+        on_progress: Callable[[WeightAssembler], None] | None = None,
+    ) -> None:
         self.specs = specs
+        self._on_progress = on_progress
         self.loaded_version = loaded_version
         self.header: rollout_pb2.WeightHeader | None = None
         self._allocate = allocate
@@ -174,6 +182,7 @@ class WeightAssembler:
         if not self.from_data_port:
             self.buffer = self._allocate(expected)
             self.hash = PipelinedSha256()
+            self._progressed()
 
     def _accept_data(self, data: bytes | memoryview) -> None:
         if self.from_data_port:
@@ -185,6 +194,7 @@ class WeightAssembler:
         assert self.hash is not None  # set with the header
         self.hash.update(memoryview(self.buffer)[self.offset : end])
         self.offset = end
+        self._progressed()
 
     def receive(self, size: int, read_into: Callable[[memoryview], int]) -> None:
         """`size` bytes read straight into the buffer by `read_into` (a socket's recv_into), hashed as they
@@ -201,6 +211,7 @@ class WeightAssembler:
         self.from_data_port = True
         self.buffer = self._allocate(size)
         self.hash = PipelinedSha256()
+        self._progressed()
         view = memoryview(self.buffer)
         hashed = self.offset
         while self.offset < len(self.buffer):
@@ -208,11 +219,16 @@ class WeightAssembler:
             if not got:
                 break
             self.offset += got
+            self._progressed()
             if self.offset - hashed >= HASH_BYTES:
                 self.hash.update(view[hashed : self.offset])
                 hashed = self.offset
         if hashed < self.offset:
             self.hash.update(view[hashed : self.offset])
+
+    def _progressed(self) -> None:
+        if self._on_progress is not None:
+            self._on_progress(self)
 
     def finish(self) -> tuple[int, str, dict[str, torch.Tensor]]:
         """(version, checksum, tensors) once the whole stream has arrived and checked out."""

@@ -14,6 +14,10 @@ Which one is used is set on the replica by its one setting, `weights_data_port` 
 the replica advertises the port in the Redis registry and in GetStatus, and `sender_for` picks the
 transport from that advertisement, so trainer and replica cannot disagree.
 
+Either sender goes to one replica. Relay fan-out (grpo.common.weight_relay) sends one copy into a tree
+of replicas instead: a replica with children in the call's `RelayPlan` forwards its receive buffer to
+them as it fills, over the same two transports, and every replica still checks what it got itself.
+
 A new backend (NCCL broadcast, a shared-memory or filesystem drop) is one file with a
 `WeightSender` and a `WeightSource`: the sender starts the bytes moving and makes the UpdateWeights
 call with the header (naming the bytes in the call's metadata, as the data port names its token);
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, TypeAlias
@@ -69,6 +73,7 @@ class WeightSender(ABC):
 
     def __init__(self, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.chunk_bytes = chunk_bytes
+        self.bytes_sent = 0  # the update's data bytes this sender has sent, over every `send` (the pusher's egress)
 
     def push(
         self,
@@ -109,9 +114,15 @@ class StreamSender(WeightSender):
     def send(self, push: Push) -> rollout_pb2.UpdateWeightsResponse:
         messages = iter_wire_messages(push.tensors, push.version, self.chunk_bytes, resolve(push.checksum))
         reply: rollout_pb2.UpdateWeightsResponse = push.update(
-            messages, timeout=remaining(push.deadline), metadata=push.metadata
+            self._counted(messages), timeout=remaining(push.deadline), metadata=push.metadata
         )
         return reply
+
+    def _counted(self, messages: Iterable[bytes]) -> Iterator[bytes]:
+        for i, message in enumerate(messages):
+            yield message
+            if i:  # the first is the header; a data message is its bytes and a few of framing
+                self.bytes_sent += len(message)
 
 
 class WeightSource(ABC):

@@ -121,16 +121,58 @@ class WeightChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[WeightHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
-    __slots__ = ("version", "checksum", "receive_s", "apply_s")
+    __slots__ = ("version", "checksum", "receive_s", "apply_s", "relayed")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     RECEIVE_S_FIELD_NUMBER: _ClassVar[int]
     APPLY_S_FIELD_NUMBER: _ClassVar[int]
+    RELAYED_FIELD_NUMBER: _ClassVar[int]
     version: int
     checksum: str
     receive_s: float
     apply_s: float
-    def __init__(self, version: _Optional[int] = ..., checksum: _Optional[str] = ..., receive_s: _Optional[float] = ..., apply_s: _Optional[float] = ...) -> None: ...
+    relayed: _containers.RepeatedCompositeFieldContainer[RelayResult]
+    def __init__(self, version: _Optional[int] = ..., checksum: _Optional[str] = ..., receive_s: _Optional[float] = ..., apply_s: _Optional[float] = ..., relayed: _Optional[_Iterable[_Union[RelayResult, _Mapping]]] = ...) -> None: ...
+
+class RelayHop(_message.Message):
+    __slots__ = ("replica_id", "address", "data_port", "children")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    address: str
+    data_port: int
+    children: _containers.RepeatedCompositeFieldContainer[RelayHop]
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., data_port: _Optional[int] = ..., children: _Optional[_Iterable[_Union[RelayHop, _Mapping]]] = ...) -> None: ...
+
+class RelayPlan(_message.Message):
+    __slots__ = ("hops",)
+    HOPS_FIELD_NUMBER: _ClassVar[int]
+    hops: _containers.RepeatedCompositeFieldContainer[RelayHop]
+    def __init__(self, hops: _Optional[_Iterable[_Union[RelayHop, _Mapping]]] = ...) -> None: ...
+
+class RelayResult(_message.Message):
+    __slots__ = ("replica_id", "address", "ok", "version", "checksum", "error", "seconds", "sender", "rerouted_around")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    REROUTED_AROUND_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    address: str
+    ok: bool
+    version: int
+    checksum: str
+    error: str
+    seconds: float
+    sender: str
+    rerouted_around: str
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., ok: _Optional[bool] = ..., version: _Optional[int] = ..., checksum: _Optional[str] = ..., error: _Optional[str] = ..., seconds: _Optional[float] = ..., sender: _Optional[str] = ..., rerouted_around: _Optional[str] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()

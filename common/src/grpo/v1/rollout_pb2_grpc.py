@@ -68,6 +68,9 @@ class RolloutServiceServicer:
         replica's weights data port instead (RolloutStatus.weights_data_port), on one TCP connection
         that opens with "GRPOWD1\n", the token (64 hex characters) and the byte count (16 hex
         characters), and the stream holds only the header, which may come after the bytes.
+        With call metadata `grpo-relay-bin` (a RelayPlan) the replica also relays the update to the
+        plan's hops while it receives it; the reply's `relayed` holds their results, and a rejected
+        call carries them in trailing metadata `grpo-relayed-bin` (an UpdateWeightsResponse).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -17,6 +17,7 @@ from grpo.rollout.settings import RolloutSettings, parse_settings
 if TYPE_CHECKING:
     from grpo.common.grpc_server import GrpcServer
     from grpo.common.http_server import HttpServer
+    from grpo.common.weight_relay import Relayer
     from grpo.rollout.engines.base import Engine
     from grpo.rollout.service import RolloutService
 
@@ -74,6 +75,15 @@ def serve(settings: RolloutSettings, stop: threading.Event) -> None:
         log.info("rollout stopped")
 
 
+def relayer(settings: RolloutSettings, service: RolloutService) -> Relayer:
+    """How this replica relays weight updates on: with the deployment's weights token, over TLS when it has TLS."""
+    from grpo.common.weight_relay import Relayer
+
+    ca_file = settings.relay_tls_ca_file or settings.tls_cert_file
+    token = settings.weights_token or settings.token
+    return Relayer(settings.replica_id, token, ca_file, on_sent=service.metrics.relayed_bytes.inc)
+
+
 def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutService]:
     log.info("starting: loading %s with the %s engine", settings.model, settings.engine)
     # Heavy imports (torch, transformers) only after the settings are known to be valid.
@@ -94,7 +104,7 @@ def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutSer
     service = RolloutService(build_engine(settings, model), model, settings.replica_id, limits)
     method_tokens = {UPDATE_METHOD: settings.weights_token} if settings.weights_token else None
     grpc_server = GrpcServer(
-        register(service, settings.weights_stream_timeout_s),
+        register(service, settings.weights_stream_timeout_s, relayer(settings, service)),
         [SERVICE_NAME],
         settings.host,
         settings.grpc_port,

@@ -12,6 +12,7 @@ import grpc
 
 from grpo.common.weight_data_port import DATA_TOKEN_KEY, valid_token
 from grpo.common.weight_receiver import StreamMessage, decode_chunk
+from grpo.common.weight_relay import Relayer, ReplicaRelay, plan_in, relayed_trailer
 from grpo.common.weights import WeightUpdateError
 from grpo.rollout.engines.base import PromptOutput, SamplingParams
 from grpo.rollout.service import Limits, RolloutService
@@ -151,9 +152,13 @@ def to_response(
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
-    def __init__(self, service: RolloutService, weights_stream_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, service: RolloutService, weights_stream_timeout_s: float = 300.0, relayer: Relayer | None = None
+    ) -> None:
         self.service = service
         self.weights_stream_timeout_s = weights_stream_timeout_s
+        # How this replica relays an update to the replicas its call names (grpo.common.weight_relay).
+        self.relayer = relayer or Relayer(service.replica_id)
 
     def Generate(
         self, request: rollout_pb2.GenerateRequest, context: grpc.ServicerContext
@@ -172,25 +177,51 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     ) -> rollout_pb2.UpdateWeightsResponse:
         # Bounded on the server: a pusher that sets no deadline and stops sending must not hold a stream forever.
         limit = StreamLimit(context, self.weights_stream_timeout_s)
-        data_token = dict(context.invocation_metadata()).get(DATA_TOKEN_KEY)
+        metadata = dict(context.invocation_metadata())
+        data_token = metadata.get(DATA_TOKEN_KEY)
+        relay: ReplicaRelay | None = None
         try:
             if data_token is not None and not valid_token(data_token):
                 raise WeightUpdateError(f"{DATA_TOKEN_KEY} metadata must be 64 lowercase hex characters")
+            try:
+                plan = plan_in(metadata)
+            except ValueError as exc:
+                raise WeightUpdateError(str(exc)) from None
+            if plan is not None and plan.hops:  # started now: the hops' connections open before any byte comes
+                relay = ReplicaRelay(self.relayer, plan, self._deadline(context))
             updates = self.service.updates
             result = updates.update(
                 limit.wrap(request_iterator),
                 updates.source(data_token),
                 lock_timeout_s=limit.limit_s,
                 data_timeout_s=limit.limit_s,
+                relay=relay,
             )
         except WeightUpdateError as exc:
             code = grpc.StatusCode.FAILED_PRECONDITION if exc.precondition else grpc.StatusCode.INVALID_ARGUMENT
-            context.abort(code, f"weight update rejected, version {self.service.version} keeps serving: {exc}")
+            self._reject(context, relay, code, f"weight update rejected, version {self.service.version} keeps "
+                         f"serving: {exc}")  # fmt: skip
         except UpdateBusy as exc:
-            context.abort(grpc.StatusCode.ABORTED, f"{exc}; version {self.service.version} keeps serving")
+            self._reject(
+                context, relay, grpc.StatusCode.ABORTED, f"{exc}; version {self.service.version} keeps serving"
+            )
         finally:
             limit.finish()
-        return rollout_pb2.UpdateWeightsResponse(**asdict(result))
+        relayed = relay.results() if relay is not None else None
+        return rollout_pb2.UpdateWeightsResponse(**asdict(result), relayed=relayed or [])
+
+    def _deadline(self, context: grpc.ServicerContext) -> float:
+        """When this call's relaying must be over: the caller's deadline, at most the stream limit."""
+        left = context.time_remaining()
+        return time.monotonic() + min(left if left is not None else float("inf"), self.weights_stream_timeout_s)
+
+    @staticmethod
+    def _reject(context: grpc.ServicerContext, relay: ReplicaRelay | None, code: grpc.StatusCode, message: str) -> None:
+        """Abort the call; a relaying replica's subtree results ride in its trailing metadata."""
+        relayed = relay.results() if relay is not None else None
+        if relayed is not None:
+            context.set_trailing_metadata(relayed_trailer(relayed))
+        context.abort(code, message)
 
     def GetStatus(
         self, request: rollout_pb2.GetStatusRequest, context: grpc.ServicerContext
@@ -227,8 +258,10 @@ def add_servicer(servicer: RolloutServicer, server: grpc.Server) -> None:
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
-def register(service: RolloutService, weights_stream_timeout_s: float = 300.0) -> Callable[[grpc.Server], None]:
+def register(
+    service: RolloutService, weights_stream_timeout_s: float = 300.0, relayer: Relayer | None = None
+) -> Callable[[grpc.Server], None]:
     def add(server: grpc.Server) -> None:
-        add_servicer(RolloutServicer(service, weights_stream_timeout_s), server)
+        add_servicer(RolloutServicer(service, weights_stream_timeout_s, relayer), server)
 
     return add

@@ -60,6 +60,9 @@ class RolloutSettings(ServiceSettings):
     """Bearer token every gRPC call must carry (health and reflection stay open)."""
     weights_token: str | None = None
     """Separate bearer token for UpdateWeights; defaults to `token`."""
+    relay_tls_ca_file: str | None = None
+    """PEM root certificates this replica trusts in the replicas it relays weight updates to (the trainer's
+    weight_push=relay); unset with TLS on: its own tls_cert_file (one certificate for the deployment)."""
     weights_stream_timeout_s: float = Field(300.0, gt=0)
     """Longest one UpdateWeights stream may take to arrive (whatever the pusher's deadline); then it is cancelled."""
     tls_cert_file: str | None = None

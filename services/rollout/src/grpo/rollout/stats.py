@@ -31,6 +31,10 @@ class Metrics:
             "grpo_rollout_weight_update_bytes", "Bytes of applied weight updates, by the path they came", ["via"],
             registry=r,
         )  # fmt: skip
+        self.relayed_bytes = Counter(
+            "grpo_rollout_weight_relay_bytes", "Bytes of weight updates this replica passed on (relay fan-out)",
+            registry=r,
+        )  # fmt: skip
         self.update_seconds = Histogram("grpo_rollout_weight_update_seconds", "Receive + apply time", registry=r)
         self.version = Gauge("grpo_rollout_weight_version", "Loaded weight version", registry=r)
         self.tasks = Counter("grpo_rollout_tasks", "Worker tasks", ["result"], registry=r)

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from grpo.common.weight_data_port import DataPortSource, WeightDataPort
 from grpo.common.weight_receiver import StagingBuffers, StreamMessage, WeightAssembler
+from grpo.common.weight_relay import ReplicaRelay
 from grpo.common.weight_transport import StreamSource, WeightSource
 from grpo.common.weights import Specs, WeightUpdateError
 from grpo.rollout.stats import Metrics
@@ -83,6 +84,7 @@ class WeightUpdates:
         source: WeightSource,
         lock_timeout_s: float = 60.0,
         data_timeout_s: float = 300.0,
+        relay: ReplicaRelay | None = None,
     ) -> UpdateResult:
         """Receive a whole update from `source` (the call's `messages` hold the header, and the bytes when they
         come in the stream), check it, then swap it in between generation calls.
@@ -91,21 +93,30 @@ class WeightUpdates:
         caller bounds the stream; `data_timeout_s` bounds a side channel); only the version check and the
         apply are serialised. Raises WeightUpdateError (the old weights keep serving) when the update is bad,
         UpdateBusy when another update keeps the lock past `lock_timeout_s` or too many are being received.
+
+        With a `relay` the buffer is forwarded to the relay's hops as it fills, whatever becomes of this
+        replica's own apply, and kept until they have all answered.
         """
         start = time.monotonic()
         if not self._receive_slots.acquire(blocking=False):
             self.metrics.updates.labels("busy").inc()
             source.abandon()
+            if relay is not None:
+                relay.join()  # nothing to forward: the sender sees no subtree results and re-routes
             raise UpdateBusy(f"{MAX_WEIGHT_STREAMS} weight streams are already being received; retry later")
         with self._staging.borrow() as allocate:  # the received tensors are views into its buffer until applied
             try:
-                got = self._receive(messages, source, allocate, start + data_timeout_s)
+                try:
+                    got = self._receive(messages, source, allocate, start + data_timeout_s, relay)
+                finally:
+                    self._receive_slots.release()
+                received = time.monotonic()
+                version, checksum, size = got.version, got.checksum, got.size
+                self._apply(version, checksum, got.tensors, lock_timeout_s)
+                del got  # its tensors are views into the buffer: dropped before it goes back for the next update
             finally:
-                self._receive_slots.release()
-            received = time.monotonic()
-            version, checksum, size = got.version, got.checksum, got.size
-            self._apply(version, checksum, got.tensors, lock_timeout_s)
-            del got  # its tensors are views into the buffer: dropped before it goes back for the next update
+                if relay is not None:
+                    relay.join()
         applied = time.monotonic()
         self.metrics.updates.labels("ok").inc()
         self.metrics.update_bytes.labels(source.via).inc(size)
@@ -127,8 +138,15 @@ class WeightUpdates:
         source: WeightSource,
         allocate: Callable[[int], bytearray],
         deadline: float,
+        relay: ReplicaRelay | None = None,
     ) -> Received:
-        assembler = WeightAssembler(self.specs, self._loaded(), allocate)  # an older version fails at the header
+        if relay is None:
+            assembler = WeightAssembler(self.specs, self._loaded(), allocate)  # an older version fails at the header
+        else:
+            # A relaying replica takes in the whole update even when it holds a newer version (its children may
+            # not): the version is checked at the apply instead, under the update lock, as always.
+            assembler = WeightAssembler(self.specs, -1, allocate, on_progress=relay.payload.progress)
+            messages = relay.payload.watch(messages)
         try:
             source.fill(assembler, messages, deadline)
             version, checksum, tensors = assembler.finish()
@@ -139,6 +157,8 @@ class WeightUpdates:
             raise
         finally:
             assembler.close()
+            if relay is not None:
+                relay.payload.end()
 
     def _apply(self, version: int, checksum: str, tensors: dict[str, Any], lock_timeout_s: float) -> None:
         if not self._update_lock.acquire(timeout=lock_timeout_s):

@@ -215,6 +215,12 @@ class TrainerSettings(ServiceSettings):
     """Deadline of one weight push to one replica."""
     push_retries: int = Field(1, ge=0)
     """Extra attempts for a replica whose push failed before it is dropped from this step's set."""
+    weight_push: Literal["auto", "direct", "relay"] = "auto"
+    """How a new weight version reaches the replicas: `direct` sends each its own copy (the trainer's egress grows
+    with the replicas), `relay` sends one copy into a tree of replicas that pass it on as they receive it, each
+    checking it itself; `auto` relays to 3 or more replicas. A replica the relay misses is pushed to directly."""
+    relay_fanout: int = Field(2, ge=1)
+    """Children of each replica in the relay tree (1: a chain, the least egress per replica, the most hops)."""
     weights_token: str | None = None
     """Bearer token for the rollout's UpdateWeights; defaults to `token` (as the rollout's own weights_token does,
     so one API token for the whole deployment authenticates the weight push too)."""

@@ -1,4 +1,9 @@
-"""Weight push to every live rollout replica, concurrently, each verified, none able to stall the run."""
+"""Weight push to every live rollout replica, each verified, none able to stall the run.
+
+Two ways (the trainer's `weight_push`): `direct` sends every replica its own copy, concurrently, so the
+trainer's egress grows with the replicas; `relay` sends one copy into a tree of replicas that pass it on
+(grpo.common.weight_relay). Either way every replica gets one `PushResult` that says how it went.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,15 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
 
 import grpc
 
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import make_channel
 from grpo.common.retry import Backoff, RetryPolicy
+from grpo.common.weight_relay import Relayer, TensorPayload, relay_tree
 from grpo.common.weight_transport import sender_for
 from grpo.common.weights import weights_checksum
 from grpo.v1 import rollout_pb2, rollout_pb2_grpc
@@ -45,6 +51,19 @@ class PushResult:
     error: str = ""
     seconds: float = 0.0
     attempts: int = 1
+    route: str = "direct"  # how the update reached it: "direct", "relay root", "relayed via r1", ...
+    bytes_sent: int = 0  # the update's bytes this trainer sent for it (its egress: a relayed replica's is 0)
+
+
+PushMode = Literal["direct", "relay"]
+
+
+def push_mode(setting: Literal["auto", "direct", "relay"], replicas: int) -> PushMode:
+    """The way to push to `replicas` replicas: `auto` relays from 3 on (with 2, a relay saves one copy and adds a
+    hop; with 1 there is nothing to relay)."""
+    if setting == "auto":
+        return "relay" if replicas > 2 else "direct"
+    return setting
 
 
 def verify_reply(reply: rollout_pb2.UpdateWeightsResponse, version: int, checksum: str) -> str:
@@ -65,6 +84,7 @@ def _push_one(
     deadline: float,
     retries: int,
     ca_file: str | None = None,
+    route: str = "direct",
 ) -> PushResult:
     start = time.monotonic()
     sender = sender_for(target.data_port)
@@ -92,11 +112,11 @@ def _push_one(
             error = verify_reply(reply, version, checksum.result())
             if not error:
                 return PushResult(target.replica_id, target.address, True, reply.version, reply.checksum, "",
-                                  time.monotonic() - start, attempts)  # fmt: skip
+                                  time.monotonic() - start, attempts, route, sender.bytes_sent)  # fmt: skip
         if not backoff.wait(error):
             break
     return PushResult(target.replica_id, target.address, False, error=error, seconds=time.monotonic() - start,
-                      attempts=attempts)  # fmt: skip
+                      attempts=attempts, route=route, bytes_sent=sender.bytes_sent)  # fmt: skip
 
 
 def push_to_replicas(
@@ -108,24 +128,92 @@ def push_to_replicas(
     timeout_s: float = 120.0,
     retries: int = 1,
     ca_file: str | None = None,
+    mode: PushMode = "direct",
+    fanout: int = 2,
 ) -> list[PushResult]:
-    """Push `tensors` as `version` to all `targets` at once; returns within ~timeout_s whatever happens."""
+    """Push `tensors` as `version` to all `targets`, `direct`ly or by `relay` (a tree of `fanout`, 1: a chain);
+    one result per target, in order, within ~timeout_s whatever happens."""
     if not targets:
         return []
     deadline = time.monotonic() + timeout_s
     with ThreadPoolExecutor(max_workers=min(len(targets), 16) + 1, thread_name_prefix="push") as pool:
         # Hashed once for every replica, while the bytes already flow to their data ports.
         checksum = pool.submit(weights_checksum, tensors)
-        futures = [
-            pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries, ca_file) for t in targets
-        ]
-        results = [f.result() for f in futures]
+        if mode == "relay" and len(targets) > 1:
+            results = _relay(targets, tensors, version, checksum, token, deadline, retries, ca_file, fanout, pool)
+        else:
+            futures = [
+                pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries, ca_file)
+                for t in targets
+            ]
+            results = [f.result() for f in futures]
     for r in results:
         if r.ok:
-            log.info("pushed version %d to %s in %.2fs", version, r.replica_id, r.seconds)
+            log.info("pushed version %d to %s in %.2fs (%s)", version, r.replica_id, r.seconds, r.route)
         else:
-            log.error("weight push of version %d to %s (%s) failed: %s", version, r.replica_id, r.address, r.error)
+            log.error("weight push of version %d to %s (%s) failed (%s): %s", version, r.replica_id, r.address,
+                      r.route, r.error)  # fmt: skip
+    log.info("version %d: %d of %d replicas took it; the trainer sent %.1f MB", version, sum(r.ok for r in results),
+             len(results), sum(r.bytes_sent for r in results) / 1e6)  # fmt: skip
     return results
+
+
+def _relay(
+    targets: Sequence[ReplicaTarget],
+    tensors: Mapping[str, torch.Tensor],
+    version: int,
+    checksum: Future[str],
+    token: str | None,
+    deadline: float,
+    retries: int,
+    ca_file: str | None,
+    fanout: int,
+    pool: ThreadPoolExecutor,
+) -> list[PushResult]:
+    """One copy into a relay tree of `targets`; a replica the relay left without the version (and that a retry
+    may help) is then pushed to directly, with what is left of the deadline."""
+    start = time.monotonic()
+    relayer = Relayer("trainer", token, ca_file)
+    hops = [rollout_pb2.RelayHop(replica_id=t.replica_id, address=t.address, data_port=t.data_port) for t in targets]
+    relayed = {r.replica_id: r for r in relayer.relay([relay_tree(hops, fanout)], TensorPayload(tensors, version,
+               checksum), deadline)}  # fmt: skip
+    results: list[PushResult | tuple[Future[PushResult], int]] = []
+    for t in targets:
+        r = relayed.get(t.replica_id)
+        if r is None:  # a relay that did not report a replica has not done it: never counted as done
+            r = rollout_pb2.RelayResult(replica_id=t.replica_id, address=t.address, error="no result came back")
+        route = _route(r)
+        error = r.error or verify_reply(rollout_pb2.UpdateWeightsResponse(version=r.version, checksum=r.checksum),
+                                        version, checksum.result())  # fmt: skip
+        sent = relayer.bytes_sent.get(t.replica_id, 0)
+        if not error:
+            results.append(PushResult(t.replica_id, t.address, True, r.version, r.checksum, "",
+                                      r.seconds, 1, route, sent))  # fmt: skip
+        elif retries > 0 and not error.startswith(grpc.StatusCode.FAILED_PRECONDITION.name):
+            log.warning("relay of version %d to %s failed (%s: %s); pushing to it directly", version, t.replica_id,
+                        route, error)  # fmt: skip
+            retry = pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries - 1, ca_file,
+                                f"direct, after the relay failed ({route}: {error})")  # fmt: skip
+            results.append((retry, sent))
+        else:
+            results.append(PushResult(t.replica_id, t.address, False, error=error, seconds=time.monotonic() - start,
+                                      route=route, bytes_sent=sent))  # fmt: skip
+    return [r if isinstance(r, PushResult) else _after_relay(*r) for r in results]
+
+
+def _after_relay(retry: Future[PushResult], relay_bytes: int) -> PushResult:
+    """A direct push after a failed relay counts the relay as one more attempt, and its bytes."""
+    r = retry.result()
+    return replace(r, attempts=r.attempts + 1, bytes_sent=r.bytes_sent + relay_bytes)
+
+
+def _route(r: rollout_pb2.RelayResult) -> str:
+    """How a relayed update reached (or missed) a replica, for the logs and the run's records."""
+    if not r.sender:
+        return "not reached"
+    if r.rerouted_around:  # its sender took the place of a hop that failed (died, or never got the bytes)
+        return f"{r.rerouted_around} failed mid-relay; re-routed through {r.sender}"
+    return "relay root" if r.sender == "trainer" else f"relayed via {r.sender}"
 
 
 def replica_status(

@@ -33,7 +33,7 @@ from grpo.trainer.evaluation import eval_rows, evaluate
 from grpo.trainer.ledger import drop_after, write_segment
 from grpo.trainer.metrics import MetricsSink
 from grpo.trainer.publisher import Publisher
-from grpo.trainer.pusher import ReplicaTarget, push_to_replicas
+from grpo.trainer.pusher import ReplicaTarget, push_mode, push_to_replicas
 from grpo.trainer.ranks import RankDriver
 from grpo.trainer.report import read_metrics
 from grpo.trainer.vine import VALUE_KIND, ValueBooks, sample_credit, split_points, value_task_id
@@ -202,6 +202,7 @@ class GrpoRun:
         results = push_to_replicas(
             targets, tensors, self.version, token=self.s.weights_token, timeout_s=self.s.push_timeout_s,
             retries=self.s.push_retries, ca_file=self.s.rollout_tls_ca_file,
+            mode=push_mode(self.s.weight_push, len(targets)), fanout=self.s.relay_fanout,
         )  # fmt: skip
         for r in results:
             if r.ok:
@@ -213,6 +214,7 @@ class GrpoRun:
         self.push_stats = {
             "push/ok": float(sum(r.ok for r in results)),
             "push/failed": float(sum(not r.ok for r in results)),
+            "push/bytes_sent": float(sum(r.bytes_sent for r in results)),
         }
         return time.monotonic() - started
 
