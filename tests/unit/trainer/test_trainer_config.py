@@ -230,3 +230,16 @@ def test_each_algorithm_setting_offers_exactly_its_registry(field: str, registry
         typing.get_args(annotation)
     )
     assert choices - {None} == set(names), f"add the new name to TrainerSettings.{field} in grpo/trainer/config.py"
+
+
+def test_the_broadcast_transport_is_checked_at_start(data: Path) -> None:
+    s = parse_settings(["--train-data", str(data)])
+    assert s.weight_transport == "data_port"  # the default
+    s = parse_settings(["--train-data", str(data), "--weight-transport", "broadcast", "--broadcast-address", "[::1]:0"])
+    assert (s.weight_transport, s.broadcast_backend) == ("broadcast", "gloo")
+    with pytest.raises(ValidationError, match="broadcast_address 'trainer' must be host:port"):
+        parse_settings(["--train-data", str(data), "--broadcast-address", "trainer"])
+    with pytest.raises(ValidationError, match="sends the weights unencrypted"):
+        parse_settings(
+            ["--train-data", str(data), "--weight-transport", "broadcast", "--rollout-tls-ca-file", "ca.pem"]
+        )

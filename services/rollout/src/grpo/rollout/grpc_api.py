@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 import grpc
 
+from grpo.common.weight_broadcast import BROADCAST_KEY
 from grpo.common.weight_data_port import DATA_TOKEN_KEY, valid_token
 from grpo.common.weight_receiver import StreamMessage, decode_chunk
 from grpo.common.weights import WeightUpdateError
@@ -172,14 +173,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     ) -> rollout_pb2.UpdateWeightsResponse:
         # Bounded on the server: a pusher that sets no deadline and stops sending must not hold a stream forever.
         limit = StreamLimit(context, self.weights_stream_timeout_s)
-        data_token = dict(context.invocation_metadata()).get(DATA_TOKEN_KEY)
+        metadata = dict(context.invocation_metadata())
+        data_token = metadata.get(DATA_TOKEN_KEY)
         try:
             if data_token is not None and not valid_token(data_token):
                 raise WeightUpdateError(f"{DATA_TOKEN_KEY} metadata must be 64 lowercase hex characters")
             updates = self.service.updates
             result = updates.update(
                 limit.wrap(request_iterator),
-                updates.source(data_token),
+                updates.source(data_token, metadata.get(BROADCAST_KEY)),
                 lock_timeout_s=limit.limit_s,
                 data_timeout_s=limit.limit_s,
             )
