@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -237,8 +238,9 @@ def test_the_broadcast_transport_is_checked_at_start(data: Path) -> None:
     assert s.weight_transport == "data_port"  # the default
     s = parse_settings(["--train-data", str(data), "--weight-transport", "broadcast", "--broadcast-address", "[::1]:0"])
     assert (s.weight_transport, s.broadcast_backend) == ("broadcast", "gloo")
-    with pytest.raises(ValidationError, match="broadcast_address 'trainer' must be host:port"):
-        parse_settings(["--train-data", str(data), "--broadcast-address", "trainer"])
+    for bad in ("trainer", "0.0.0.0:29500", "[::]:0", "trainer:http"):
+        with pytest.raises(ValidationError, match=f"broadcast_address '{re.escape(bad)}' must be host:port"):
+            parse_settings(["--train-data", str(data), "--broadcast-address", bad])
     with pytest.raises(ValidationError, match="sends the weights unencrypted"):
         parse_settings(
             ["--train-data", str(data), "--weight-transport", "broadcast", "--rollout-tls-ca-file", "ca.pem"]

@@ -284,8 +284,10 @@ class TrainerSettings(ServiceSettings):
             raise ValueError("weight_transport=broadcast sends the weights unencrypted; with rollout_tls_ca_file use "
                              "data_port (it speaks TLS)")  # fmt: skip
         host, _, port = self.broadcast_address.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
-            raise ValueError(f"broadcast_address {self.broadcast_address!r} must be host:port")
+        if not host or not port.isdigit() or int(port) > 65535 or host.strip("[]") in ("0.0.0.0", "::"):
+            raise ValueError(
+                f"broadcast_address {self.broadcast_address!r} must be host:port, a host the replicas reach"
+            )
         if self.reward_clip is not None and self.reward_clip[0] > self.reward_clip[1]:
             raise ValueError(f"reward_clip={list(self.reward_clip)} must be [lo, hi] with lo <= hi")
         if self.sampler_exact and self.precision == "bf16":
