@@ -159,6 +159,40 @@ def test_a_member_lost_between_rounds_does_not_hang_the_next_one(
         lost.stop()
 
 
+def test_a_replica_killed_mid_broadcast_does_not_hang_the_round(
+    replicas: list[RolloutProc], weights: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    """Pieces of 1 KiB make the tiny model ~3,000 collectives; the third replica is SIGKILLed once 100 have
+    gone out. The round fails midway, the others get the version by the fallback within the collective
+    timeout and the grace, and nothing waits for the push's deadline."""
+    doomed = start_rollout_service("--model", str(ensure_tiny_model()), log_dir=tmp_path)
+    targets = [p.target for p in replicas] + [doomed.target]
+    version = max(loaded(p)[0] for p in replicas) + 1
+    new = perturbed(weights, version)
+    total = -(-sum(t.numel() * t.element_size() for t in new.values()) // 1024)
+    sender = WeightBroadcaster("127.0.0.1:0", timeout_s=3, piece_bytes=1024)
+    pushed: list[PushResult] = []
+    try:
+        start = time.monotonic()
+        pusher = threading.Thread(target=lambda: pushed.extend(
+            push_to_replicas(targets, new, version, timeout_s=30, retries=0, broadcaster=sender)))  # fmt: skip
+        pusher.start()
+        while sender.pieces_sent < 100 and time.monotonic() - start < 20:
+            time.sleep(0.001)
+        os.kill(doomed.proc.pid, signal.SIGKILL)
+        at_kill = sender.pieces_sent
+        pusher.join(40)
+        took = time.monotonic() - start
+    finally:
+        sender.close()
+        doomed.stop()
+    log.info("killed after %d of %d pieces; the push returned after %.2fs", at_kill, total, took)
+    assert 100 <= at_kill < total and sender.pieces_sent < total  # it really died mid-broadcast
+    assert [r.ok for r in pushed] == [True, True, False], pushed
+    assert [loaded(p) for p in replicas] == [(version, weights_checksum(new))] * len(replicas)
+    assert took < 12, took  # a 3 s collective timeout and 3 s of grace at most, then the fallback
+
+
 def test_the_trainer_set_to_broadcast_syncs_its_replicas_by_broadcast(
     replicas: list[RolloutProc], tmp_path: Path, redis_url: str
 ) -> None:
