@@ -14,14 +14,13 @@ import grpc
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import make_channel
 from grpo.common.retry import Backoff, RetryPolicy
+from grpo.common.weight_broadcast import WeightBroadcaster, describe
 from grpo.common.weight_transport import sender_for
 from grpo.common.weights import weights_checksum
 from grpo.v1 import rollout_pb2, rollout_pb2_grpc
 
 if TYPE_CHECKING:
     import torch
-
-    from grpo.common.weight_broadcast import WeightBroadcaster
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +150,6 @@ def _broadcast(
     start = time.monotonic()
     outcomes = broadcaster.push([t.address for t in targets], tensors, version, token=token,
                                 deadline=start + (deadline - start) / 2, checksum=checksum, ca_file=ca_file)  # fmt: skip
-    from grpo.common.weight_broadcast import describe
-
     done = {}
     for i, (target, outcome) in enumerate(zip(targets, outcomes, strict=True)):
         if isinstance(outcome, rollout_pb2.UpdateWeightsResponse) and not verify_reply(
