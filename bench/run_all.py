@@ -20,6 +20,7 @@ BENCHES = [
     "bench_math_verify.py",
     "bench_languages.py",
     "bench_rollout.py",
+    "bench_weight_broadcast.py",
     "bench_trainer.py",
     "bench_ranks.py",
     "bench_async.py",

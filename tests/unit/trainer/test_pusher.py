@@ -48,3 +48,21 @@ def test_a_relay_whose_root_is_gone_reports_every_replica_and_retries_directly()
     assert [r.replica_id for r in results] == ["r0", "r1", "r2"]
     assert all(not r.ok and r.attempts == 2 and "UNAVAILABLE" in r.error for r in results), results
     assert [r.route.split(" (")[0] for r in results] == ["direct, after the relay failed"] * 3
+
+
+def test_a_broadcast_to_nobody_falls_back_and_still_ends_at_once() -> None:
+    """With a broadcaster, a replica that is not there fails the round at once (its call ends before it
+    joins) and gets the ordinary push, with its retries, instead of a collective timeout."""
+    from grpo.common.weight_broadcast import WeightBroadcaster
+
+    broadcaster = WeightBroadcaster("127.0.0.1:0", timeout_s=30)
+    try:
+        start = time.monotonic()
+        [result] = push_to_replicas([ReplicaTarget("gone", f"127.0.0.1:{free_port()}")], {"w": torch.zeros(4)}, 1,
+                                    timeout_s=30, retries=1, broadcaster=broadcaster)  # fmt: skip
+        took = time.monotonic() - start
+    finally:
+        broadcaster.close()
+    assert not result.ok and result.attempts == 2 and "UNAVAILABLE" in result.error
+    assert took < 5, took  # not the 30 s collective timeout
+    assert broadcaster.epoch == 1 and broadcaster.pieces_sent == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -233,3 +234,17 @@ def test_each_algorithm_setting_offers_exactly_its_registry(field: str, registry
         typing.get_args(annotation)
     )
     assert choices - {None} == set(names), f"add the new name to TrainerSettings.{field} in grpo/trainer/config.py"
+
+
+def test_the_broadcast_transport_is_checked_at_start(data: Path) -> None:
+    s = parse_settings(["--train-data", str(data)])
+    assert s.weight_transport == "data_port"  # the default
+    s = parse_settings(["--train-data", str(data), "--weight-transport", "broadcast", "--broadcast-address", "[::1]:0"])
+    assert (s.weight_transport, s.broadcast_backend) == ("broadcast", "gloo")
+    for bad in ("trainer", "0.0.0.0:29500", "[::]:0", "trainer:http"):
+        with pytest.raises(ValidationError, match=f"broadcast_address '{re.escape(bad)}' must be host:port"):
+            parse_settings(["--train-data", str(data), "--broadcast-address", bad])
+    with pytest.raises(ValidationError, match="sends the weights unencrypted"):
+        parse_settings(
+            ["--train-data", str(data), "--weight-transport", "broadcast", "--rollout-tls-ca-file", "ca.pem"]
+        )

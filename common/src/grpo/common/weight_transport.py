@@ -9,10 +9,15 @@ replica's receive buffer:
   every other transport falls back to it.
 * `DataPortSender` / `DataPortSource` (grpo.common.weight_data_port): on a side TCP connection
   named by a one-time token in the call's metadata, ~3x faster.
+* `WeightBroadcaster` / `BroadcastSource` (grpo.common.weight_broadcast): one collective send (gloo on
+  CPU, NCCL on GPU) to every replica of a group the trainer hosts, named by an invitation in each call's
+  metadata. It updates many replicas at once, so the pusher calls it for all of them and sends the
+  ones it did not update by data port (docs/gpu-weight-broadcast.md).
 
-Which one is used is set on the replica by its one setting, `weights_data_port` (-1: stream only);
-the replica advertises the port in the Redis registry and in GetStatus, and `sender_for` picks the
-transport from that advertisement, so trainer and replica cannot disagree.
+Between the first two, the replica's one setting, `weights_data_port` (-1: stream only), decides: the
+replica advertises the port in the Redis registry and in GetStatus, and `sender_for` picks the
+transport from that advertisement, so trainer and replica cannot disagree. The broadcast is the
+trainer's choice (`weight_transport`); a replica that cannot join falls back like any other failure.
 
 Either sender goes to one replica. Relay fan-out (grpo.common.weight_relay) sends one copy into a tree
 of replicas instead: a replica with children in the call's `RelayPlan` forwards its receive buffer to

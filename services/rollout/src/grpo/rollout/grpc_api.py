@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 import grpc
 
+from grpo.common.weight_broadcast import BROADCAST_KEY
 from grpo.common.weight_data_port import DATA_TOKEN_KEY, valid_token
 from grpo.common.weight_receiver import StreamMessage, decode_chunk
 from grpo.common.weight_relay import Relayer, ReplicaRelay, plan_in, relayed_trailer
@@ -192,7 +193,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             updates = self.service.updates
             result = updates.update(
                 limit.wrap(request_iterator),
-                updates.source(data_token),
+                updates.source(data_token, metadata.get(BROADCAST_KEY)),
                 lock_timeout_s=limit.limit_s,
                 data_timeout_s=limit.limit_s,
                 relay=relay,

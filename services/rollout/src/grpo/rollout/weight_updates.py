@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from grpo.common.weight_broadcast import BroadcastMember, BroadcastSource, Invitation
 from grpo.common.weight_data_port import DataPortSource, WeightDataPort
 from grpo.common.weight_receiver import StagingBuffers, StreamMessage, WeightAssembler
 from grpo.common.weight_relay import ReplicaRelay
@@ -73,9 +74,13 @@ class WeightUpdates:
         # Each update being received holds a model-sized buffer: a few at once, never unbounded.
         self._receive_slots = threading.BoundedSemaphore(MAX_WEIGHT_STREAMS)
         self._staging = StagingBuffers(keep=MAX_WEIGHT_STREAMS)
+        self.broadcast = BroadcastMember()  # the trainer's broadcast group, once an update invites us
 
-    def source(self, data_token: str | None) -> WeightSource:
-        """Where an UpdateWeights call's bytes come from: the data port connection its token names, or its stream."""
+    def source(self, data_token: str | None, broadcast: str | None = None) -> WeightSource:
+        """Where an UpdateWeights call's bytes come from: the broadcast its invitation names, the data port
+        connection its token names, or its stream. WeightUpdateError when the invitation is malformed."""
+        if broadcast:
+            return BroadcastSource(self.broadcast, Invitation.parse(broadcast))
         return DataPortSource(self.data_port, data_token) if data_token else StreamSource()
 
     def update(

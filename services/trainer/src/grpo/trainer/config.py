@@ -224,6 +224,17 @@ class TrainerSettings(ServiceSettings):
     weights_token: str | None = None
     """Bearer token for the rollout's UpdateWeights; defaults to `token` (as the rollout's own weights_token does,
     so one API token for the whole deployment authenticates the weight push too)."""
+    weight_transport: Literal["data_port", "broadcast"] = "data_port"
+    """How updates reach the replicas: `data_port` (each replica's advertised data port, else the gRPC stream) or
+    `broadcast` (the bytes sent once to all of them by a collective the trainer hosts; those it does not update get
+    the ordinary push (`weight_push`); docs/gpu-weight-broadcast.md)."""
+    broadcast_address: str = "127.0.0.1:0"
+    """`host:port` where replicas reach the broadcast group's store (port 0: any free one); the group listens on that
+    host's interface. Keep it on a private network: the store and the collective carry no credentials."""
+    broadcast_backend: Literal["gloo", "nccl"] = "gloo"
+    """The collective's backend: `gloo` (CPU memory, any network) or `nccl` (GPUs; see the doc for what is unverified)."""
+    broadcast_timeout_s: float = Field(30.0, gt=0)
+    """Bound on forming the broadcast group and on each piece; a round that misses it falls back to the data port."""
     rollout_tls_ca_file: str | None = None
     """PEM root certificates to verify the rollout replicas' TLS certificates; plaintext when unset."""
     min_replicas: int = Field(1, ge=0)
@@ -275,6 +286,14 @@ class TrainerSettings(ServiceSettings):
             raise ValueError("tls_cert_file and tls_key_file must be set together")
         if self.weights_token is None:
             self.weights_token = self.token
+        if self.weight_transport == "broadcast" and self.rollout_tls_ca_file:
+            raise ValueError("weight_transport=broadcast sends the weights unencrypted; with rollout_tls_ca_file use "
+                             "data_port (it speaks TLS)")  # fmt: skip
+        host, _, port = self.broadcast_address.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535 or host.strip("[]") in ("0.0.0.0", "::"):
+            raise ValueError(
+                f"broadcast_address {self.broadcast_address!r} must be host:port, a host the replicas reach"
+            )
         if self.reward_clip is not None and self.reward_clip[0] > self.reward_clip[1]:
             raise ValueError(f"reward_clip={list(self.reward_clip)} must be [lo, hi] with lo <= hi")
         if self.sampler_exact and self.precision == "bf16":

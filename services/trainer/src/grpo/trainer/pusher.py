@@ -19,6 +19,7 @@ import grpc
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import make_channel
 from grpo.common.retry import Backoff, RetryPolicy
+from grpo.common.weight_broadcast import WeightBroadcaster, describe
 from grpo.common.weight_relay import Relayer, TensorPayload, relay_tree
 from grpo.common.weight_transport import sender_for
 from grpo.common.weights import weights_checksum
@@ -130,23 +131,30 @@ def push_to_replicas(
     ca_file: str | None = None,
     mode: PushMode = "direct",
     fanout: int = 2,
+    broadcaster: WeightBroadcaster | None = None,
 ) -> list[PushResult]:
     """Push `tensors` as `version` to all `targets`, `direct`ly or by `relay` (a tree of `fanout`, 1: a chain);
-    one result per target, in order, within ~timeout_s whatever happens."""
+    one result per target, in order, within ~timeout_s whatever happens. With a `broadcaster`, the bytes go
+    once to all of them by collective broadcast first; those it did not update are pushed to by `mode`."""
     if not targets:
         return []
     deadline = time.monotonic() + timeout_s
     with ThreadPoolExecutor(max_workers=min(len(targets), 16) + 1, thread_name_prefix="push") as pool:
         # Hashed once for every replica, while the bytes already flow to their data ports.
         checksum = pool.submit(weights_checksum, tensors)
-        if mode == "relay" and len(targets) > 1:
-            results = _relay(targets, tensors, version, checksum, token, deadline, retries, ca_file, fanout, pool)
+        done: dict[int, PushResult] = {}
+        if broadcaster is not None:
+            done = _broadcast(broadcaster, targets, tensors, version, checksum, token, deadline, ca_file)
+        left = [t for i, t in enumerate(targets) if i not in done]
+        if mode == "relay" and len(left) > 1:
+            pushed = _relay(left, tensors, version, checksum, token, deadline, retries, ca_file, fanout, pool)
         else:
             futures = [
-                pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries, ca_file)
-                for t in targets
+                pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries, ca_file) for t in left
             ]
-            results = [f.result() for f in futures]
+            pushed = [f.result() for f in futures]
+        rest = iter(pushed)
+        results = [done[i] if i in done else next(rest) for i in range(len(targets))]
     for r in results:
         if r.ok:
             log.info("pushed version %d to %s in %.2fs (%s)", version, r.replica_id, r.seconds, r.route)
@@ -214,6 +222,36 @@ def _route(r: rollout_pb2.RelayResult) -> str:
     if r.rerouted_around:  # its sender took the place of a hop that failed (died, or never got the bytes)
         return f"{r.rerouted_around} failed mid-relay; re-routed through {r.sender}"
     return "relay root" if r.sender == "trainer" else f"relayed via {r.sender}"
+
+
+def _broadcast(
+    broadcaster: WeightBroadcaster,
+    targets: Sequence[ReplicaTarget],
+    tensors: Mapping[str, torch.Tensor],
+    version: int,
+    checksum: Future[str],
+    token: str | None,
+    deadline: float,
+    ca_file: str | None,
+) -> dict[int, PushResult]:
+    """The targets (by index) that the broadcast updated; the rest fall back. It gets half the push's time."""
+    start = time.monotonic()
+    outcomes = broadcaster.push([t.address for t in targets], tensors, version, token=token,
+                                deadline=start + (deadline - start) / 2, checksum=checksum, ca_file=ca_file)  # fmt: skip
+    done = {}
+    for i, (target, outcome) in enumerate(zip(targets, outcomes, strict=True)):
+        if isinstance(outcome, rollout_pb2.UpdateWeightsResponse) and not verify_reply(
+            outcome, version, checksum.result()
+        ):
+            done[i] = PushResult(target.replica_id, target.address, True, outcome.version, outcome.checksum, "",
+                                 time.monotonic() - start, route="broadcast")  # fmt: skip
+        else:
+            log.warning(
+                "broadcast to %s did not take (%s); pushing to it without the broadcast",
+                target.replica_id,
+                describe(outcome),
+            )
+    return done
 
 
 def replica_status(

@@ -22,6 +22,7 @@ from grpo.common.queue import QueueUnavailable, RunQueue, connect
 from grpo.common.readiness import redis_check
 from grpo.common.registry import ReplicaRegistry
 from grpo.common.retry import RetryPolicy, retry
+from grpo.common.weight_broadcast import WeightBroadcaster
 from grpo.trainer.accounting import Accounting, StepQuota, batches_to_publish, lineage_staleness, triage
 from grpo.trainer.assemble import build_learner, check_step_credit, resolve_algo, task_spec
 from grpo.trainer.checkpoint import latest_checkpoint
@@ -67,6 +68,11 @@ class GrpoRun:
         self.control.readiness.add("redis", redis_check(s.redis_url))
         self.queue.ensure_groups()
         self.registry = ReplicaRegistry(client, s.run_id)
+        self.broadcaster = (
+            WeightBroadcaster(s.broadcast_address, s.broadcast_backend, s.broadcast_timeout_s)
+            if s.weight_transport == "broadcast"
+            else None
+        )
         self.waiting = WaitReporter(self.queue, self.registry, s.redis_url)  # says what a long wait is for
         self.reader = GroupReader(self.queue, CONSUMER)
         self.learner = RankDriver(build_learner(s, self.algo), s.model)
@@ -156,6 +162,8 @@ class GrpoRun:
         """Release the follower ranks and the metrics files (idempotent; also after a failure)."""
         self.learner.close()
         self.sink.close()
+        if self.broadcaster is not None:
+            self.broadcaster.close()
 
     # ---- replicas ------------------------------------------------------------------------------
     def _live(self) -> list[Any]:
@@ -203,6 +211,7 @@ class GrpoRun:
             targets, tensors, self.version, token=self.s.weights_token, timeout_s=self.s.push_timeout_s,
             retries=self.s.push_retries, ca_file=self.s.rollout_tls_ca_file,
             mode=push_mode(self.s.weight_push, len(targets)), fanout=self.s.relay_fanout,
+            broadcaster=self.broadcaster,
         )  # fmt: skip
         for r in results:
             if r.ok:
