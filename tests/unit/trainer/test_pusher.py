@@ -66,3 +66,20 @@ def test_a_broadcast_to_nobody_falls_back_and_still_ends_at_once() -> None:
     assert not result.ok and result.attempts == 2 and "UNAVAILABLE" in result.error
     assert took < 5, took  # not the 30 s collective timeout
     assert broadcaster.epoch == 1 and broadcaster.pieces_sent == 0
+
+
+def test_replicas_a_broadcast_missed_are_relayed_to() -> None:
+    """Broadcast first, then the configured push for the rest: three missing replicas fail the broadcast round
+    at once, then the relay (re-routing around each dead hop), then one direct attempt each."""
+    from grpo.common.weight_broadcast import WeightBroadcaster
+
+    targets = [ReplicaTarget(f"r{i}", f"127.0.0.1:{free_port()}") for i in range(3)]
+    broadcaster = WeightBroadcaster("127.0.0.1:0", timeout_s=30)
+    try:
+        results = push_to_replicas(targets, {"w": torch.zeros(4)}, 1, timeout_s=20, retries=1, mode="relay",
+                                   fanout=1, broadcaster=broadcaster)  # fmt: skip
+    finally:
+        broadcaster.close()
+    assert [r.replica_id for r in results] == ["r0", "r1", "r2"]
+    assert all(not r.ok and r.attempts == 2 for r in results), results
+    assert [r.route.split(" (")[0] for r in results] == ["direct, after the relay failed"] * 3
