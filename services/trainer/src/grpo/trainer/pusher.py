@@ -19,6 +19,7 @@ import grpc
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import make_channel
 from grpo.common.retry import Backoff, RetryPolicy
+from grpo.common.send_rate import SendRate, send_rate
 from grpo.common.weight_relay import Relayer, TensorPayload, relay_tree
 from grpo.common.weight_transport import sender_for
 from grpo.common.weights import weights_checksum
@@ -85,9 +86,10 @@ def _push_one(
     retries: int,
     ca_file: str | None = None,
     route: str = "direct",
+    rate: SendRate | None = None,
 ) -> PushResult:
     start = time.monotonic()
-    sender = sender_for(target.data_port)
+    sender = sender_for(target.data_port, rate=rate)
     # The one retry policy (grpo.common.retry), bounded by the push's own deadline as well as by `retries`.
     policy = RetryPolicy(base_s=0.5, cap_s=5.0, attempts=retries + 1, deadline_s=max(deadline - start, 0.0))
     backoff = Backoff(policy, f"weight push of version {version} to {target.replica_id}", logger=log)
@@ -130,20 +132,23 @@ def push_to_replicas(
     ca_file: str | None = None,
     mode: PushMode = "direct",
     fanout: int = 2,
+    send_rate_mb_s: float = 0.0,
 ) -> list[PushResult]:
     """Push `tensors` as `version` to all `targets`, `direct`ly or by `relay` (a tree of `fanout`, 1: a chain);
-    one result per target, in order, within ~timeout_s whatever happens."""
+    one result per target, in order, within ~timeout_s whatever happens. `send_rate_mb_s` > 0 caps the
+    trainer's sending, all streams together (grpo.common.send_rate)."""
     if not targets:
         return []
     deadline = time.monotonic() + timeout_s
+    rate = send_rate(send_rate_mb_s)  # one bucket: the trainer host's NIC, whatever the number of streams
     with ThreadPoolExecutor(max_workers=min(len(targets), 16) + 1, thread_name_prefix="push") as pool:
         # Hashed once for every replica, while the bytes already flow to their data ports.
         checksum = pool.submit(weights_checksum, tensors)
         if mode == "relay" and len(targets) > 1:
-            results = _relay(targets, tensors, version, checksum, token, deadline, retries, ca_file, fanout, pool)
+            results = _relay(targets, tensors, version, checksum, token, deadline, retries, ca_file, fanout, pool, rate)
         else:
             futures = [
-                pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries, ca_file)
+                pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries, ca_file, rate=rate)
                 for t in targets
             ]
             results = [f.result() for f in futures]
@@ -169,11 +174,12 @@ def _relay(
     ca_file: str | None,
     fanout: int,
     pool: ThreadPoolExecutor,
+    rate: SendRate | None = None,
 ) -> list[PushResult]:
     """One copy into a relay tree of `targets`; a replica the relay left without the version (and that a retry
     may help) is then pushed to directly, with what is left of the deadline."""
     start = time.monotonic()
-    relayer = Relayer("trainer", token, ca_file)
+    relayer = Relayer("trainer", token, ca_file, rate=rate)
     hops = [rollout_pb2.RelayHop(replica_id=t.replica_id, address=t.address, data_port=t.data_port) for t in targets]
     relayed = {r.replica_id: r for r in relayer.relay([relay_tree(hops, fanout)], TensorPayload(tensors, version,
                checksum), deadline)}  # fmt: skip
@@ -193,7 +199,7 @@ def _relay(
             log.warning("relay of version %d to %s failed (%s: %s); pushing to it directly", version, t.replica_id,
                         route, error)  # fmt: skip
             retry = pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries - 1, ca_file,
-                                f"direct, after the relay failed ({route}: {error})")  # fmt: skip
+                                f"direct, after the relay failed ({route}: {error})", rate)  # fmt: skip
             results.append((retry, sent))
         else:
             results.append(PushResult(t.replica_id, t.address, False, error=error, seconds=time.monotonic() - start,
