@@ -26,6 +26,7 @@ BENCHES = [
     "bench_async.py",
     "bench_load.py",
     "bench_control_path.py",
+    "bench_weight_fanout.py",  # ~20 min: 64 receivers, 200 MB, capped arms at 5 MB/s per sender
 ]
 log = logging.getLogger("bench")
 

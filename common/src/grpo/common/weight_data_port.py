@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpo.common.send_rate import SendRate, paced
 from grpo.common.weight_receiver import StreamMessage, WeightAssembler
 from grpo.common.weight_transport import Push, StreamSender, WeightSender, WeightSource, remaining, resolve
 from grpo.common.weights import WeightUpdateError, data_pieces, make_header
@@ -264,8 +265,8 @@ class DataPortSender(WeightSender):
 
     via = "data_port"
 
-    def __init__(self, port: int, chunk_bytes: int) -> None:
-        super().__init__(chunk_bytes)
+    def __init__(self, port: int, chunk_bytes: int, rate: SendRate | None = None) -> None:
+        super().__init__(chunk_bytes, rate)
         self.port = port
 
     def send(self, push: Push) -> rollout_pb2.UpdateWeightsResponse:
@@ -274,7 +275,7 @@ class DataPortSender(WeightSender):
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         conn = connect(split_host(address), self.port, token, size, push.ca_file)
         if conn is None:  # logged: the bytes go in the stream instead
-            fallback = StreamSender(self.chunk_bytes)
+            fallback = StreamSender(self.chunk_bytes, self.rate)
             return fallback.send(push)
         with conn, ThreadPoolExecutor(1, thread_name_prefix="weights-sha256") as hasher:
             # The bytes go out while the header's sha256 is computed (hashlib releases the GIL).
@@ -292,9 +293,10 @@ class DataPortSender(WeightSender):
             conn.settimeout(left)
             try:
                 for pieces in data_pieces(tensors, self.chunk_bytes):
-                    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-                    conn.sendall(data)
-                    self.bytes_sent += len(data)
+                    data = pieces[0] if len(pieces) == 1 else memoryview(b"".join(pieces))
+                    for piece in paced(data, self.rate):
+                        conn.sendall(piece)
+                        self.bytes_sent += len(piece)
                 conn.shutdown(socket.SHUT_WR)
             except OSError as exc:
                 log.debug("weight data send to %s stopped: %s (the reply says why)", address, exc)

@@ -33,6 +33,7 @@ import grpc
 
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import DEFAULT_OPTIONS, make_channel
+from grpo.common.send_rate import SendRate, paced
 from grpo.common.weight_data_port import DATA_TOKEN_KEY, _shutdown, connect, new_token, split_host
 from grpo.common.weight_receiver import StreamMessage, WeightAssembler
 from grpo.common.weight_transport import remaining, resolve
@@ -182,7 +183,7 @@ class Relayer:
 
     `name` is this sender ("trainer" or the replica id); `token` and `ca_file` are what it presents to and
     trusts in the hops. `bytes_sent` counts the update bytes it sent, per hop it sent them to; `on_sent(n)`
-    hears of each piece (a replica's metric).
+    hears of each piece (a replica's metric). `rate` caps what it sends, all hops together (one NIC).
     """
 
     def __init__(
@@ -192,8 +193,10 @@ class Relayer:
         ca_file: str | None = None,
         chunk_bytes: int = CHUNK_BYTES,
         on_sent: Callable[[int], None] | None = None,
+        rate: SendRate | None = None,
     ) -> None:
         self.name, self.token, self.ca_file, self.chunk_bytes = name, token, ca_file, chunk_bytes
+        self.rate = rate
         self.bytes_sent: dict[str, int] = {}
         self._on_sent = on_sent
         self._lock = threading.Lock()
@@ -304,8 +307,9 @@ class Relayer:
         conn.settimeout(remaining(deadline))
         try:
             for view in payload.pieces(deadline):
-                conn.sendall(view)
-                self._count(replica_id, len(view))
+                for piece in paced(view, self.rate):
+                    conn.sendall(piece)
+                    self._count(replica_id, len(piece))
             conn.shutdown(socket.SHUT_WR)
         except OSError as exc:
             log.debug("relay: weight data to %s stopped: %s (its reply says why)", replica_id, exc)
@@ -318,6 +322,8 @@ class Relayer:
         for view in payload.pieces(deadline):
             for start in range(0, len(view), self.chunk_bytes):
                 piece = view[start : start + self.chunk_bytes]
+                if self.rate is not None:
+                    self.rate.take(len(piece))
                 yield encode_data([piece])
                 self._count(replica_id, len(piece))
 

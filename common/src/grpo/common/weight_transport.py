@@ -46,6 +46,7 @@ import grpc
 
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import make_channel
+from grpo.common.send_rate import SendRate
 from grpo.common.weight_receiver import StreamMessage, WeightAssembler
 from grpo.common.weights import CHUNK_BYTES, UPDATE_WEIGHTS_METHOD, iter_wire_messages
 from grpo.v1 import rollout_pb2
@@ -76,8 +77,9 @@ class WeightSender(ABC):
 
     via: ClassVar[str]  # the replica counts applied bytes under this label (grpo_rollout_weight_update_bytes)
 
-    def __init__(self, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(self, chunk_bytes: int = CHUNK_BYTES, rate: SendRate | None = None) -> None:
         self.chunk_bytes = chunk_bytes
+        self.rate = rate  # the host's send-rate cap, shared by all its senders (grpo.common.send_rate)
         self.bytes_sent = 0  # the update's data bytes this sender has sent, over every `send` (the pusher's egress)
 
     def push(
@@ -125,6 +127,8 @@ class StreamSender(WeightSender):
 
     def _counted(self, messages: Iterable[bytes]) -> Iterator[bytes]:
         for i, message in enumerate(messages):
+            if i and self.rate is not None:
+                self.rate.take(len(message))
             yield message
             if i:  # the first is the header; a data message is its bytes and a few of framing
                 self.bytes_sent += len(message)
@@ -154,13 +158,14 @@ class StreamSource(WeightSource):
             assembler.feed(message)
 
 
-def sender_for(data_port: int, chunk_bytes: int = CHUNK_BYTES) -> WeightSender:
-    """The transport for a replica that advertises `data_port` (0: none, so the gRPC stream)."""
+def sender_for(data_port: int, chunk_bytes: int = CHUNK_BYTES, rate: SendRate | None = None) -> WeightSender:
+    """The transport for a replica that advertises `data_port` (0: none, so the gRPC stream), sending at most at
+    `rate` (shared with the host's other senders) when set."""
     if data_port:
         from grpo.common.weight_data_port import DataPortSender  # it imports this module
 
-        return DataPortSender(data_port, chunk_bytes)
-    return StreamSender(chunk_bytes)
+        return DataPortSender(data_port, chunk_bytes, rate)
+    return StreamSender(chunk_bytes, rate)
 
 
 def resolve(checksum: str | Future[str] | None) -> str | None:

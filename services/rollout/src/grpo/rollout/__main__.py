@@ -77,11 +77,13 @@ def serve(settings: RolloutSettings, stop: threading.Event) -> None:
 
 def relayer(settings: RolloutSettings, service: RolloutService) -> Relayer:
     """How this replica relays weight updates on: with the deployment's weights token, over TLS when it has TLS."""
+    from grpo.common.send_rate import send_rate
     from grpo.common.weight_relay import Relayer
 
     ca_file = settings.relay_tls_ca_file or settings.tls_cert_file
     token = settings.weights_token or settings.token
-    return Relayer(settings.replica_id, token, ca_file, on_sent=service.metrics.relayed_bytes.inc)
+    return Relayer(settings.replica_id, token, ca_file, on_sent=service.metrics.relayed_bytes.inc,
+                   rate=send_rate(settings.weights_send_rate_mb_s))  # fmt: skip
 
 
 def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutService]:

@@ -63,6 +63,9 @@ class RolloutSettings(ServiceSettings):
     relay_tls_ca_file: str | None = None
     """PEM root certificates this replica trusts in the replicas it relays weight updates to (the trainer's
     weight_push=relay); unset with TLS on: its own tls_cert_file (one certificate for the deployment)."""
+    weights_send_rate_mb_s: float = Field(0.0, ge=0)
+    """Cap on the rate this replica relays weight updates on at, in MB/s (10^6 bytes) over all the replicas it
+    forwards to together (10 Gb/s = 1,250); 0: no cap. Keeps relay traffic from starving other traffic."""
     weights_stream_timeout_s: float = Field(300.0, gt=0)
     """Longest one UpdateWeights stream may take to arrive (whatever the pusher's deadline); then it is cancelled."""
     tls_cert_file: str | None = None

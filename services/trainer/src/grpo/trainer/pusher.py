@@ -19,6 +19,7 @@ import grpc
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import make_channel
 from grpo.common.retry import Backoff, RetryPolicy
+from grpo.common.send_rate import SendRate, send_rate
 from grpo.common.weight_broadcast import WeightBroadcaster, describe
 from grpo.common.weight_relay import Relayer, TensorPayload, relay_tree
 from grpo.common.weight_transport import sender_for
@@ -86,9 +87,10 @@ def _push_one(
     retries: int,
     ca_file: str | None = None,
     route: str = "direct",
+    rate: SendRate | None = None,
 ) -> PushResult:
     start = time.monotonic()
-    sender = sender_for(target.data_port)
+    sender = sender_for(target.data_port, rate=rate)
     # The one retry policy (grpo.common.retry), bounded by the push's own deadline as well as by `retries`.
     policy = RetryPolicy(base_s=0.5, cap_s=5.0, attempts=retries + 1, deadline_s=max(deadline - start, 0.0))
     backoff = Backoff(policy, f"weight push of version {version} to {target.replica_id}", logger=log)
@@ -132,13 +134,16 @@ def push_to_replicas(
     mode: PushMode = "direct",
     fanout: int = 2,
     broadcaster: WeightBroadcaster | None = None,
+    send_rate_mb_s: float = 0.0,
 ) -> list[PushResult]:
     """Push `tensors` as `version` to all `targets`, `direct`ly or by `relay` (a tree of `fanout`, 1: a chain);
     one result per target, in order, within ~timeout_s whatever happens. With a `broadcaster`, the bytes go
-    once to all of them by collective broadcast first; those it did not update are pushed to by `mode`."""
+    once to all of them by collective broadcast first; those it did not update are pushed to by `mode`.
+    `send_rate_mb_s` > 0 caps the trainer's pushing, all streams together (grpo.common.send_rate)."""
     if not targets:
         return []
     deadline = time.monotonic() + timeout_s
+    rate = send_rate(send_rate_mb_s)  # one bucket: the trainer host's NIC, whatever the number of streams
     with ThreadPoolExecutor(max_workers=min(len(targets), 16) + 1, thread_name_prefix="push") as pool:
         # Hashed once for every replica, while the bytes already flow to their data ports.
         checksum = pool.submit(weights_checksum, tensors)
@@ -147,10 +152,11 @@ def push_to_replicas(
             done = _broadcast(broadcaster, targets, tensors, version, checksum, token, deadline, ca_file)
         left = [t for i, t in enumerate(targets) if i not in done]
         if mode == "relay" and len(left) > 1:
-            pushed = _relay(left, tensors, version, checksum, token, deadline, retries, ca_file, fanout, pool)
+            pushed = _relay(left, tensors, version, checksum, token, deadline, retries, ca_file, fanout, pool, rate)
         else:
             futures = [
-                pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries, ca_file) for t in left
+                pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries, ca_file, rate=rate)
+                for t in left
             ]
             pushed = [f.result() for f in futures]
         rest = iter(pushed)
@@ -177,11 +183,12 @@ def _relay(
     ca_file: str | None,
     fanout: int,
     pool: ThreadPoolExecutor,
+    rate: SendRate | None = None,
 ) -> list[PushResult]:
     """One copy into a relay tree of `targets`; a replica the relay left without the version (and that a retry
     may help) is then pushed to directly, with what is left of the deadline."""
     start = time.monotonic()
-    relayer = Relayer("trainer", token, ca_file)
+    relayer = Relayer("trainer", token, ca_file, rate=rate)
     hops = [rollout_pb2.RelayHop(replica_id=t.replica_id, address=t.address, data_port=t.data_port) for t in targets]
     relayed = {r.replica_id: r for r in relayer.relay([relay_tree(hops, fanout)], TensorPayload(tensors, version,
                checksum), deadline)}  # fmt: skip
@@ -201,7 +208,7 @@ def _relay(
             log.warning("relay of version %d to %s failed (%s: %s); pushing to it directly", version, t.replica_id,
                         route, error)  # fmt: skip
             retry = pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries - 1, ca_file,
-                                f"direct, after the relay failed ({route}: {error})")  # fmt: skip
+                                f"direct, after the relay failed ({route}: {error})", rate)  # fmt: skip
             results.append((retry, sent))
         else:
             results.append(PushResult(t.replica_id, t.address, False, error=error, seconds=time.monotonic() - start,

@@ -211,7 +211,7 @@ class GrpoRun:
             targets, tensors, self.version, token=self.s.weights_token, timeout_s=self.s.push_timeout_s,
             retries=self.s.push_retries, ca_file=self.s.rollout_tls_ca_file,
             mode=push_mode(self.s.weight_push, len(targets)), fanout=self.s.relay_fanout,
-            broadcaster=self.broadcaster,
+            broadcaster=self.broadcaster, send_rate_mb_s=self.s.weights_send_rate_mb_s,
         )  # fmt: skip
         for r in results:
             if r.ok:
