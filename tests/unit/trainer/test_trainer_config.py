@@ -24,7 +24,7 @@ def test_defaults_and_ports(data: Path) -> None:
     assert (s.grpc_port, s.http_port) == (7053, 8003)
     assert s.preset == "grpo" and s.max_staleness == 0 and s.resume == "auto" and s.backend == "torch"
     assert s.algo_overrides() == {}
-    assert (s.weight_push, s.relay_fanout) == ("auto", 2)  # relay from 3 replicas on (grpo.trainer.pusher.push_mode)
+    assert (s.weight_push, s.relay_fanout) == ("auto", 1)  # a chain from 2 replicas on (grpo.trainer.pusher.push_mode)
 
 
 def test_preset_values_become_defaults(data: Path) -> None:

@@ -218,11 +218,11 @@ class TrainerSettings(ServiceSettings):
     weight_push: Literal["auto", "direct", "relay"] = "auto"
     """How a new weight version reaches the replicas: `direct` sends each its own copy (the trainer's egress grows
     with the replicas), `relay` sends one copy into a tree of replicas that pass it on as they receive it, each
-    checking it itself; `auto` relays to 3 or more replicas. A replica the relay misses is pushed to directly."""
-    relay_fanout: int = Field(2, ge=1)
+    checking it itself; `auto` relays to 2 or more replicas. A replica the relay misses is pushed to directly."""
+    relay_fanout: int = Field(1, ge=1)
     """Children of each replica in the relay tree (1: a chain, the least egress per replica, the most hops). A parent
     splits its NIC among its children, so where the NIC binds a chain is `relay_fanout`× faster, at ~6 ms per extra
-    hop (measured: docs/scaling.md, "Weight transfer")."""
+    hop (measured: docs/scaling.md, "Weight transfer"); hence the chain by default (past 64 hops it becomes a tree of 2)."""
     weights_send_rate_mb_s: float = Field(0.0, ge=0)
     """Cap on the rate the trainer sends weight bytes at, in MB/s (10^6 bytes) over all its push streams together
     (10 Gb/s = 1,250); 0: no cap. Keeps weight pushes from starving other traffic on the trainer's links."""
