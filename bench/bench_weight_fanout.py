@@ -298,7 +298,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     ap.add_argument("--mb", type=float, default=200.0, help="the uncapped arms' update size")
-    ap.add_argument("--cap-mb-s", type=float, default=10.0, help="every sender's cap in the capped arms (0: none)")
+    ap.add_argument("--cap-mb-s", type=float, default=5.0, help="every sender's cap in the capped arms (0: none)")
     ap.add_argument("--cap-mb", type=float, default=200.0, help="the capped arms' update size")
     ap.add_argument("--direct-cap-max-n", type=int, default=4, help="largest N of the capped direct arms")
     ap.add_argument("--repeats", type=int, default=1)
