@@ -19,7 +19,7 @@ N for direct, where the slope is the time per copy), and the per-hop delay of th
 down the tree (slope of apply time vs depth within one push).
 
 Writes bench/results/weight_fanout.json (and docs/img/weight_fanout.png with --plot).
-Usage: python bench/bench_weight_fanout.py [--replicas 1 2 4 8 16 32 64] [--mb 200] [--cap-mb-s 10]
+Usage: python bench/bench_weight_fanout.py [--replicas 1 2 4 8 16 32 64] [--mb 200] [--cap-mb-s 5]
        [--cap-mb 200] [--direct-cap-max-n 4] [--repeats 1] [--per-host 8] [--plot]
 """
 
