@@ -289,7 +289,7 @@ class DataPortSender(WeightSender):
                 header_message(), timeout=left, metadata=(*push.metadata, (DATA_TOKEN_KEY, token))
             )
             # A rejected call ends at once: closing the socket then unblocks a send in progress.
-            call.add_done_callback(lambda _: _shutdown(conn))
+            call.add_done_callback(lambda _: shutdown_socket(conn))
             conn.settimeout(left)
             try:
                 for pieces in data_pieces(tensors, self.chunk_bytes):
@@ -335,7 +335,7 @@ class DataPortSource(WeightSource):
             self.port.discard(self.token)
 
 
-def _shutdown(conn: socket.socket) -> None:
+def shutdown_socket(conn: socket.socket) -> None:
     try:
         conn.shutdown(socket.SHUT_RDWR)
     except OSError:

@@ -34,7 +34,7 @@ import grpc
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import DEFAULT_OPTIONS, make_channel
 from grpo.common.send_rate import SendRate, paced
-from grpo.common.weight_data_port import DATA_TOKEN_KEY, _shutdown, connect, new_token, split_host
+from grpo.common.weight_data_port import DATA_TOKEN_KEY, connect, new_token, shutdown_socket, split_host
 from grpo.common.weight_receiver import StreamMessage, WeightAssembler
 from grpo.common.weight_transport import remaining, resolve
 from grpo.common.weights import CHUNK_BYTES, UPDATE_WEIGHTS_METHOD, data_pieces, encode_data, make_header
@@ -303,7 +303,7 @@ class Relayer:
             return reply
 
     def _pump(self, conn: socket.socket, call: grpc.Future, replica_id: str, payload: Payload, deadline: float) -> None:
-        call.add_done_callback(lambda _: _shutdown(conn))  # a rejected or dead hop unblocks our send
+        call.add_done_callback(lambda _: shutdown_socket(conn))  # a rejected or dead hop unblocks our send
         conn.settimeout(remaining(deadline))
         try:
             for view in payload.pieces(deadline):

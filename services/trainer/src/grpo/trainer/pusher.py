@@ -78,20 +78,22 @@ def verify_reply(reply: rollout_pb2.UpdateWeightsResponse, version: int, checksu
     return ""
 
 
-def _push_one(
-    target: ReplicaTarget,
-    tensors: Mapping[str, torch.Tensor],
-    version: int,
-    checksum: Future[str],
-    token: str | None,
-    deadline: float,
-    retries: int,
-    ca_file: str | None = None,
-    route: str = "direct",
-    rate: SendRate | None = None,
-) -> PushResult:
-    start = time.monotonic()
-    sender = sender_for(target.data_port, rate=rate)
+@dataclass(frozen=True)
+class _Round:
+    """One version's push, as every way of pushing (direct, relay, broadcast) shares it."""
+
+    tensors: Mapping[str, torch.Tensor]
+    version: int
+    checksum: Future[str]  # hashed once for every replica, while the bytes already flow
+    token: str | None
+    deadline: float
+    ca_file: str | None
+    rate: SendRate | None  # one bucket: the trainer host's NIC, whatever the number of streams
+
+
+def _push_one(push: _Round, target: ReplicaTarget, retries: int, route: str = "direct") -> PushResult:
+    start, version, deadline, checksum = time.monotonic(), push.version, push.deadline, push.checksum
+    sender = sender_for(target.data_port, rate=push.rate)
     # The one retry policy (grpo.common.retry), bounded by the push's own deadline as well as by `retries`.
     policy = RetryPolicy(base_s=0.5, cap_s=5.0, attempts=retries + 1, deadline_s=max(deadline - start, 0.0))
     backoff = Backoff(policy, f"weight push of version {version} to {target.replica_id}", logger=log)
@@ -103,9 +105,8 @@ def _push_one(
             break
         attempts += 1
         try:
-            reply = sender.push(
-                target.address, tensors, version, token=token, timeout_s=remaining, checksum=checksum, ca_file=ca_file
-            )
+            reply = sender.push(target.address, push.tensors, version, token=push.token, timeout_s=remaining,
+                                checksum=checksum, ca_file=push.ca_file)  # fmt: skip
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             error = f"{code.name if code else 'error'}: {exc.details() if hasattr(exc, 'details') else exc}"
@@ -144,22 +145,15 @@ def push_to_replicas(
     if not targets:
         return []
     deadline = time.monotonic() + timeout_s
-    rate = send_rate(send_rate_mb_s)  # one bucket: the trainer host's NIC, whatever the number of streams
     with ThreadPoolExecutor(max_workers=min(len(targets), 16) + 1, thread_name_prefix="push") as pool:
-        # Hashed once for every replica, while the bytes already flow to their data ports.
         checksum = pool.submit(weights_checksum, tensors)
-        done: dict[int, PushResult] = {}
-        if broadcaster is not None:
-            done = _broadcast(broadcaster, targets, tensors, version, checksum, token, deadline, ca_file)
+        push = _Round(tensors, version, checksum, token, deadline, ca_file, send_rate(send_rate_mb_s))
+        done = _broadcast(push, broadcaster, targets) if broadcaster is not None else {}
         left = [t for i, t in enumerate(targets) if i not in done]
         if mode == "relay" and len(left) > 1:
-            pushed = _relay(left, tensors, version, checksum, token, deadline, retries, ca_file, fanout, pool, rate)
+            pushed = _relay(push, left, retries, fanout, pool)
         else:
-            futures = [
-                pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries, ca_file, rate=rate)
-                for t in left
-            ]
-            pushed = [f.result() for f in futures]
+            pushed = [f.result() for f in [pool.submit(_push_one, push, t, retries) for t in left]]
         rest = iter(pushed)
         results = [done[i] if i in done else next(rest) for i in range(len(targets))]
     for r in results:
@@ -174,25 +168,15 @@ def push_to_replicas(
 
 
 def _relay(
-    targets: Sequence[ReplicaTarget],
-    tensors: Mapping[str, torch.Tensor],
-    version: int,
-    checksum: Future[str],
-    token: str | None,
-    deadline: float,
-    retries: int,
-    ca_file: str | None,
-    fanout: int,
-    pool: ThreadPoolExecutor,
-    rate: SendRate | None = None,
+    push: _Round, targets: Sequence[ReplicaTarget], retries: int, fanout: int, pool: ThreadPoolExecutor
 ) -> list[PushResult]:
     """One copy into a relay tree of `targets`; a replica the relay left without the version (and that a retry
     may help) is then pushed to directly, with what is left of the deadline."""
-    start = time.monotonic()
-    relayer = Relayer("trainer", token, ca_file, rate=rate)
+    start, version, checksum = time.monotonic(), push.version, push.checksum
+    relayer = Relayer("trainer", push.token, push.ca_file, rate=push.rate)
     hops = [rollout_pb2.RelayHop(replica_id=t.replica_id, address=t.address, data_port=t.data_port) for t in targets]
-    relayed = {r.replica_id: r for r in relayer.relay([relay_tree(hops, fanout)], TensorPayload(tensors, version,
-               checksum), deadline)}  # fmt: skip
+    payload = TensorPayload(push.tensors, version, checksum)
+    relayed = {r.replica_id: r for r in relayer.relay([relay_tree(hops, fanout)], payload, push.deadline)}
     results: list[PushResult | tuple[Future[PushResult], int]] = []
     for t in targets:
         r = relayed.get(t.replica_id)
@@ -208,8 +192,7 @@ def _relay(
         elif retries > 0 and not error.startswith(grpc.StatusCode.FAILED_PRECONDITION.name):
             log.warning("relay of version %d to %s failed (%s: %s); pushing to it directly", version, t.replica_id,
                         route, error)  # fmt: skip
-            retry = pool.submit(_push_one, t, tensors, version, checksum, token, deadline, retries - 1, ca_file,
-                                f"direct, after the relay failed ({route}: {error})", rate)  # fmt: skip
+            retry = pool.submit(_push_one, push, t, retries - 1, f"direct, after the relay failed ({route}: {error})")
             results.append((retry, sent))
         else:
             results.append(PushResult(t.replica_id, t.address, False, error=error, seconds=time.monotonic() - start,
@@ -232,20 +215,12 @@ def _route(r: rollout_pb2.RelayResult) -> str:
     return "relay root" if r.sender == "trainer" else f"relayed via {r.sender}"
 
 
-def _broadcast(
-    broadcaster: WeightBroadcaster,
-    targets: Sequence[ReplicaTarget],
-    tensors: Mapping[str, torch.Tensor],
-    version: int,
-    checksum: Future[str],
-    token: str | None,
-    deadline: float,
-    ca_file: str | None,
-) -> dict[int, PushResult]:
+def _broadcast(push: _Round, broadcaster: WeightBroadcaster, targets: Sequence[ReplicaTarget]) -> dict[int, PushResult]:
     """The targets (by index) that the broadcast updated; the rest fall back. It gets half the push's time."""
-    start = time.monotonic()
-    outcomes = broadcaster.push([t.address for t in targets], tensors, version, token=token,
-                                deadline=start + (deadline - start) / 2, checksum=checksum, ca_file=ca_file)  # fmt: skip
+    start, version, checksum = time.monotonic(), push.version, push.checksum
+    outcomes = broadcaster.push([t.address for t in targets], push.tensors, version, token=push.token,
+                                deadline=start + (push.deadline - start) / 2, checksum=checksum,
+                                ca_file=push.ca_file)  # fmt: skip
     done = {}
     for i, (target, outcome) in enumerate(zip(targets, outcomes, strict=True)):
         if isinstance(outcome, rollout_pb2.UpdateWeightsResponse) and not verify_reply(
