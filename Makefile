@@ -15,7 +15,7 @@ PYPROJECTS := $(addsuffix /pyproject.toml,$(PKGS))
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-fast test-faults test-compose images lint fmt protos check-protos system-deps toolchains clean bench
+.PHONY: demo test test-fast test-faults test-compose test-k8s images lint fmt protos check-protos system-deps toolchains clean bench
 
 $(STAMP): $(PYPROJECTS) requirements-dev.txt
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -65,10 +65,10 @@ XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
 # The fault-injection suite (kill any part mid-run, ~4 min) runs in `make test-faults`.
 test: $(STAMP) $(VLLM_STAMP) system-deps toolchains check-protos lint
-	$(PY) -m pytest -q $(XDIST) -m "not faults and not compose" --durations=15  # the slowest, for whoever keeps the suite short
+	$(PY) -m pytest -q $(XDIST) -m "not faults and not compose and not k8s" --durations=15  # the slowest, for whoever keeps the suite short
 
 test-fast: $(STAMP) system-deps toolchains
-	$(PY) -m pytest -q $(XDIST) -m "not slow and not vllm and not faults and not compose"
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not vllm and not faults and not compose and not k8s"
 
 # The images through `docker compose up` (needs a Docker engine with compose; ~15 min on 2 cores, images cached).
 images:
@@ -76,6 +76,15 @@ images:
 
 test-compose: $(STAMP) images
 	$(PY) -m pytest -q -m compose tests/compose
+
+# The Helm chart on a real single-node Kubernetes (scripts/k8s_local.sh over ../shared/tools/k8s-local, whose
+# `deps` and `build` must have run once: 17-40 min); the images are built, tagged :k8s and loaded into the node.
+K8S_IMAGES := grpo-reward grpo-rollout grpo-trainer
+test-k8s: $(STAMP) images
+	scripts/k8s_local.sh up
+	for image in $(K8S_IMAGES); do docker tag $$image:$${GRPO_TAG:-latest} $$image:k8s; done
+	scripts/k8s_local.sh load $(addsuffix :k8s,$(K8S_IMAGES)) redis:7.4-alpine
+	$(PY) -m pytest -q -m k8s tests/k8s
 
 bench: $(STAMP) $(VLLM_STAMP) system-deps
 	$(PY) bench/run_all.py

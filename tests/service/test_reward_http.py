@@ -7,6 +7,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.readme_examples import mismatches, verifier_examples
+
 BLOWUP = "\\boxed{\\dfrac{5^{(5^{(5^{(5^5)})}-4)}-5}{16}}"
 
 
@@ -21,6 +23,16 @@ def test_health_docs_openapi(live_reward: Any) -> None:
     assert httpx.get(f"{live_reward.http_url}/docs", timeout=5).status_code == 200
     paths = httpx.get(f"{live_reward.http_url}/openapi.json", timeout=5).json()["paths"]
     assert {"/v1/verify/math", "/v1/execute", "/v1/verify/code", "/v1/score"} <= set(paths)
+
+
+def test_the_readme_examples_answer_as_documented(live_reward: Any) -> None:
+    examples = verifier_examples()
+    assert [path for path, _, _ in examples] == ["/v1/verify/math", "/v1/execute", "/v1/verify/code", "/v1/score"]
+    for path, body, expected in examples:
+        assert len(expected) >= 2, (path, expected)  # the README shows what comes back
+        reply = post(live_reward, path, body)
+        assert reply.status_code == 200, reply.text
+        assert not mismatches(reply.json(), expected), (path, reply.json(), expected)
 
 
 @pytest.mark.parametrize(

@@ -375,6 +375,32 @@ def test_redis_outage_is_ridden_out(tmp_path: Path, live_reward: Any) -> None:
     assert "Redis unavailable" in log.read_text()
 
 
+@pytest.mark.faults
+def test_a_trainer_started_before_redis_waits_for_it(tmp_path: Path, live_reward: Any) -> None:
+    """A pod starts before Redis answers (or before its name resolves): the trainer waits instead of crashing."""
+    from grpo.local.redis_server import RedisServer
+
+    server = RedisServer()  # its port is chosen; nothing listens there yet
+    rollout = None
+    config = trainer_config(tmp_path, "late", server.url, steps=2, redis_outage_s=60)
+    log = tmp_path / "trainer.log"
+    proc = start_trainer(config, log)
+    try:
+        wait_for(lambda: "Redis unavailable" in log.read_text(), 120, "the trainer to wait for Redis", proc, log)
+        server.start()
+        args = ("--redis-url", server.url, "--reward-addr", live_reward.grpc_addr, "--replica-id", "late-r1",
+                "--advertise-host", "127.0.0.1")  # fmt: skip
+        rollout = start_rollout_service(*args, log_dir=tmp_path, env={**ROLLOUT_ENV, "GRPO_ROLLOUT_RUN": "late"})
+        assert proc.wait(timeout=150) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if rollout is not None:
+            rollout.stop()
+        server.close()
+    assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1, 2]
+
+
 # ---- a staged run (R1: SFT, then GRPO) ----------------------------------------------------------
 
 

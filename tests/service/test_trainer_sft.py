@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from grpo.common.net import free_port
@@ -50,6 +53,35 @@ def test_sft_mode_learns_and_exports(tmp_path: Path) -> None:
         "to start again use --resume never or another --output-dir"
     ]
     assert (out / "metrics.jsonl").read_text() == metrics
+    # --when-done serve (the chart's StatefulSet): the finished run stays up, Ready, until SIGTERM.
+    http_port = free_port()
+    served = [*cmd, "--when-done", "serve", "--http-port", str(http_port)]
+    proc = subprocess.Popen(served, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    try:
+        ready = wait_ready(f"http://127.0.0.1:{http_port}/readyz", proc)
+        assert ready == {"ready": True, "phase": "done", "step": 12, "missing": []}
+        time.sleep(1)
+        assert proc.poll() is None  # still serving
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+        try:
+            reply = httpx.get(url, timeout=2)
+            if reply.status_code == 200:
+                return dict(reply.json())
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"{url} not ready after {timeout} s")
 
 
 def test_bad_settings_exit_2_naming_the_field(tmp_path: Path) -> None:

@@ -108,3 +108,30 @@ startupProbe:
   periodSeconds: 5
   failureThreshold: 120
 {{- end -}}
+
+{{/* API versions the cluster serves: policy/v1 PodDisruptionBudget since 1.21, autoscaling/v2 HPA since 1.23.
+     Older clusters (and `helm template` without --api-versions or --kube-version) get the beta versions. */}}
+{{- define "grpo.pdbApiVersion" -}}
+{{- if .Capabilities.APIVersions.Has "policy/v1" -}}policy/v1{{- else -}}policy/v1beta1{{- end -}}
+{{- end -}}
+
+{{- define "grpo.hpaApiVersion" -}}
+{{- if .Capabilities.APIVersions.Has "autoscaling/v2" -}}autoscaling/v2{{- else -}}autoscaling/v2beta2{{- end -}}
+{{- end -}}
+
+{{/* storageClassName of a claim: include "grpo.storageClass" (list $ .Values.trainer.checkpoints.storageClass).
+     The claim's own value, else the chart-wide `storageClass`; "" leaves the field out (the cluster's default
+     class), "-" writes storageClassName: "" (no class: bind to a pre-made PersistentVolume). */}}
+{{- define "grpo.storageClass" -}}
+{{- $class := index . 1 | default (index . 0).Values.storageClass -}}
+{{- if eq $class "-" }}
+storageClassName: ""
+{{- else if $class }}
+storageClassName: {{ $class | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* Non-empty when the cluster has securityContext.appArmorProfile (Kubernetes 1.30+); older ones take an annotation. */}}
+{{- define "grpo.appArmorField" -}}
+{{- if semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version -}}true{{- end -}}
+{{- end -}}

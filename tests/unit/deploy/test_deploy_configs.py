@@ -122,3 +122,13 @@ def test_grpo_up_runs_exactly_the_compose_run() -> None:
     assert local == as_local
     for path in (local["train_data"], local["eval_data"], local["stages"][0]["train_data"]):
         assert (ROOT / path).is_file(), path
+
+
+def test_the_chart_cpu_values_run_exactly_the_compose_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """values-cpu.yaml's trainer.yaml is deploy/compose/trainer.yaml (run id and backend aside)."""
+    values = yaml.safe_load((CHART / "values-cpu.yaml").read_text())
+    config = next(d for d in rendered(values) if d["metadata"]["name"] == "demo-grpo-config")
+    chart = yaml.safe_load(config["data"]["trainer.yaml"])
+    compose = yaml.safe_load((ROOT / "deploy" / "compose" / "trainer.yaml").read_text())
+    assert {k: v for k, v in chart.items() if k not in ("run_id", "backend")} == compose
+    assert yaml.safe_load(config["data"]["rollout.yaml"])["torch_threads"] == 1

@@ -13,6 +13,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.support.netpol import CHART_REACHABILITY, Pod, isolated, reachability
+
 CHART = Path(__file__).resolve().parents[3] / "k8s" / "grpo"
 K8S_VERSION = "1.33.0"
 # Custom resources have no schema in kubernetes-validate; their shape is asserted below.
@@ -136,6 +138,21 @@ def test_network_policies_isolate_sandbox_and_weight_endpoint(manifests: tuple[s
     assert pod["args"][pod["args"].index("--weights-data-port") + 1] == "7054"
 
 
+def test_network_policies_allow_exactly_the_chart_paths(manifests: tuple[str, list[dict[str, Any]]]) -> None:
+    """Evaluated as an enforcing CNI would, over the pod templates' labels (tests/k8s does it on live pods)."""
+    _, docs = manifests
+    policies = [
+        {**p, "metadata": {**p["metadata"], "namespace": "grpo"}} for p in by_kind(docs, "NetworkPolicy").values()
+    ]
+    workloads = {**by_kind(docs, "Deployment"), **by_kind(docs, "StatefulSet")}
+    pods = {
+        name.rsplit("-", 1)[-1]: Pod(w["spec"]["template"]["metadata"]["labels"], "grpo")
+        for name, w in workloads.items()
+    }
+    assert all(isolated(policies, pod) for pod in pods.values())
+    assert reachability(policies, pods) == CHART_REACHABILITY
+
+
 def selector(component: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "grpo",
@@ -152,9 +169,37 @@ def test_trainer_is_a_statefulset_with_checkpoint_pvc_and_auto_resume(
     claim = trainer["spec"]["volumeClaimTemplates"][0]
     assert claim["metadata"]["name"] == "checkpoints"
     assert claim["spec"]["resources"]["requests"]["storage"]
+    assert claim["metadata"]["labels"] == selector("trainer")  # helm uninstall keeps it: the labels find it
+    assert "storageClassName" not in claim["spec"]  # the cluster's default class
     args = trainer["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--resume") + 1] == "auto"
+    assert args[args.index("--when-done") + 1] == "serve"  # a finished run is not restarted in a loop
     assert "/checkpoints" in args
+
+
+@pytest.mark.parametrize(
+    ("values", "trainer_class", "redis_class"),
+    [
+        ({"storageClass": "fast"}, "fast", "fast"),
+        ({"storageClass": "-"}, "", ""),  # no class: bind a pre-made PersistentVolume
+        ({"storageClass": "fast", "redis": {"persistence": {"storageClass": "slow"}}}, "fast", "slow"),
+        ({"trainer": {"checkpoints": {"storageClass": "nfs"}}}, "nfs", None),
+    ],
+)
+def test_claims_take_the_storage_class_given(
+    values: dict[str, Any], trainer_class: str, redis_class: str | None
+) -> None:
+    sets = by_kind(render(values), "StatefulSet")
+    for name, expected in (("demo-grpo-trainer", trainer_class), ("demo-grpo-redis", redis_class)):
+        spec = sets[name]["spec"]["volumeClaimTemplates"][0]["spec"]
+        assert spec.get("storageClassName") == expected, (name, spec)
+
+
+def test_the_builtin_data_has_the_sft_answers() -> None:
+    data = by_kind(render(load_values("cpu")), "ConfigMap")["demo-grpo-data"]["data"]
+    assert set(data) == {"train.jsonl", "eval.jsonl", "sft.jsonl"}
+    assert data["sft.jsonl"] == (CHART / "files" / "sft.jsonl").read_text().rstrip("\n")
+    assert sum(len(v) for v in data.values()) < 1_000_000  # a ConfigMap holds 1 MiB
 
 
 def test_reward_autoscales_on_cpu_and_has_disruption_budgets(manifests: tuple[str, list[dict[str, Any]]]) -> None:

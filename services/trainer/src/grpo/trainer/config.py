@@ -195,6 +195,9 @@ class TrainerSettings(ServiceSettings):
     """Keep the last N checkpoints."""
     resume: str = "auto"
     """`auto` (latest checkpoint in output_dir if any), `never`, or a checkpoint path."""
+    when_done: Literal["exit", "serve"] = "exit"
+    """After a finished run: `exit` 0 (a job: compose, `grpo up`), or `serve` the status, metrics and report APIs
+    until stopped (a Kubernetes StatefulSet, whose restart policy would otherwise restart a finished run in a loop)."""
 
     eval_every: int = Field(0, ge=0)
     """Evaluate on eval_data every N steps (0 = only at the end when eval_data is set)."""
@@ -334,7 +337,7 @@ class TrainerSettings(ServiceSettings):
         return {name: getattr(self, name) for name in ALGO_FIELDS if getattr(self, name) is not None}
 
 
-STAGE_FIXED = ("stages", "output_dir", "run_id", "resume", "host", "grpc_port", "http_port")
+STAGE_FIXED = ("stages", "output_dir", "run_id", "resume", "when_done", "host", "grpc_port", "http_port")
 
 
 def stage_settings(base: TrainerSettings, stage: dict[str, Any], index: int) -> TrainerSettings:

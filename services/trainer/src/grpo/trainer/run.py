@@ -66,7 +66,8 @@ class GrpoRun:
         client = connect(s.redis_url)
         self.queue = RunQueue(client, s.run_id)
         self.control.readiness.add("redis", redis_check(s.redis_url))
-        self.queue.ensure_groups()
+        # A pod can start before Redis (or its DNS name) answers: wait for it as for any outage.
+        self._retry(self.queue.ensure_groups, "creating the run's consumer groups")
         self.registry = ReplicaRegistry(client, s.run_id)
         self.broadcaster = (
             WeightBroadcaster(s.broadcast_address, s.broadcast_backend, s.broadcast_timeout_s)

@@ -84,6 +84,9 @@ def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
     code = 0
     try:
         run_mode(settings, control, registry)
+        if settings.when_done == "serve" and control.status().phase == "done":
+            log.info("the run is done; serving its status until stopped (--when-done serve)")
+            control.stop_event.wait()
     except DataError as exc:  # the user's file: one clear line, no traceback
         log.error("the run failed: %s", exc)
         control.update(phase="failed", error=str(exc))
