@@ -1,4 +1,4 @@
-"""`grpo-trainer` / `python -m grpo.trainer`: settings are parsed (and errors reported) before torch loads."""
+"""`grpo-trainer` / `python -m grpo.trainer`: settings are parsed (and their errors reported) before torch loads."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ def main(argv: list[str] | None = None) -> None:
     with exit_on_invalid_settings("grpo-trainer"):
         settings = parse_settings(argv)
         setup_logging(settings.log_level, settings.json_logs)
-        check_models(settings)
     from grpo.trainer.control import RunControl
-    from grpo.trainer.service import install_signal_handlers, serve
+    from grpo.trainer.service import install_signal_handlers, quiet_deepspeed_on_cpu, serve
+
+    quiet_deepspeed_on_cpu()  # before check_models, which may build (and save) the tiny model
+    with exit_on_invalid_settings("grpo-trainer"):
+        check_models(settings)
 
     control = RunControl(settings.run_id, settings.steps)
     install_signal_handlers(control)

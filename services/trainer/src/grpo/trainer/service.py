@@ -45,6 +45,15 @@ def install_signal_handlers(control: RunControl) -> None:
     signal.signal(signal.SIGINT, on_signal)
 
 
+def quiet_deepspeed_on_cpu() -> None:
+    """DeepSpeed (ours, or imported by transformers when it saves a model, as building the tiny one does) prints
+    a plain-text warning that it "was unable to detect" a GPU: say CPU first, so the log stays one JSON event a line."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
     """Run the configured mode with the gRPC and HTTP APIs up; returns the process exit code."""
     if env_rank() == 0:  # only rank 0 serves; a taken port is said before torch loads
@@ -53,9 +62,7 @@ def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
 
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-    if not torch.cuda.is_available():
-        # DeepSpeed (ours, or imported by transformers when saving) otherwise warns it "was unable to detect" a GPU.
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    quiet_deepspeed_on_cpu()
     if env_rank() > 0:
         return follow_rank(settings)
     control = control or RunControl(settings.run_id, settings.steps)
