@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -215,6 +216,14 @@ def test_readme_verifier_examples_through_the_service(release: Release) -> None:
             reply = reward.post(path, json=body, headers={"authorization": f"Bearer {TOKEN}"})
             assert reply.status_code == 200, (path, reply.text)
             assert not mismatches(reply.json(), expected), (path, reply.json())
+
+
+def test_helm_test_passes(release: Release) -> None:
+    """The chart's own test (what a user runs after installing): a pod calls the verifier by Service name."""
+    # No --logs: Helm fetches them after the hook-succeeded clean-up has deleted the pod (helm/helm#9098).
+    out = helm("test", RELEASE, "--timeout", "5m")  # the pod exits 1 unless the answer is judged correct
+    assert re.search(r"Phase:\s+Succeeded", out), out
+    assert kubectl("get", "pod", f"{FULL}-test-verifier", "--ignore-not-found", "-o", "name") == ""  # cleaned up
 
 
 def test_the_sandbox_isolates_code_inside_the_reward_pod(release: Release) -> None:

@@ -3,6 +3,7 @@ schemas, and has the properties the deployment promises (probes, security, polic
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from tests.support.netpol import CHART_REACHABILITY, Pod, isolated, reachability
+from tests.support.readme_examples import verifier_examples
 
 CHART = Path(__file__).resolve().parents[3] / "k8s" / "grpo"
 K8S_VERSION = "1.33.0"
@@ -288,3 +290,16 @@ def test_the_trainer_uses_exact_sampler_logprobs_only_where_the_engine_gives_the
     assert trainer_yaml({})["sampler_exact"] is True  # hf engine, float32 (the default)
     assert "sampler_exact" not in trainer_yaml(load_values("gpu"))  # vLLM / bf16: TIS corrects stale samples
     assert trainer_yaml({"run": {"trainer": {"sampler_exact": False}}})["sampler_exact"] is False
+
+
+def test_helm_test_makes_the_readme_math_call_through_the_service() -> None:
+    """`helm test`: a pod (deleted when it passes) posts the README's first verifier call to the reward Service."""
+    hook = by_kind(render(load_values("cpu")), "Pod")["demo-grpo-test-verifier"]
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert "hook-succeeded" in hook["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+    container = hook["spec"]["containers"][0]
+    script = container["command"][-1]
+    path, readme_body, _ = verifier_examples()[0]
+    assert f'url = "http://demo-grpo-reward:8002{path}"' in script
+    assert ast.literal_eval(re.search(r"body = (\{.*\})", script).group(1)) == readme_body  # type: ignore[union-attr]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
