@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import subprocess
 import time
@@ -39,6 +40,10 @@ TOKEN = "k8s-test-s3cret"
 IMAGE_TAG = "k8s"  # make test-k8s tags the built images grpo-<service>:k8s and loads them into the node
 GRPO_STEPS = 60
 COMPONENTS = ("redis", "reward", "rollout", "trainer")
+# Helm 4 by default; GRPO_K8S_HELM=helm3 runs the same tests with Helm 3. Helm 4 applies server-side by
+# default, which Kubernetes 1.20 refuses for Services whose ports name no protocol key.
+HELM = os.environ.get("GRPO_K8S_HELM", "helm")
+HELM_INSTALL_FLAGS = ["--server-side=false"] if HELM == "helm" else []
 
 
 def local(*args: str, check: bool = True, timeout: float = 300, input: str | None = None) -> str:
@@ -53,8 +58,7 @@ def kubectl(*args: str, check: bool = True, timeout: float = 300) -> str:
 
 
 def helm(*args: str, check: bool = True, timeout: float = 600) -> str:
-    # Helm 4 applies server-side by default; Kubernetes 1.20 refuses that for Services (no port protocol key).
-    return local("exec", "helm", "-n", NAMESPACE, *args, check=check, timeout=timeout)
+    return local("exec", HELM, "-n", NAMESPACE, *args, check=check, timeout=timeout)
 
 
 def get(kind: str, *args: str) -> list[dict[str, Any]]:
@@ -155,7 +159,7 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
     values.write_text(yaml.safe_dump(overrides))
     started = time.monotonic()
     helm("install", RELEASE, str(REPO / "k8s" / "grpo"), "-f", str(REPO / "k8s" / "grpo" / "values-cpu.yaml"),
-         "-f", str(values), "--server-side=false")  # fmt: skip
+         "-f", str(values), *HELM_INSTALL_FLAGS)  # fmt: skip
     r = Release(tmp, {"installed_s": round(time.monotonic() - started, 1)})
     r.seen["started"] = started
     try:
