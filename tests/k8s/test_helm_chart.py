@@ -318,6 +318,8 @@ def test_grpo_learns_while_pods_are_deleted(release: Release) -> None:
                                                            "eval_accuracy_gain", "wall_seconds")}  # fmt: skip
     assert [s["mode"] for s in summary["stages"]] == ["sft", "grpo"]
     assert summary["eval_accuracy_gain"] >= 0.20, summary["eval_history"]
+    warnings = [line for line in kubectl("logs", name).splitlines() if " WARNING " in line or " ERROR " in line]
+    release.seen["trainer_warnings"] = warnings[-10:]  # for the report: what the run had to ride out
     # A finished run keeps serving (--when-done serve): Ready, not restarted in a loop.
     time.sleep(15)
     pod = next(p for p in pods("trainer"))
