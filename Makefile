@@ -82,7 +82,7 @@ test-compose: $(STAMP) images
 K8S_IMAGES := grpo-reward grpo-rollout grpo-trainer
 test-k8s: $(STAMP) images
 	scripts/k8s_local.sh up
-	for image in $(K8S_IMAGES); do docker tag $$image:$${GRPO_TAG:-latest} $$image:k8s; done
+	for image in $(K8S_IMAGES); do docker tag $$image:$${GRPO_TAG:-latest} $$image:k8s || exit 1; done
 	scripts/k8s_local.sh load $(addsuffix :k8s,$(K8S_IMAGES)) redis:7.4-alpine
 	$(PY) -m pytest -q -m k8s tests/k8s
 

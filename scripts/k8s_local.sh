@@ -43,8 +43,9 @@ up() {
     return 0
   fi
   [ -f "$B/images/pause.tar" ] || bash "$TOOL" images
-  bash "$TOOL" base   # netns, certificates, configs, etcd, containerd: the kubelet's config exists from here
-  printf 'clusterDNS: ["%s"]\n' "$DNS_IP" >> "$C/kubelet/config.yaml"
+  # netns, certificates, configs, etcd, containerd (unless they still run): the kubelet's config exists from here
+  [ -f "$C/containerd.pid" ] && kill -0 "$(cat "$C/containerd.pid")" 2>/dev/null || bash "$TOOL" base
+  grep -q "^clusterDNS:" "$C/kubelet/config.yaml" || printf 'clusterDNS: ["%s"]\n' "$DNS_IP" >> "$C/kubelet/config.yaml"
   dns_up
   bash "$TOOL" up
   x kubectl apply -f - <<EOF

@@ -53,7 +53,7 @@ class Records:
         while True:
             try:
                 self.refresh()
-            except OSError as exc:  # the API server restarting: keep the last answers
+            except Exception as exc:  # the API server restarting, or a reply we cannot read: keep the last answers
                 log.warning("cannot list services: %s", exc)
             time.sleep(every_s)
 
@@ -96,18 +96,21 @@ def serve(records: Records, host: str, port: int) -> None:
             sock.sendto(answer(data, records.names), self.client_address)
 
     class Tcp(socketserver.StreamRequestHandler):
-        def handle(self) -> None:
-            head = self.rfile.read(2)
-            if len(head) < 2:  # a connection check, or a client that gave up
-                return
-            size = struct.unpack("!H", head)[0]
-            reply = answer(self.rfile.read(size), records.names)
-            self.wfile.write(struct.pack("!H", len(reply)) + reply)
+        def handle(self) -> None:  # length-prefixed queries, several per connection (A and AAAA pipelined)
+            while len(head := self.rfile.read(2)) == 2:
+                reply = answer(self.rfile.read(struct.unpack("!H", head)[0]), records.names)
+                self.wfile.write(struct.pack("!H", len(reply)) + reply)
 
-    socketserver.ThreadingUDPServer.allow_reuse_address = True
-    socketserver.ThreadingTCPServer.allow_reuse_address = True
-    udp = socketserver.ThreadingUDPServer((host, port), Udp)  # bound before TCP listens: TCP up means both are
-    tcp = socketserver.ThreadingTCPServer((host, port), Tcp)
+    class UdpServer(socketserver.ThreadingUDPServer):
+        allow_reuse_address = True
+        daemon_threads = True
+
+    class TcpServer(socketserver.ThreadingTCPServer):
+        allow_reuse_address = True
+        daemon_threads = True
+
+    udp = UdpServer((host, port), Udp)  # bound before TCP listens: TCP up means both are
+    tcp = TcpServer((host, port), Tcp)
     threading.Thread(target=tcp.serve_forever, daemon=True).start()
     log.info("answering for *.svc.%s on %s:%d (UDP and TCP)", records.domain, host, port)
     udp.serve_forever()

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -40,10 +41,9 @@ TOKEN = "k8s-test-s3cret"
 IMAGE_TAG = "k8s"  # make test-k8s tags the built images grpo-<service>:k8s and loads them into the node
 GRPO_STEPS = 60
 COMPONENTS = ("redis", "reward", "rollout", "trainer")
-# Helm 4 by default; GRPO_K8S_HELM=helm3 runs the same tests with Helm 3. Helm 4 applies server-side by
-# default, which Kubernetes 1.20 refuses for Services whose ports name no protocol key.
+# Helm 4 (server-side apply, which 1.20 accepts because every port names its protocol) by default;
+# GRPO_K8S_HELM=helm3 runs the same tests with Helm 3.
 HELM = os.environ.get("GRPO_K8S_HELM", "helm")
-HELM_INSTALL_FLAGS = ["--server-side=false"] if HELM == "helm" else []
 
 
 def local(*args: str, check: bool = True, timeout: float = 300, input: str | None = None) -> str:
@@ -98,7 +98,8 @@ def service_client(service: str, port: int, tmp: Path) -> Iterator[httpx.Client]
     sock = tmp / f"{service}-{port}.sock"
     sock.unlink(missing_ok=True)
     target = f"TCP:{cluster_ip(service)}:{port}"
-    proc = subprocess.Popen([str(LOCAL), "exec", "socat", f"UNIX-LISTEN:{sock},fork", target])
+    # A process group of its own: bash -> the tool -> socat, all stopped at the end (else socat keeps listening).
+    proc = subprocess.Popen([str(LOCAL), "exec", "socat", f"UNIX-LISTEN:{sock},fork", target], start_new_session=True)
     try:
         deadline = time.monotonic() + 30
         while not sock.exists() and time.monotonic() < deadline:
@@ -107,7 +108,7 @@ def service_client(service: str, port: int, tmp: Path) -> Iterator[httpx.Client]
         with httpx.Client(transport=transport, base_url=f"http://{service}", timeout=60) as client:
             yield client
     finally:
-        proc.terminate()
+        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)
 
 
@@ -159,7 +160,7 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
     values.write_text(yaml.safe_dump(overrides))
     started = time.monotonic()
     helm("install", RELEASE, str(REPO / "k8s" / "grpo"), "-f", str(REPO / "k8s" / "grpo" / "values-cpu.yaml"),
-         "-f", str(values), *HELM_INSTALL_FLAGS)  # fmt: skip
+         "-f", str(values))  # fmt: skip
     r = Release(tmp, {"installed_s": round(time.monotonic() - started, 1)})
     r.seen["started"] = started
     try:
@@ -265,7 +266,8 @@ def test_the_sandbox_isolates_code_inside_the_reward_pod(release: Release) -> No
 def test_network_policies_select_the_live_pods(release: Release) -> None:
     """The bridge CNI here does not enforce NetworkPolicies: check what they would allow, on the live pods' labels."""
     policies = get("networkpolicies")
-    namespace_labels = {"kubernetes.io/metadata.name": NAMESPACE}
+    namespace = json.loads(local("exec", "kubectl", "get", "namespace", NAMESPACE, "-o", "json"))
+    namespace_labels = namespace["metadata"].get("labels") or {}  # 1.20 sets no kubernetes.io/metadata.name
     live = {c: Pod(pods(c)[0]["metadata"]["labels"], NAMESPACE, namespace_labels) for c in COMPONENTS}
     assert all(isolated(policies, pod) for pod in live.values())
     assert reachability(policies, live) == CHART_REACHABILITY
@@ -302,7 +304,11 @@ def test_grpo_learns_while_pods_are_deleted(release: Release) -> None:
     with service_client(f"{FULL}-trainer", 8003, release.tmp) as trainer:
         first = release.wait(trainer, "the new trainer pod to answer", lambda s: s.get("phase") != "starting", 600)
         assert first.get("stage", "").endswith("grpo") and first["step"] >= 20, first  # SFT done, GRPO resumed
-        release.seen["trainer_resumed_at_step"] = first["step"]
+        resumed = re.search(r"resumed at step (\d+)", kubectl("logs", f"{FULL}-trainer-0"))
+        assert resumed, "the new trainer pod did not resume from a checkpoint"
+        # The deleted pod finished its step and checkpointed on SIGTERM: at least where the test last saw it.
+        assert int(resumed.group(1)) >= release.seen["trainer_deleted_at_step"], resumed.group(0)
+        release.seen["trainer_resumed_at_step"] = int(resumed.group(1))
         done = release.wait(trainer, "the run to finish", lambda s: s.get("phase") == "done", timeout=1500)
         release.seen["done_s"] = round(time.monotonic() - release.seen["started"], 1)
     assert done["step"] == GRPO_STEPS

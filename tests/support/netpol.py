@@ -3,7 +3,8 @@
 `allowed(policies, src, dst, port)` answers what an enforcing CNI would: a connection from pod `src` to pod
 `dst` on a TCP port passes if `src`'s egress and `dst`'s ingress both allow it. A pod no policy selects for a
 direction is open in that direction; a selected one is open only to what some rule of a selecting policy lists.
-Only what the chart uses is modelled: podSelector/namespaceSelector peers (matchLabels), numeric ports.
+Only what the chart uses is modelled: podSelector/namespaceSelector peers (matchLabels), numeric TCP ports;
+the rest (ipBlock, matchExpressions, port ranges, named ports) raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ CHART_REACHABILITY = {
     ("reward", "trainer", 8003): False, ("redis", "rollout", 7054): False,
     ("outsider", "rollout", 7051): False, ("outsider", "rollout", 7054): False, ("outsider", "redis", 6379): False,
     ("outsider", "reward", 7052): False, ("outsider", "reward", 8002): True,  # the verifier API is for the cluster
-    ("outsider", "trainer", 8003): True,
+    ("outsider", "trainer", 8003): True, ("outsider", "trainer", 7053): True,  # operators: status, stop (token)
 }  # fmt: skip
 OUTSIDER = {"app": "someone-else"}
 
@@ -50,9 +51,21 @@ def peer_matches(peer: dict[str, Any], pod: Pod, policy_namespace: str) -> bool:
     return selects(peer.get("podSelector", {}), pod.labels)
 
 
+def policy_types(policy: dict[str, Any]) -> list[str]:
+    """The spec's default when unset: Ingress, plus Egress if the policy has egress rules."""
+    spec = policy["spec"]
+    return spec.get("policyTypes") or (["Ingress", "Egress"] if spec.get("egress") else ["Ingress"])
+
+
+def port_matches(entry: dict[str, Any], port: int) -> bool:
+    if "endPort" in entry or isinstance(entry.get("port"), str):
+        raise NotImplementedError("port ranges and named ports")
+    return entry.get("port") in (None, port) and entry.get("protocol", "TCP") == "TCP"
+
+
 def rule_allows(rule: dict[str, Any], peers_key: str, other: Pod, port: int, namespace: str) -> bool:
     ports = rule.get("ports")
-    if ports and not any(p.get("port") in (None, port) and p.get("protocol", "TCP") == "TCP" for p in ports):
+    if ports and not any(port_matches(p, port) for p in ports):
         return False
     peers = rule.get(peers_key)
     return not peers or any(peer_matches(peer, other, namespace) for peer in peers)
@@ -65,7 +78,7 @@ def direction_allows(policies: list[dict[str, Any]], pod: Pod, other: Pod, port:
         for p in policies
         if p["metadata"]["namespace"] == pod.namespace
         and selects(p["spec"]["podSelector"], pod.labels)
-        and direction in p["spec"].get("policyTypes", ["Ingress"])
+        and direction in policy_types(p)
     ]
     if not selecting:
         return True
@@ -93,6 +106,6 @@ def isolated(policies: list[dict[str, Any]], pod: Pod) -> bool:
     return any(
         p["metadata"]["namespace"] == pod.namespace
         and selects(p["spec"]["podSelector"], pod.labels)
-        and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+        and "Ingress" in policy_types(p)
         for p in policies
     )

@@ -110,13 +110,14 @@ startupProbe:
 {{- end -}}
 
 {{/* API versions the cluster serves: policy/v1 PodDisruptionBudget since 1.21, autoscaling/v2 HPA since 1.23.
-     Older clusters (and `helm template` without --api-versions or --kube-version) get the beta versions. */}}
+     Against a cluster both checks are what it serves; offline, `helm template` knows every API version, so the
+     Kubernetes version (--kube-version) decides. */}}
 {{- define "grpo.pdbApiVersion" -}}
-{{- if .Capabilities.APIVersions.Has "policy/v1" -}}policy/v1{{- else -}}policy/v1beta1{{- end -}}
+{{- if and (.Capabilities.APIVersions.Has "policy/v1") (semverCompare ">=1.21-0" .Capabilities.KubeVersion.Version) -}}policy/v1{{- else -}}policy/v1beta1{{- end -}}
 {{- end -}}
 
 {{- define "grpo.hpaApiVersion" -}}
-{{- if .Capabilities.APIVersions.Has "autoscaling/v2" -}}autoscaling/v2{{- else -}}autoscaling/v2beta2{{- end -}}
+{{- if and (.Capabilities.APIVersions.Has "autoscaling/v2") (semverCompare ">=1.23-0" .Capabilities.KubeVersion.Version) -}}autoscaling/v2{{- else -}}autoscaling/v2beta2{{- end -}}
 {{- end -}}
 
 {{/* storageClassName of a claim: include "grpo.storageClass" (list $ .Values.trainer.checkpoints.storageClass).

@@ -136,7 +136,7 @@ def test_network_policies_isolate_sandbox_and_weight_endpoint(manifests: tuple[s
     )
     assert {"port": 7054, "protocol": "TCP"} in to_rollout["ports"]
     pod = by_kind(docs, "Deployment")["demo-grpo-rollout"]["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "weights", "containerPort": 7054} in pod["ports"]
+    assert {"name": "weights", "containerPort": 7054, "protocol": "TCP"} in pod["ports"]
     assert pod["args"][pod["args"].index("--weights-data-port") + 1] == "7054"
 
 
@@ -303,3 +303,13 @@ def test_helm_test_makes_the_readme_math_call_through_the_service() -> None:
     assert f'url = "http://demo-grpo-reward:8002{path}"' in script
     assert ast.literal_eval(re.search(r"body = (\{.*\})", script).group(1)) == readme_body  # type: ignore[union-attr]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_every_port_names_its_protocol(manifests: tuple[str, list[dict[str, Any]]]) -> None:
+    """Server-side apply (Helm 4's default) on Kubernetes before 1.26 refuses ports without the protocol key."""
+    _, docs = manifests
+    ports = [p for d in docs if d["kind"] == "Service" for p in d["spec"]["ports"]]
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet"):
+            ports += [p for c in d["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])]
+    assert len(ports) >= 12 and all(p.get("protocol") == "TCP" for p in ports), ports

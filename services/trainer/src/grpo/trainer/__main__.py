@@ -12,10 +12,14 @@ def main(argv: list[str] | None = None) -> None:
     with exit_on_invalid_settings("grpo-trainer"):
         settings = parse_settings(argv)
         setup_logging(settings.log_level, settings.json_logs)
+    from grpo.common.ports import check_ports
     from grpo.trainer.control import RunControl
+    from grpo.trainer.ranks import env_rank
     from grpo.trainer.service import install_signal_handlers, quiet_deepspeed_on_cpu, serve
 
-    quiet_deepspeed_on_cpu()  # before check_models, which may build (and save) the tiny model
+    if env_rank() == 0:  # only rank 0 serves; a taken port is said before torch loads
+        check_ports(settings, "grpc_port", "http_port")
+    quiet_deepspeed_on_cpu()  # imports torch; before check_models, which may build (and save) the tiny model
     with exit_on_invalid_settings("grpo-trainer"):
         check_models(settings)
 

@@ -56,7 +56,7 @@ def quiet_deepspeed_on_cpu() -> None:
 
 def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
     """Run the configured mode with the gRPC and HTTP APIs up; returns the process exit code."""
-    if env_rank() == 0:  # only rank 0 serves; a taken port is said before torch loads
+    if env_rank() == 0:  # only rank 0 serves (main() has checked already; serve() is also called directly)
         check_ports(settings, "grpc_port", "http_port")
     import torch
 
