@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from grpo.common.net import free_port
+from tests.support.run_status import wait_for_status
 
 pytestmark = pytest.mark.compose
 log = logging.getLogger(__name__)
@@ -78,17 +79,7 @@ class Stack:
 
     def wait(self, what: str, predicate: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
         """Poll the trainer's status until `predicate` holds; fail with the services' logs."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            status = self.status()
-            if status is not None:
-                self.note(status)
-                if status.get("phase") == "failed":
-                    raise AssertionError(f"the run failed: {status.get('error')}\n{self.logs('trainer')}")
-                if predicate(status):
-                    return status
-            time.sleep(2)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.logs('trainer')}")
+        return wait_for_status(self.status, predicate, what, timeout, lambda: self.logs("trainer"), self.note)
 
     def note(self, status: dict[str, Any]) -> None:
         """Remember the most tasks each replica was seen to have done, and the last status."""

@@ -29,6 +29,7 @@ import yaml
 
 from tests.support.netpol import CHART_REACHABILITY, Pod, isolated, reachability
 from tests.support.readme_examples import mismatches, verifier_examples
+from tests.support.run_status import wait_for_status
 
 pytestmark = pytest.mark.k8s
 log = logging.getLogger(__name__)
@@ -127,17 +128,8 @@ class Release:
     def wait(
         self, client: httpx.Client, what: str, predicate: Callable[[dict[str, Any]], bool], timeout: float
     ) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            status = self.trainer_status(client)
-            if status is not None:
-                self.seen["last_status"] = status
-                if status.get("phase") == "failed":
-                    raise AssertionError(f"the run failed: {status.get('error')}\n{diagnose()}")
-                if predicate(status):
-                    return status
-            time.sleep(2)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{diagnose()}")
+        return wait_for_status(lambda: self.trainer_status(client), predicate, what, timeout, diagnose,
+                               on_status=lambda status: self.seen.update(last_status=status))  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from grpo.common.grpc_server import GrpcServer, server_credentials
 from grpo.common.http_server import HttpServer
-from grpo.common.ports import PortSetting, check_ports
+from grpo.common.ports import PortSetting
 from grpo.trainer.checkpoint import checkpoint_step, latest_checkpoint
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
@@ -55,14 +55,13 @@ def quiet_deepspeed_on_cpu() -> None:
 
 
 def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
-    """Run the configured mode with the gRPC and HTTP APIs up; returns the process exit code."""
-    if env_rank() == 0:  # only rank 0 serves (main() has checked already; serve() is also called directly)
-        check_ports(settings, "grpc_port", "http_port")
+    """Run the configured mode with the gRPC and HTTP APIs up; returns the process exit code.
+
+    main() has checked the ports and quietened DeepSpeed already, before torch and the model load."""
     import torch
 
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-    quiet_deepspeed_on_cpu()
     if env_rank() > 0:
         return follow_rank(settings)
     control = control or RunControl(settings.run_id, settings.steps)
