@@ -1,5 +1,6 @@
 """Per-language sandbox cost: a hello-world run and a run with work (summing 200,000 numbers from stdin) against
-the same built program run bare, and a contest-style problem built once and judged on 50 tests.
+the same built program run bare, each alone and as a batch of 50 (one namespace for all, as a submission's tests
+are judged), and a contest-style problem built once and judged on 50 tests.
 
 The bare reference builds and runs the same source with the same toolchain and flags outside the sandbox, in the
 same process, interleaved with the sandboxed runs. Writes bench/results/languages.json:
@@ -82,6 +83,27 @@ def interleaved(
     return bare_ms, boxed_ms
 
 
+BATCH = 50
+
+
+def batched(
+    rounds: int, argv: list[str], folder: Path, sandbox: Sandbox, launch: Launch, stdin: str
+) -> tuple[list[float], list[float]]:
+    """Per-run ms of BATCH bare runs in a row and of one batch of BATCH sandboxed runs, `rounds` times in turn."""
+    limits = Limits(timeout_s=10.0, memory_mb=256)
+    bare_ms, boxed_ms = [], []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(BATCH):
+            subprocess.run(argv, cwd=folder, input=stdin, env=RUN_ENV, capture_output=True, text=True, check=True)
+        bare_ms.append((time.perf_counter() - started) * 1000 / BATCH)
+        started = time.perf_counter()
+        results = list(sandbox.execute_many(launch, [stdin] * BATCH, limits))
+        boxed_ms.append((time.perf_counter() - started) * 1000 / BATCH)
+        assert all(r.status == "ok" for r in results), results[0]
+    return bare_ms, boxed_ms
+
+
 def timed(fn: Any) -> float:
     started = time.perf_counter()
     fn()
@@ -107,12 +129,15 @@ def main() -> None:
                 _, built = build(sandbox, language, source)
                 launch = run_launch(language, source, tools, limits.memory_mb, built)
                 bare_ms, boxed_ms = interleaved(args.runs, argv, folder, sandbox, launch, "")
+                batch_bare, batch_boxed = batched(max(3, args.runs // 6), argv, folder, sandbox, launch, "")
                 (folder / TOOLCHAINS[language].source).write_text(SUM[language])
                 argv = bare_argv(language, folder, tools)
                 _, built = build(sandbox, language, SUM[language])
                 work = run_launch(language, SUM[language], tools, limits.memory_mb, built)
                 big = f"{N}\n" + "\n".join(str(i) for i in range(N)) + "\n"
                 work_bare, work_boxed = interleaved(max(5, args.runs // 3), argv, folder, sandbox, work, big)
+                small = f"{N // 100}\n" + "\n".join(str(i) for i in range(N // 100)) + "\n"
+                small_bare, small_boxed = batched(max(3, args.runs // 6), argv, folder, sandbox, work, small)
             tests = [{"stdin": f"{k}\n" + "\n".join(str(i) for i in range(k)), "expected_stdout": str(k * (k - 1) // 2)}
                      for k in range(1, 51)]  # fmt: skip
             started = time.perf_counter()
@@ -124,6 +149,12 @@ def main() -> None:
                 "hello_sandbox_ms": round(boxed_med, 2),
                 "hello_overhead_ms": round(boxed_med - bare_med, 2),
                 "hello_ratio": round(boxed_med / bare_med, 3),
+                "hello_batch_bare_ms": round(statistics.median(batch_bare), 3),
+                "hello_batch_sandbox_ms": round(statistics.median(batch_boxed), 3),
+                "hello_batch_ratio": round(statistics.median(batch_boxed) / statistics.median(batch_bare), 3),
+                "small_batch_bare_ms": round(statistics.median(small_bare), 3),
+                "small_batch_sandbox_ms": round(statistics.median(small_boxed), 3),
+                "small_batch_ratio": round(statistics.median(small_boxed) / statistics.median(small_bare), 3),
                 "work_bare_ms": round(statistics.median(work_bare), 1),
                 "work_sandbox_ms": round(statistics.median(work_boxed), 1),
                 "work_ratio": round(statistics.median(work_boxed) / statistics.median(work_bare), 3),

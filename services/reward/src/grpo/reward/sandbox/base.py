@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Generator
+
     from grpo.reward.sandbox.languages import Launch
 
 STATUSES = ("ok", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error")
@@ -89,6 +91,16 @@ class Sandbox(ABC):
     @abstractmethod
     def execute(self, launch: Launch, stdin: str = "", limits: Limits | None = None) -> ExecResult:
         """Run one prepared launch (files, argv, what to collect) under `limits`; never raises for the program."""
+
+    def execute_many(
+        self, launch: Launch, stdins: list[str], limits: Limits | None = None, stream: bool = False
+    ) -> Generator[ExecResult, None, None]:
+        """Runs of one launch, one per stdin, results in order; closing the iterator early stops before the next
+        run. Implementations may share set-up between the runs; each run still starts from the same state.
+        `stream`: the caller may stop early, so each result should come as soon as its run ends (else results may
+        be held and delivered together, which costs the runs less)."""
+        for stdin in stdins:
+            yield self.execute(launch, stdin, limits)
 
     def run(
         self,

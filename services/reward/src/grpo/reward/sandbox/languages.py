@@ -91,7 +91,14 @@ TS_TRANSPILE = (
     "}"
     'if (errors.length) process.exit(1); fs.writeFileSync("main.js", out.outputText);'
 )
-JVM = ("-Xmx{memory_mb}m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:ActiveProcessorCount=1")
+# No hsperfdata: it is a file in /tmp (the scratch) per JVM, which a batch would have to clear after every run.
+JVM = (
+    "-Xmx{memory_mb}m",
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "-XX:ActiveProcessorCount=1",
+    "-XX:-UsePerfData",
+)
 TOOLCHAINS: dict[str, Toolchain] = {
     "c": Toolchain("main.c", ("./main",), ("gcc", "-std=c17", "-O2", "-pipe", "-o", "main", "main.c", "-lm"), ("main",),
                    stack_mb=64),

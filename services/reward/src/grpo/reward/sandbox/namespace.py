@@ -13,6 +13,7 @@ import struct
 import subprocess
 import threading
 import time
+from collections.abc import Generator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,9 @@ log = logging.getLogger(__name__)
 
 ZYGOTE = Path(__file__).with_name("zygote.py")
 RO_BINDS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/libx32", "/sbin")
-# Debian's JDK keeps its configuration under /etc (java.security, jvm.cfg); runs see nothing else of /etc.
-ETC_BINDS = ("java-*",)
+# Debian's JDK keeps its configuration under /etc (java.security, jvm.cfg); the dynamic linker's cache saves every
+# native program a search of a dozen directories per library. Runs see nothing else of /etc.
+ETC_BINDS = ("java-*", "ld.so.cache")
 RUN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/scratch", "LANG": "C.UTF-8", "TMPDIR": "/scratch"}
 REPLY_SLACK_S = 5.0  # the zygote enforces the deadline itself; this only catches a wedged zygote
 MAX_REPLY_BYTES = 1 << 30  # a length header past this means a broken stream, not a reply
@@ -39,7 +41,9 @@ ISOLATION = (
     "linux namespaces (pid, mount, net, ipc, uts) from a zygote pool: minimal read-only root (/usr, /bin, /lib*), "
     "private size-capped tmpfs scratch, own /proc, no network interface up, SysV IPC disabled, unprivileged "
     "per-worker uid, no capabilities, no_new_privs, seccomp (no new namespaces, ptrace, bpf, io_uring, perf, "
-    "keyrings, mounts), rlimits (address space, cpu, nproc, fsize, nofile), whole PID namespace killed at the deadline"
+    "keyrings, mounts), rlimits (address space, cpu, nproc, fsize, nofile), whole PID namespace killed at the deadline; "
+    "a program's stdin/stdout tests batched in one namespace under an unprivileged pid-1 supervisor that spawns each "
+    "run and kills all it left"
 )
 
 
@@ -59,7 +63,7 @@ class Zygote:
     """One launcher process and the pipes to it; used by one thread at a time."""
 
     def __init__(self, interpreter: str, uid_base: int) -> None:
-        etc = sorted(str(p) for pattern in ETC_BINDS for p in Path("/etc").glob(pattern) if p.is_dir())
+        etc = sorted(str(p) for pattern in ETC_BINDS for p in Path("/etc").glob(pattern) if p.exists())
         cfg = {"ro_binds": [*RO_BINDS, *etc], "uid_base": uid_base, "check_exists": [interpreter]}
         # Empty environment and isolated interpreter: nothing of the service's environment reaches the zygote.
         try:
@@ -74,7 +78,7 @@ class Zygote:
         except OSError as exc:
             raise SandboxUnavailable(f"sandbox zygote cannot start with interpreter {interpreter}: {exc}") from exc
         try:
-            hello = self._recv(time.monotonic() + 10.0)
+            hello = self.receive(time.monotonic() + 10.0)
         except ZygoteError as exc:
             self.kill()
             raise SandboxUnavailable(f"sandbox zygote cannot start: {exc}") from exc
@@ -82,23 +86,45 @@ class Zygote:
             self.kill()
             raise SandboxUnavailable(f"sandbox zygote could not start: {hello.get('error')}; {REMEDY}")
         self.uid = int(hello["uid"])
+        self.batches = bool(hello.get("batches"))
 
     def request(
         self, req: dict[str, Any], deadline: float, stdin: bytes = b"", blobs: dict[str, bytes] | None = None
     ) -> dict[str, Any]:
         """One run: the JSON request, then `stdin` and the binary files raw (no JSON or base64 for megabytes)."""
-        blobs = blobs or {}
+        self.send(req, stdin, blobs)
+        return self.receive(deadline)
+
+    def send(
+        self,
+        req: dict[str, Any],
+        stdin: bytes = b"",
+        blobs: dict[str, bytes] | None = None,
+        stdins: list[bytes] | None = None,
+    ) -> None:
+        """A request; `stdins` make it a batch (one reply per stdin, then {"end": true})."""
+        blobs, stdins = blobs or {}, stdins or []
         sizes = [[name, len(data)] for name, data in blobs.items()]
-        body = json.dumps({**req, "stdin_bytes": len(stdin), "blob_sizes": sizes}).encode()
+        head = {**req, "stdin_bytes": len(stdin), "blob_sizes": sizes}
+        if stdins:
+            head["batch_stdin_sizes"] = [len(s) for s in stdins]
+        body = json.dumps(head).encode()
+        self._write(struct.pack(">I", len(body)) + body + stdin + b"".join(stdins) + b"".join(blobs.values()))
+
+    def control(self, word: str) -> None:
+        """A batch's control message: "next" (a stream's next run), "stop" (no more runs), "close" (after the end)."""
+        body = json.dumps({"control": word}).encode()
+        self._write(struct.pack(">I", len(body)) + body)
+
+    def _write(self, data: bytes) -> None:
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(struct.pack(">I", len(body)) + body + stdin + b"".join(blobs.values()))
+            self.proc.stdin.write(data)
             self.proc.stdin.flush()
         except OSError as exc:
             raise ZygoteError(f"zygote pipe broken: {exc}") from exc
-        return self._recv(deadline)
 
-    def _recv(self, deadline: float) -> dict[str, Any]:
+    def receive(self, deadline: float) -> dict[str, Any]:
         size = struct.unpack(">I", self._read_exact(4, deadline))[0]
         if size > MAX_REPLY_BYTES:
             raise ZygoteError(f"a reply of {size} bytes: the zygote's stream is out of step")
@@ -143,8 +169,9 @@ def classify(reply: dict[str, Any]) -> tuple[str, int | None]:
         return reply["verdict"], None
     if exit_code == 0:
         return "ok", 0
-    # An init cannot be SIGKILLed from inside its namespace, so a SIGKILL we did not send came from the kernel:
-    # the CPU-time rlimit (a deadline too) when the CPU time is used up. wait4's user+system time falls short
+    # A SIGKILL we did not send, with the CPU time used up, came from the kernel: the CPU-time rlimit, a deadline
+    # too. (A single run is its namespace's init, which nothing inside can SIGKILL; a batch's run could kill
+    # itself, and then it failed either way.) wait4's user+system time falls short
     # of the count the kernel enforces when the CPUs are contended (0.85 s at a 1 s limit, 3 test processes on
     # 2 vCPUs), hence the margin.
     if exit_code == -signal.SIGKILL and reply.get("cpu_s", 0.0) >= 0.75 * reply.get("cpu_limit_s", float("inf")):
@@ -191,6 +218,10 @@ def request_for(launch: Launch, limits: Limits) -> dict[str, Any]:
             "cpu_s": limits.effective_cpu_s(),
         },
     }
+
+
+BATCH_MIN_MEMORY_MB = 64  # a batch's supervisor lives under the runs' memory limit; below this it would not fit
+BATCH_RUN_SLACK_S = 8.0  # past a run's deadline: zygote.py's BATCH_SLACK_S, BATCH_START_S and HELD_REPLY_S
 
 
 class NamespaceSandbox(Sandbox):
@@ -275,6 +306,76 @@ class NamespaceSandbox(Sandbox):
             self._replace(zygote)
         else:
             self._idle.put(zygote)
+        return self._result(reply, req, limits, started)
+
+    def execute_many(
+        self, launch: Launch, stdins: list[str], limits: Limits | None = None, stream: bool = False
+    ) -> Generator[ExecResult, None, None]:
+        """Runs of one launch, one per stdin, in one namespace on one zygote ("A batch" in zygote.py), results in
+        order. Closing the iterator early stops the batch; runs not started are not run."""
+        limits = limits or Limits()
+        limits.validate()
+        req = {**request_for(launch, limits), "batch": True, "stream": stream}
+        if req["limits"]["memory_mb"] < BATCH_MIN_MEMORY_MB or launch.collect or not stdins:
+            yield from super().execute_many(launch, stdins, limits)
+            return
+        zygote = self._take()
+        if zygote is None:
+            why = "sandbox is closed" if self._closed else f"no sandbox worker free within {self.acquire_timeout_s}s"
+            for _ in stdins:
+                yield ExecResult("sandbox_error", None, "", why, 0.0)
+            return
+        if not zygote.batches:
+            self._idle.put(zygote)
+            yield from super().execute_many(launch, stdins, limits)
+            return
+        done, healthy, failure = 0, False, ""
+        try:
+            zygote.send(req, blobs=launch.binary_files, stdins=[s.encode() for s in stdins])
+            while "end" not in (reply := zygote.receive(self._batch_deadline(limits))):
+                if "error" in reply:
+                    raise ZygoteError(reply["error"])
+                done += 1
+                yield self._result(reply, req, limits, time.monotonic() - reply.get("wall_s", 0.0))
+                if stream and done < len(stdins):
+                    zygote.control("next")
+            zygote.control("close")
+            if done < len(stdins):
+                raise ZygoteError(f"the batch ended after {done} of {len(stdins)} runs")
+            healthy = True
+        except GeneratorExit:  # the caller wants no more runs: stop the batch, keep the zygote
+            healthy = self._stop(zygote, limits)
+            raise
+        except (ZygoteError, OSError, ValueError) as exc:
+            log.error("sandbox zygote failed in a batch, restarting it: %s", exc)
+            failure = f"sandbox failure: {exc}"
+        finally:
+            if healthy:
+                self._idle.put(zygote)
+            else:
+                self._replace(zygote)
+        for _ in range(len(stdins) - done if failure else 0):
+            yield ExecResult("sandbox_error", None, "", failure, 0.0)
+
+    @staticmethod
+    def _batch_deadline(limits: Limits) -> float:
+        """When the next reply of a batch is overdue: held replies are written at least once a run (or every
+        HELD_REPLY_S), a run ends by its deadline plus the zygote's slack, and a fresh namespace may start first."""
+        return time.monotonic() + limits.timeout_s + BATCH_RUN_SLACK_S + REPLY_SLACK_S
+
+    def _stop(self, zygote: Zygote, limits: Limits) -> bool:
+        """Send a batch's "stop" and read replies up to its end; False when the zygote did not play along."""
+        try:
+            zygote.control("stop")
+            while "end" not in zygote.receive(self._batch_deadline(limits)):
+                pass
+        except (ZygoteError, OSError, ValueError) as exc:
+            log.error("sandbox zygote failed stopping a batch, restarting it: %s", exc)
+            return False
+        return True
+
+    def _result(self, reply: dict[str, Any], req: dict[str, Any], limits: Limits, started: float) -> ExecResult:
+        """The ExecResult of one zygote reply."""
         reply["cpu_limit_s"] = limits.effective_cpu_s()
         reply["memory_limit_mb"] = req["limits"]["memory_mb"]
         status, exit_code = classify(reply)

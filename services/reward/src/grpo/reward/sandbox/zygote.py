@@ -18,13 +18,16 @@ deadline or the output limit the zygote SIGKILLs it, with the same effect; if th
 signal does it. (As an init, the program ignores signals it sends itself without installing a handler.)
 The zygote reads stdout/stderr itself and enforces both limits.
 
+A batch (many runs of one program, a submission's tests) shares one PID namespace between its runs; see
+"A batch" below.
+
 Proof of completion: the program gets fd 4 (a pipe holding a random per-run nonce) and fd 3 (an empty pipe);
 a language driver copies fd 4 to fd 3 only after the user program has run to its end. The zygote compares what
 arrives on fd 3 with the nonce and reports `proof`. See `languages.py` for what this does and does not prove.
 """
 
 # Syscall-level code on purpose: plain os calls map one-to-one to what the kernel does.
-# ruff: noqa: PTH103, PTH106, PTH110, PTH112, PTH114, PTH115, PTH208, PTH211
+# ruff: noqa: PTH103, PTH106, PTH110, PTH112, PTH113, PTH114, PTH115, PTH120, PTH208, PTH211
 
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ import os
 import resource as r
 import select
 import signal
+import socket
 import struct
 import sys
 import time
@@ -46,7 +50,7 @@ CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 DEVICES = ("null", "zero", "full", "random", "urandom")
 PROOF_FD, NONCE_FD = 3, 4
@@ -112,6 +116,10 @@ def build_root(cfg: dict, uid: int) -> None:
         elif os.path.isdir(path):
             os.makedirs(new + path, exist_ok=True)
             bind_ro(path, new + path)
+        elif os.path.isfile(path):
+            os.makedirs(os.path.dirname(new + path), exist_ok=True)
+            open(new + path, "w").close()
+            bind_ro(path, new + path)
     for d in ("dev", "etc", "proc", "scratch", ".old"):
         os.makedirs(f"{new}/{d}", exist_ok=True)
     os.symlink("scratch", f"{new}/tmp")  # /tmp is the run's own scratch tmpfs
@@ -142,6 +150,8 @@ def build_root(cfg: dict, uid: int) -> None:
 # Syscalls an unprivileged program could use to widen the kernel surface it reaches (new user namespaces,
 # eBPF, io_uring, perf, keyrings, ptrace) or that need privileges it no longer has; Docker's default profile
 # blocks the same ones. clone3 answers ENOSYS so libc falls back to clone, whose flags can be checked.
+# prlimit64 works on the caller only (pid 0, which is how libc's setrlimit calls it): in a batch the runs share
+# their uid with the supervisor, whose limits they must not change.
 DENY = {
     "x86_64": (0xC000003E, 56, (272, 308, 165, 166, 155, 101, 321, 298, 323, 250, 248, 249, 425, 310, 311, 246,
                175, 313, 176, 161, 304, 303, 428, 429, 430, 431, 432, 442, 163, 167, 168, 169, 103, 179)),
@@ -149,11 +159,13 @@ DENY = {
                 105, 273, 106, 51, 265, 264, 428, 429, 430, 431, 432, 442, 89, 224, 225, 142, 116, 60)),
 }  # fmt: skip
 CLONE3 = 435
+PRLIMIT64 = {"x86_64": 302, "aarch64": 261}
 NS_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 
 
 def seccomp_filter(machine: str) -> bytes:
-    """A classic-BPF seccomp program: EPERM for DENY, clone with namespace flags, and x32 calls; ENOSYS for clone3."""
+    """A classic-BPF seccomp program: EPERM for DENY, clone with namespace flags, prlimit64 on another process and
+    x32 calls; ENOSYS for clone3."""
     arch, clone, deny = DENY[machine]
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     allow, eperm, enosys, kill = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38, 0x80000000
@@ -161,7 +173,8 @@ def seccomp_filter(machine: str) -> bytes:
     if machine == "x86_64":
         body.append((jge, "EPERM", 0, 0x40000000))  # the x32 ABI aliases every syscall
     body += [(jeq, "EPERM", 0, nr) for nr in deny]
-    body += [(jeq, "ENOSYS", 0, CLONE3), (jeq, 0, "ALLOW", clone), (ld, 0, 0, 16), (jset, "EPERM", 0, NS_FLAGS)]
+    body += [(jeq, "ENOSYS", 0, CLONE3), (jeq, 0, 2, PRLIMIT64[machine]), (ld, 0, 0, 16), (jeq, "ALLOW", "EPERM", 0)]
+    body += [(jeq, 0, "ALLOW", clone), (ld, 0, 0, 16), (jset, "EPERM", 0, NS_FLAGS)]
     prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), *body]
     labels = {"ALLOW": len(prog), "EPERM": len(prog) + 1, "ENOSYS": len(prog) + 2}
     prog += [(ret, 0, 0, allow), (ret, 0, 0, eperm), (ret, 0, 0, enosys)]
@@ -209,11 +222,16 @@ def _write_msg(fd: int, obj: dict) -> None:
         data = data[os.write(fd, data) :]
 
 
-def mount_scratch(req: dict, uid: int) -> None:
-    """A size-capped tmpfs on /scratch owned by `uid`, mounted by the zygote (one run at a time) so that the
-    files a run leaves (a compiler's output) can be read back after its whole PID namespace is gone."""
+def mount_scratch(req: dict, uid: int, shared: bool = False) -> None:
+    """A size-capped tmpfs on /scratch, mounted by the zygote (one run or batch at a time) so that the files a run
+    leaves (a compiler's output) can be read back after its whole PID namespace is gone; owned by `uid`.
+
+    `shared` (a batch): owned by root and sticky like /tmp, so the runs may add files but not change or remove
+    the program's, which the zygote writes as root.
+    """
     # Group root may read (mode 0750, gid 0): the zygote lists and reads build outputs without CAP_DAC_OVERRIDE.
-    opts = f"size={req['limits']['scratch_mb']}m,nr_inodes=4096,mode=0750,uid={uid},gid=0"
+    owner = "mode=1777,uid=0" if shared else f"mode=0750,uid={uid}"
+    opts = f"size={req['limits']['scratch_mb']}m,nr_inodes=4096,{owner},gid=0"
     mount("tmpfs", "/scratch", "tmpfs", MS_NOSUID | MS_NODEV, opts)
 
 
@@ -268,17 +286,20 @@ def _become(uid: int, cap_last_cap: int) -> None:
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
 
 
-def _write_inputs(req: dict) -> int:
-    """As the unprivileged uid (no CAP_DAC_OVERRIDE needed): the program's files, and stdin as a memfd."""
+def _write_files(req: dict, mode: int) -> None:
+    """The program's files into /scratch (as whoever owns it, so no CAP_DAC_OVERRIDE is needed)."""
     for name, data in [*((n, t.encode()) for n, t in req["files"].items()), *req["blobs"].items()]:
-        fd = os.open("/scratch/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o755)
+        fd = os.open("/scratch/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
         while data:
             data = data[os.write(fd, data) :]
         os.close(fd)
-    if not req["stdin"]:
+
+
+def _stdin_fd(data: bytes) -> int:
+    """The run's stdin: a memfd holding `data` (a program may seek or mmap it), /dev/null when empty."""
+    if not data:
         return os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
     stdin = os.memfd_create("stdin")
-    data = req["stdin"]
     while data:
         data = data[os.write(stdin, data) :]
     os.lseek(stdin, 0, os.SEEK_SET)
@@ -313,7 +334,8 @@ def _child(req: dict, uid: int, fds: list[int], status_w: int) -> None:
     try:
         _setup_mounts()
         _become(uid, req["cap_last_cap"])
-        stdin = _write_inputs(req)
+        _write_files(req, 0o755)
+        stdin = _stdin_fd(req["stdin"])
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in (stdin, *fds)]  # above every target
         for target, fd in enumerate(high):
             os.dup2(fd, target)  # inheritable: exactly fds 0-4 survive the exec
@@ -328,48 +350,50 @@ def _child(req: dict, uid: int, fds: list[int], status_w: int) -> None:
             os._exit(127)
 
 
-def _collect(pid: int, readers: dict[str, int], limits: dict, nonce: bytes, started: float) -> tuple:
-    """Read outputs until every writer is gone, the deadline passes, or the output limit is hit."""
-    deadline = started + limits["timeout_s"]
+def _collect(done: int, readers: dict[str, int], limits: dict, deadline: float) -> tuple[str | None, dict]:
+    """Read outputs until every writer is gone and `done` is readable, the deadline passes, or the output limit
+    is hit: (None, or the verdict "timeout" / "output_limit"; the bytes read per reader name)."""
     bufs = {fd: bytearray() for fd in readers.values()}
-    # The pidfd turns readable when init (the program) exits, which the kernel reports only after every
-    # other process of its PID namespace is gone; a program that closes its pipes is still waited for.
-    exited = os.pidfd_open(pid)
     poller = select.poll()
-    for fd in (*bufs, exited):
+    for fd in (*bufs, done):
         poller.register(fd, select.POLLIN)
-    open_fds, verdict, total = {*bufs, exited}, None, 0
-    try:
-        while open_fds:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                verdict = "timeout"
-                break
-            for fd, _ in poller.poll(max(1, int(left * 1000) + 1)):
-                chunk = b"" if fd == exited else os.read(fd, 65536)
-                if not chunk:
-                    poller.unregister(fd)
-                    open_fds.discard(fd)
-                    continue
-                bufs[fd] += chunk
-                if fd != readers["status"]:  # the program can write to out, err and the proof fd
-                    total += len(chunk)
-            if total > limits["max_output_bytes"]:
-                verdict = "output_limit"
-                break
-    finally:
-        os.close(exited)
-    wall = time.monotonic() - started
-    if verdict is not None:
-        os.kill(pid, signal.SIGKILL)  # init dies -> the kernel kills the whole PID namespace
-    _, wait_status, usage = os.wait4(pid, 0)
+    open_fds, verdict, total = {*bufs, done}, None, 0
+    while open_fds:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            verdict = "timeout"
+            break
+        for fd, _ in poller.poll(max(1, int(left * 1000) + 1)):
+            chunk = b"" if fd == done else os.read(fd, 65536)
+            if not chunk:
+                poller.unregister(fd)
+                open_fds.discard(fd)
+                continue
+            bufs[fd] += chunk
+            if fd != readers.get("status"):  # the program can write to out, err and the proof fd
+                total += len(chunk)
+        if total > limits["max_output_bytes"]:
+            verdict = "output_limit"
+            break
+    return verdict, {name: bytes(bufs[fd]) for name, fd in readers.items()}
+
+
+def _outcome(
+    got: dict, limits: dict, nonce: bytes | None, wait_status: int | None, cpu_s: float, peak_mb: float
+) -> dict:
+    """The reply's fields for one run from what `_collect` read and how the program ended."""
     cap = limits["max_output_bytes"]
-    out = bytes(bufs[readers["out"]][:cap]).decode("utf-8", "replace")
-    err = bytes(bufs[readers["err"]][:cap]).decode("utf-8", "replace")
-    proof = bytes(bufs[readers["proof"]]) == nonce
-    setup_error = bytes(bufs[readers["status"]]).decode("utf-8", "replace")
-    cpu = usage.ru_utime + usage.ru_stime
-    return verdict, out, err, wait_status, setup_error, proof, wall, cpu, usage.ru_maxrss / 1024
+    exit_code = None
+    if wait_status is not None:
+        exit_code = -os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else os.WEXITSTATUS(wait_status)
+    return {
+        "exit_code": exit_code,
+        "stdout": got["out"][:cap].decode("utf-8", "replace"),
+        "stderr": got["err"][:cap].decode("utf-8", "replace"),
+        "proof": nonce is not None and got["proof"] == nonce,
+        "cpu_s": cpu_s,
+        "peak_mb": peak_mb,
+    }
 
 
 def run_one(req: dict, uid: int, pidns_fd: int) -> dict:
@@ -394,14 +418,18 @@ def run_one(req: dict, uid: int, pidns_fd: int) -> dict:
     for fd in (out_w, err_w, proof_w, nonce_r, status_w):
         os.close(fd)
     readers = {"out": out_r, "err": err_r, "proof": proof_r, "status": status_r}
+    # The pidfd turns readable when init (the program) exits, which the kernel reports only after every
+    # other process of its PID namespace is gone; a program that closes its pipes is still waited for.
+    exited = os.pidfd_open(pid)
     try:
-        verdict, out, err, wait_status, setup_error, proof, wall, cpu, peak_mb = _collect(
-            pid, readers, req["limits"], nonce, started
-        )
+        verdict, got = _collect(exited, readers, req["limits"], started + req["limits"]["timeout_s"])
     finally:
-        for fd in readers.values():
+        for fd in (*readers.values(), exited):
             os.close(fd)
-    exit_code = -os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else os.WEXITSTATUS(wait_status)
+    wall = time.monotonic() - started
+    if verdict is not None:
+        os.kill(pid, signal.SIGKILL)  # init dies -> the kernel kills the whole PID namespace
+    _, wait_status, usage = os.wait4(pid, 0)
     try:  # every process of the run is gone: what it left in /scratch can be read, then the tmpfs goes
         collected, collect_error = collect_files(req.get("collect", []), req["limits"].get("collect_max_bytes", 0))
     finally:
@@ -410,15 +438,272 @@ def run_one(req: dict, uid: int, pidns_fd: int) -> dict:
         "files": collected,
         "collect_error": collect_error,
         "verdict": verdict,
-        "exit_code": exit_code,
-        "setup_error": setup_error,
-        "stdout": out,
-        "stderr": err,
-        "proof": proof,
+        "setup_error": got["status"].decode("utf-8", "replace"),
         "wall_s": wall,
-        "cpu_s": cpu,
-        "peak_mb": peak_mb,
+        **_outcome(got, req["limits"], nonce, wait_status, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024),
     }
+
+
+# A batch: one program run on many inputs (a submission's tests) in one PID namespace. Its pid 1 is a small
+# supervisor that has already done what every run needs (mounts, uid, limits, seccomp), so each run costs one
+# posix_spawn (vfork + exec) instead of a fork of this process plus that set-up: the per-run cost of a native
+# program drops to about that of running it bare.
+#
+# What the runs share, and why that is safe: the supervisor runs as the runs' uid but is init with every signal
+# at its default (the kernel then drops signals sent from inside its namespace), not dumpable (no ptrace,
+# /proc/1/mem or /proc/1/fd for the same uid), and seccomp keeps prlimit64 to the caller itself. After each run
+# it kills every other process of the namespace (kill(-1) from init) and reaps them, so nothing a run started
+# survives into the next. /scratch is root-owned and sticky, the program's files root's: a run can add files but
+# not change the program. The next run gets a fresh namespace, exactly as a single run would have, when a run
+# leaves anything in /scratch, changes the supervisor's scheduling (nice, policy, CPUs, I/O priority: the same
+# uid may), times out without the supervisor ending it, or the supervisor is past half its CPU limit. No batches
+# where SysV IPC could not be switched off (PER_RUN_IPC): its objects would outlive a run unseen.
+#
+# Unlike a single run, the program is not pid 1: signals it sends itself act, as they do outside the sandbox.
+HELD_REPLY_BYTES = 4 << 20  # replies held back before they are written anyway
+HELD_REPLY_S = 0.5  # ... or for this long
+BATCH_SLACK_S = 2.0  # past a run's deadline, how long the supervisor has to end it before the whole box is killed
+BATCH_START_S = 5.0  # how long a supervisor may take to get ready
+SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}
+
+
+def _supervise(req: dict, uid: int, control: socket.socket) -> None:
+    """Pid 1 of a batch's PID namespace: set up once, then spawn, wait for and clean up after each run."""
+    try:
+        # Python's own SIGINT handler would let a run interrupt us: init drops only signals left at default.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        low = control.detach()
+        control = socket.socket(fileno=fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 64))  # above the runs' fds 0-4
+        os.close(low)
+        _setup_mounts()
+        _become(uid, req["cap_last_cap"])
+        _check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
+        low = os.open("/dev/null", os.O_RDWR)
+        null = fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 64)  # never one of a run's target fds
+        os.close(low)
+        for fd in range(5):  # the service's pipes go; received fds land above the runs' targets 0-4
+            os.dup2(null, fd, inheritable=False)
+        os.chdir("/scratch")
+        _set_limits({**req["limits"], "max_processes": req["limits"]["max_processes"] + 1})  # + the supervisor
+        install_seccomp(SECCOMP)
+        scheduling = _scheduling()
+        control.send(b'{"ready": true}')
+    except BaseException as exc:
+        control.send(json.dumps({"setup_error": f"{type(exc).__name__}: {exc}"}).encode())
+        os._exit(127)
+    cpu_limit = int(req["limits"]["cpu_s"])
+    try:
+        while True:
+            message, fds, _, _ = socket.recv_fds(control, 4096, 3, socket.MSG_CMSG_CLOEXEC)
+            if not message:
+                os._exit(0)  # the zygote closed the batch: our exit takes the namespace with it
+            if not fds:
+                continue  # a kill for a run that had already ended
+            reply = _spawn_and_wait(req, fds, null, json.loads(message)["timeout_s"], control)
+            used = r.getrusage(r.RUSAGE_SELF)
+            reply["retire"] = used.ru_utime + used.ru_stime >= cpu_limit / 2 or _scheduling() != scheduling
+            control.send(json.dumps(reply).encode())
+    except BaseException as exc:  # our own failure, never the program's: the run is a sandbox error
+        control.send(json.dumps({"setup_error": f"batch supervisor: {type(exc).__name__}: {exc}"}).encode())
+    finally:
+        os._exit(127)
+
+
+def _scheduling() -> tuple:
+    """What a run of the same uid could change about the supervisor, and so about every later run it spawns."""
+    ioprio = libc.syscall(SYS_IOPRIO_GET[os.uname().machine], 1, 0)  # IOPRIO_WHO_PROCESS, this process
+    return os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), os.sched_getaffinity(0), ioprio
+
+
+def _spawn_and_wait(req: dict, fds: list[int], null: int, timeout_s: float, control: socket.socket) -> dict:
+    """One run: exec the program on fds 0-2 (/dev/null on 3 and 4), wait for it (kill it at the deadline or when
+    the zygote asks), then kill and reap whatever else it left in the namespace."""
+    try:
+        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate([*fds, null, null])]
+        pid = os.posix_spawn(req["argv"][0], req["argv"], req["env"], file_actions=actions)
+    except OSError as exc:
+        return {"setup_error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        for fd in fds:
+            os.close(fd)
+    exited = os.pidfd_open(pid)
+    poller = select.poll()
+    poller.register(exited, select.POLLIN)
+    poller.register(control, select.POLLIN)
+    deadline, why = time.monotonic() + timeout_s, None
+    while why is None:
+        left = deadline - time.monotonic()
+        events = dict(poller.poll(max(1, int(left * 1000) + 1))) if left > 0 else {}
+        if exited in events:
+            break
+        if left <= 0:
+            why = "timeout"
+        elif control.fileno() in events:
+            if not control.recv(16):
+                os._exit(0)
+            why = "killed"  # the zygote saw the output limit
+    os.close(exited)
+    if why is not None:
+        os.kill(pid, signal.SIGKILL)
+    _, status, usage = os.wait4(pid, 0)
+    try:
+        os.kill(-1, signal.SIGKILL)  # from init: every other process of this namespace
+    except ProcessLookupError:
+        pass
+    try:
+        while True:  # orphans are re-parented to us; once none is left, the namespace holds only us
+            os.waitpid(-1, 0)
+    except ChildProcessError:
+        pass
+    return {"status": status, "why": why, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_mb": usage.ru_maxrss / 1024}
+
+
+class Box:
+    """The zygote's side of a batch: the shared scratch, the supervisor, and one run at a time through it."""
+
+    def __init__(self, req: dict, uid: int, pidns_fd: int) -> None:
+        mount_scratch(req, uid, shared=True)
+        try:
+            _write_files(req, 0o555)
+            self.program = set(os.listdir("/scratch"))
+            self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            unshare(CLONE_NEWPID)
+            try:
+                self.pid = os.fork()
+                if self.pid == 0:
+                    try:
+                        self.control.close()
+                        os.close(pidns_fd)
+                        _supervise(req, uid, theirs)
+                    finally:  # never back into the zygote's loop
+                        os._exit(127)
+            finally:
+                _check(libc.setns(pidns_fd, CLONE_NEWPID), "setns back to own pid namespace")
+            theirs.close()
+        except BaseException:
+            _check(libc.umount2(b"/scratch", MNT_DETACH), "umount scratch")
+            raise
+        ready = select.select([self.control], [], [], BATCH_START_S)[0] and self._said()
+        if not ready or not ready.get("ready"):
+            self.close()
+            raise OSError(f"the batch supervisor did not start: {ready and ready.get('setup_error')}")
+
+    def start(self, stdin: bytes, limits: dict) -> dict:
+        """Hand one run to the supervisor: its stdin, fresh pipes for its output, and its deadline. (Batches are
+        for stdin/stdout tests, so no proof of completion: fds 3 and 4 are /dev/null.)"""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        theirs = [_stdin_fd(stdin), out_w, err_w]
+        started = time.monotonic()
+        try:
+            socket.send_fds(self.control, [json.dumps({"timeout_s": limits["timeout_s"]}).encode()], theirs)
+        except OSError:
+            pass  # the supervisor is gone; its setup error, if any, is waiting to be read
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        return {"readers": {"out": out_r, "err": err_r}, "started": started}
+
+    def finish(self, run: dict, limits: dict) -> tuple[dict, bool]:
+        """Wait for a started run: (its reply, whether this box can take the next run)."""
+        readers, started = run["readers"], run["started"]
+        deadline = started + limits["timeout_s"] + BATCH_SLACK_S  # the supervisor ends a run at its own deadline
+        try:
+            verdict, got = _collect(self.control.fileno(), readers, limits, deadline)
+        finally:
+            for fd in readers.values():
+                os.close(fd)
+        answered = verdict is None
+        if verdict == "output_limit":  # the supervisor kills the run and answers
+            try:
+                self.control.send(b"kill")
+            except OSError:
+                pass
+            answered = _collect(self.control.fileno(), {}, limits, deadline)[0] is None
+        wall = time.monotonic() - started
+        said = self._said() if answered else {}
+        if "status" not in said:  # no answer in time, or a dead supervisor: this box is done
+            reply = {"verdict": verdict, "setup_error": said.get("setup_error", ""), "wall_s": wall}
+            if not reply["setup_error"] and verdict is None:
+                reply["setup_error"] = "the batch supervisor exited"
+            return {**reply, **_outcome(got, limits, None, None, 0.0, 0.0)}, False
+        verdict = verdict or {"timeout": "timeout", "killed": "output_limit"}.get(said["why"])
+        reply = {"verdict": verdict, "setup_error": "", "wall_s": wall}
+        keep = not said["retire"] and set(os.listdir("/scratch")) == self.program
+        return {**reply, **_outcome(got, limits, None, said["status"], said["cpu_s"], said["peak_mb"])}, keep
+
+    def _said(self) -> dict:
+        try:
+            return json.loads(self.control.recv(65536) or b"{}")
+        except OSError:
+            return {}
+
+    def close(self) -> None:
+        """Kill the supervisor (its namespace dies with it), reap it, and unmount the scratch (once)."""
+        if self.control.fileno() < 0:
+            return
+        self.control.close()
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        _check(libc.umount2(b"/scratch", MNT_DETACH), "umount scratch")
+
+
+def _next_refused() -> bool:
+    """A stream's answer after a reply: anything but "next" (a stop, or the service gone) ends the batch."""
+    return (_read_msg(0) or {}).get("control") != "next"
+
+
+def _stop_requested() -> bool:
+    """The service sent its closing control message before the end (a stop), or is gone."""
+    if not select.select([0], [], [], 0)[0]:
+        return False
+    _read_msg(0)
+    return True
+
+
+def _write_held(held: list[bytes]) -> None:
+    data = b"".join(struct.pack(">I", len(body)) + body for body in held)
+    while data:
+        data = data[os.write(1, data) :]
+    held.clear()
+
+
+def run_batch(req: dict, uid: int, pidns_fd: int, stdins: list[bytes]) -> None:
+    """Run req's program once per stdin, one reply each, then {"end": true}; then take the service's closing
+    control message ("close", or "stop" when it wanted no more runs) unless a stop already came.
+
+    A stream (the service may stop early) waits after each reply for "next" or "stop". Otherwise the next run
+    starts before the last one's reply is written, and replies are held and written together (at most
+    HELD_REPLY_S apart): the zygote's own work overlaps the program's, and a service woken for every reply would
+    take CPU from the runs.
+    """
+    if PER_RUN_IPC:
+        raise OSError("no batches where SysV IPC is not disabled")
+    limits, stream, held, stopped = req["limits"], bool(req.get("stream")), [], False
+    written = time.monotonic()
+    box = Box(req, uid, pidns_fd)
+    try:
+        run = box.start(stdins[0], limits)
+        for i in range(len(stdins)):
+            reply, keep = box.finish(run, limits)
+            held.append(json.dumps({"files": {}, "collect_error": "", **reply}).encode())
+            more = i + 1 < len(stdins)
+            if stream or sum(map(len, held)) > HELD_REPLY_BYTES or time.monotonic() - written > HELD_REPLY_S:
+                _write_held(held)
+                written = time.monotonic()
+            stopped = more and (_next_refused() if stream else _stop_requested())
+            if more and not stopped:
+                if not keep:
+                    box.close()
+                    box = Box(req, uid, pidns_fd)
+                run = box.start(stdins[i + 1], limits)
+            if stopped:
+                break
+    finally:
+        box.close()
+    _write_held([*held, b'{"end": true}'])
+    if not stopped:
+        _read_msg(0)
 
 
 def main() -> int:
@@ -438,20 +723,25 @@ def main() -> int:
     except Exception as exc:
         _write_msg(1, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         return 1
-    _write_msg(1, {"ready": True, "uid": uid, "pid": os.getpid()})
+    _write_msg(1, {"ready": True, "uid": uid, "pid": os.getpid(), "batches": not PER_RUN_IPC})
     while True:
         req = _read_msg(0)
         if req is None:
             return 0
         # Raw after the JSON: stdin, then each binary file (a built program), in the order the sizes are listed.
-        sizes = [("stdin", req.pop("stdin_bytes", 0)), *req.pop("blob_sizes", [])]
+        batch = [(f"\0stdin{i}", n) for i, n in enumerate(req.get("batch_stdin_sizes", []))]
+        sizes = [("stdin", req.pop("stdin_bytes", 0)), *batch, *req.pop("blob_sizes", [])]
         raw = {name: _read_exact(0, n) if n else b"" for name, n in sizes}
         if any(data is None for data in raw.values()):
             return 0
         req["stdin"] = raw.pop("stdin")
+        stdins = [raw.pop(f"\0stdin{i}") or b"" for i in range(len(req.pop("batch_stdin_sizes", [])))]
         req["blobs"] = raw
         req["cap_last_cap"] = cap_last_cap
         try:
+            if req.get("batch") and stdins:
+                run_batch(req, uid, pidns_fd, stdins)
+                continue
             reply = run_one(req, uid, pidns_fd)
         except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}

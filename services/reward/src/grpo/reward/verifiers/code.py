@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
 from grpo.reward.sandbox import ExecResult, Limits, Sandbox
-from grpo.reward.sandbox.languages import build, run_launch
+from grpo.reward.sandbox.languages import Launch, build, run_launch
 
 VERDICTS = ("pass", "fail", "compile_error", "timeout", "runtime_error", "memory_limit", "output_limit", "skipped",
             "checker_error", "sandbox_error")  # fmt: skip
@@ -172,11 +173,12 @@ def run_code_tests(
     memory_mb: int = 512,
     judge: Judge | None = None,
 ) -> list[CodeTestResult]:
-    """Build once (compiled languages), then run every test in its own sandboxed process, concurrently.
+    """Build once (compiled languages), then run every test in its own sandboxed process.
 
     One result per test, in order; when the build fails every test is `compile_error` with the compiler's message.
-    With `judge.stop_on_first_failure` tests run in order, a batch of `sandbox.workers` at a time, and every test
-    after the first that does not pass is `skipped` (not run).
+    Stdin/stdout tests of the program as given run as batches (`_batched`); assert tests, tests with their own
+    limits and tests judged by a checker run one sandbox run each, `sandbox.workers` at a time. With
+    `judge.stop_on_first_failure` every test after the first that does not pass is `skipped` (not run).
     """
     judge = judge or Judge()
     validate_tests(tests)
@@ -221,10 +223,7 @@ def run_code_tests(
             return "fail", f"the checker rejected the output: {message}"
         return "checker_error", f"the checker failed ({said.status}, exit code {said.exit_code}): {message}"
 
-    def one(test: dict[str, Any]) -> CodeTestResult:
-        program, stdin = program_for(code, test)
-        own = Limits(timeout_s=test.get("timeout_s", timeout_s), memory_mb=test.get("memory_mb", memory_mb))
-        result = sandbox.execute(run_launch(language, program, tools, own.memory_mb, built), stdin, own)
+    def judged(test: dict[str, Any], stdin: str, result: ExecResult) -> CodeTestResult:
         verdict, detail = verdict_for(result, test, judge)
         if checker is not None and "expected_stdout" in test and result.status == "ok":
             verdict, detail = check(test, stdin, result.stdout)
@@ -233,7 +232,18 @@ def run_code_tests(
             result.peak_memory_mb,
         )  # fmt: skip
 
+    def one(test: dict[str, Any]) -> CodeTestResult:
+        program, stdin = program_for(code, test)
+        own = Limits(timeout_s=test.get("timeout_s", timeout_s), memory_mb=test.get("memory_mb", memory_mb))
+        return judged(
+            test, stdin, sandbox.execute(run_launch(language, program, tools, own.memory_mb, built), stdin, own)
+        )
+
     width = max(1, sandbox.workers)
+    if checker is None and _one_program(tests):
+        return _batched(
+            sandbox, run_launch(language, code, tools, memory_mb, built), tests, judged, judge, timeout_s, memory_mb
+        )
     if len(tests) <= 1:
         return [one(test) for test in tests]
     with ThreadPoolExecutor(max_workers=min(len(tests), width)) as pool:
@@ -244,6 +254,48 @@ def run_code_tests(
             out += pool.map(one, tests[start : start + width])
             bad = next((i for i, r in enumerate(out) if r.verdict != "pass"), None)
             if bad is not None:
-                skipped = CodeTestResult("skipped", None, "", "", 0.0, f"not run: test {bad} did not pass")
-                return out[: bad + 1] + [skipped] * (len(tests) - bad - 1)
+                return out[: bad + 1] + _skipped(bad, len(tests) - bad - 1)
         return out
+
+
+def _one_program(tests: list[dict[str, Any]]) -> bool:
+    """Every test runs the same program under the same limits (stdin/stdout tests): a batch can run them."""
+    return not any("assert" in t or "timeout_s" in t or "memory_mb" in t for t in tests)
+
+
+def _skipped(bad: int, count: int) -> list[CodeTestResult]:
+    return [CodeTestResult("skipped", None, "", "", 0.0, f"not run: test {bad} did not pass")] * count
+
+
+def _batched(
+    sandbox: Sandbox,
+    launch: Launch,
+    tests: list[dict[str, Any]],
+    judged: Callable[[dict[str, Any], str, ExecResult], CodeTestResult],
+    judge: Judge,
+    timeout_s: float,
+    memory_mb: int,
+) -> list[CodeTestResult]:
+    """The tests of one program as batches (`Sandbox.execute_many`): one in order when judging stops at the first
+    failure, else one per sandbox worker, concurrently, each over a contiguous slice of the tests."""
+    if not tests:
+        return []
+    limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
+    stdins = [test.get("stdin", "") for test in tests]
+    if judge.stop_on_first_failure:
+        out: list[CodeTestResult] = []
+        runs = sandbox.execute_many(launch, stdins, limits, stream=True)
+        try:
+            for test, stdin, result in zip(tests, stdins, runs, strict=False):
+                out.append(judged(test, stdin, result))
+                if out[-1].verdict != "pass":
+                    return out + _skipped(len(out) - 1, len(tests) - len(out))
+        finally:
+            runs.close()
+        return out
+    size = math.ceil(len(tests) / max(1, min(sandbox.workers, len(tests))))
+    slices = [range(i, min(i + size, len(tests))) for i in range(0, len(tests), size)]
+    with ThreadPoolExecutor(max_workers=len(slices)) as pool:
+        parts = pool.map(lambda part: list(sandbox.execute_many(launch, [stdins[i] for i in part], limits)), slices)
+        results = [result for part in parts for result in part]
+    return [judged(test, stdin, result) for test, stdin, result in zip(tests, stdins, results, strict=True)]
