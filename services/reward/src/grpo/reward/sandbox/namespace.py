@@ -311,7 +311,7 @@ class NamespaceSandbox(Sandbox):
     def execute_many(
         self, launch: Launch, stdins: list[str], limits: Limits | None = None, stream: bool = False
     ) -> Generator[ExecResult, None, None]:
-        """Runs of one launch, one per stdin, in one namespace on one zygote ("A batch" in zygote.py), results in
+        """Runs of one launch, one per stdin, in one namespace on one zygote (batch.py), results in
         order. Closing the iterator early stops the batch; runs not started are not run."""
         limits = limits or Limits()
         limits.validate()

@@ -1,0 +1,286 @@
+"""Batches, for the zygote: one program run on many inputs (a submission's tests) in one PID namespace.
+
+Stdlib only and run in the zygote's process, like zygote.py and confine.py.
+
+The namespace's pid 1 is a small supervisor that has already done what every run needs (mounts, uid, limits, seccomp), so each run costs one
+posix_spawn (vfork + exec) instead of a fork of this process plus that set-up: the per-run cost of a native
+program drops to about that of running it bare.
+
+What the runs share, and why that is safe: the supervisor runs as the runs' uid but is init with every signal
+at its default (the kernel then drops signals sent from inside its namespace), not dumpable (no ptrace,
+/proc/1/mem or /proc/1/fd for the same uid), and seccomp keeps prlimit64 to the caller itself. After each run
+it kills every other process of the namespace (kill(-1) from init) and reaps them, so nothing a run started
+survives into the next. /scratch is root-owned and sticky, the program's files root's: a run can add files but
+not change the program. The next run gets a fresh namespace, exactly as a single run would have, when a run
+leaves anything in /scratch, changes the supervisor's scheduling (nice, policy, CPUs, I/O priority: the same
+uid may), times out without the supervisor ending it, or the supervisor is past half its CPU limit. No batches
+where SysV IPC could not be switched off (PER_RUN_IPC): its objects would outlive a run unseen.
+
+Unlike a single run, the program is not pid 1: signals it sends itself act, as they do outside the sandbox.
+"""
+
+# Syscall-level code on purpose: plain os calls map one-to-one to what the kernel does.
+# ruff: noqa: PTH208
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import resource as r
+import select
+import signal
+import socket
+import struct
+import time
+
+try:  # as part of the service's package: type checkers and tests
+    from grpo.reward.sandbox import confine
+except ImportError:  # as the zygote: a script run with -I -S that imports nothing of the service, only its siblings
+    import confine  # type: ignore[import-not-found,no-redef]
+
+
+HELD_REPLY_BYTES = 4 << 20  # replies held back before they are written anyway
+HELD_REPLY_S = 0.5  # ... or for this long
+BATCH_SLACK_S = 2.0  # past a run's deadline, how long the supervisor has to end it before the whole box is killed
+BATCH_START_S = 5.0  # how long a supervisor may take to get ready
+SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}
+
+
+def _supervise(req: dict, uid: int, control: socket.socket) -> None:
+    """Pid 1 of a batch's PID namespace: set up once, then spawn, wait for and clean up after each run."""
+    try:
+        # Python's own SIGINT handler would let a run interrupt us: init drops only signals left at default.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        low = control.detach()
+        control = socket.socket(fileno=fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 64))  # above the runs' fds 0-4
+        os.close(low)
+        confine.setup_mounts()
+        confine.become(uid, req["cap_last_cap"])
+        confine.check(confine.libc.prctl(confine.PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
+        low = os.open("/dev/null", os.O_RDWR)
+        null = fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 64)  # never one of a run's target fds
+        os.close(low)
+        for fd in range(5):  # the service's pipes go; received fds land above the runs' targets 0-4
+            os.dup2(null, fd, inheritable=False)
+        os.chdir("/scratch")
+        confine.set_limits({**req["limits"], "max_processes": req["limits"]["max_processes"] + 1})  # + the supervisor
+        confine.install_seccomp(confine.SECCOMP)
+        scheduling = _scheduling()
+        control.send(b'{"ready": true}')
+    except BaseException as exc:
+        control.send(json.dumps({"setup_error": f"{type(exc).__name__}: {exc}"}).encode())
+        os._exit(127)
+    cpu_limit = int(req["limits"]["cpu_s"])
+    try:
+        while True:
+            message, fds, _, _ = socket.recv_fds(control, 4096, 3, socket.MSG_CMSG_CLOEXEC)
+            if not message:
+                os._exit(0)  # the zygote closed the batch: our exit takes the namespace with it
+            if not fds:
+                continue  # a kill for a run that had already ended
+            reply = _spawn_and_wait(req, fds, null, json.loads(message)["timeout_s"], control)
+            used = r.getrusage(r.RUSAGE_SELF)
+            reply["retire"] = used.ru_utime + used.ru_stime >= cpu_limit / 2 or _scheduling() != scheduling
+            control.send(json.dumps(reply).encode())
+    except BaseException as exc:  # our own failure, never the program's: the run is a sandbox error
+        control.send(json.dumps({"setup_error": f"batch supervisor: {type(exc).__name__}: {exc}"}).encode())
+    finally:
+        os._exit(127)
+
+
+def _scheduling() -> tuple:
+    """What a run of the same uid could change about the supervisor, and so about every later run it spawns."""
+    ioprio = confine.libc.syscall(SYS_IOPRIO_GET[os.uname().machine], 1, 0)  # IOPRIO_WHO_PROCESS, this process
+    return os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), os.sched_getaffinity(0), ioprio
+
+
+def _spawn_and_wait(req: dict, fds: list[int], null: int, timeout_s: float, control: socket.socket) -> dict:
+    """One run: exec the program on fds 0-2 (/dev/null on 3 and 4), wait for it (kill it at the deadline or when
+    the zygote asks), then kill and reap whatever else it left in the namespace."""
+    try:
+        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate([*fds, null, null])]
+        pid = os.posix_spawn(req["argv"][0], req["argv"], req["env"], file_actions=actions)
+    except OSError as exc:
+        return {"setup_error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        for fd in fds:
+            os.close(fd)
+    exited = os.pidfd_open(pid)
+    poller = select.poll()
+    poller.register(exited, select.POLLIN)
+    poller.register(control, select.POLLIN)
+    deadline, why = time.monotonic() + timeout_s, None
+    while why is None:
+        left = deadline - time.monotonic()
+        events = dict(poller.poll(max(1, int(left * 1000) + 1))) if left > 0 else {}
+        if exited in events:
+            break
+        if left <= 0:
+            why = "timeout"
+        elif control.fileno() in events:
+            if not control.recv(16):
+                os._exit(0)
+            why = "killed"  # the zygote saw the output limit
+    os.close(exited)
+    if why is not None:
+        os.kill(pid, signal.SIGKILL)
+    _, status, usage = os.wait4(pid, 0)
+    try:
+        os.kill(-1, signal.SIGKILL)  # from init: every other process of this namespace
+    except ProcessLookupError:
+        pass
+    try:
+        while True:  # orphans are re-parented to us; once none is left, the namespace holds only us
+            os.waitpid(-1, 0)
+    except ChildProcessError:
+        pass
+    return {"status": status, "why": why, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_mb": usage.ru_maxrss / 1024}
+
+
+class Box:
+    """The zygote's side of a batch: the shared scratch, the supervisor, and one run at a time through it."""
+
+    def __init__(self, req: dict, uid: int, pidns_fd: int) -> None:
+        confine.mount_scratch(req, uid, shared=True)
+        try:
+            confine.write_files(req, 0o555)
+            self.program = set(os.listdir("/scratch"))
+            self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            confine.unshare(confine.CLONE_NEWPID)
+            try:
+                self.pid = os.fork()
+                if self.pid == 0:
+                    try:
+                        self.control.close()
+                        os.close(pidns_fd)
+                        _supervise(req, uid, theirs)
+                    finally:  # never back into the zygote's loop
+                        os._exit(127)
+            finally:
+                confine.check(confine.libc.setns(pidns_fd, confine.CLONE_NEWPID), "setns back to own pid namespace")
+            theirs.close()
+        except BaseException:
+            confine.check(confine.libc.umount2(b"/scratch", confine.MNT_DETACH), "umount scratch")
+            raise
+        ready = select.select([self.control], [], [], BATCH_START_S)[0] and self._said()
+        if not ready or not ready.get("ready"):
+            self.close()
+            raise OSError(f"the batch supervisor did not start: {ready and ready.get('setup_error')}")
+
+    def start(self, stdin: bytes, limits: dict) -> dict:
+        """Hand one run to the supervisor: its stdin, fresh pipes for its output, and its deadline. (Batches are
+        for stdin/stdout tests, so no proof of completion: fds 3 and 4 are /dev/null.)"""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        theirs = [confine.stdin_fd(stdin), out_w, err_w]
+        started = time.monotonic()
+        try:
+            socket.send_fds(self.control, [json.dumps({"timeout_s": limits["timeout_s"]}).encode()], theirs)
+        except OSError:
+            pass  # the supervisor is gone; its setup error, if any, is waiting to be read
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        return {"readers": {"out": out_r, "err": err_r}, "started": started}
+
+    def finish(self, run: dict, limits: dict) -> tuple[dict, bool]:
+        """Wait for a started run: (its reply, whether this box can take the next run)."""
+        readers, started = run["readers"], run["started"]
+        deadline = started + limits["timeout_s"] + BATCH_SLACK_S  # the supervisor ends a run at its own deadline
+        try:
+            verdict, got = confine.read_outputs(self.control.fileno(), readers, limits, deadline)
+        finally:
+            for fd in readers.values():
+                os.close(fd)
+        answered = verdict is None
+        if verdict == "output_limit":  # the supervisor kills the run and answers
+            try:
+                self.control.send(b"kill")
+            except OSError:
+                pass
+            answered = confine.read_outputs(self.control.fileno(), {}, limits, deadline)[0] is None
+        wall = time.monotonic() - started
+        said = self._said() if answered else {}
+        if "status" not in said:  # no answer in time, or a dead supervisor: this box is done
+            reply = {"verdict": verdict, "setup_error": said.get("setup_error", ""), "wall_s": wall}
+            if not reply["setup_error"] and verdict is None:
+                reply["setup_error"] = "the batch supervisor exited"
+            return {**reply, **confine.outcome(got, limits, None, None, 0.0, 0.0)}, False
+        verdict = verdict or {"timeout": "timeout", "killed": "output_limit"}.get(said["why"])
+        reply = {"verdict": verdict, "setup_error": "", "wall_s": wall}
+        keep = not said["retire"] and set(os.listdir("/scratch")) == self.program
+        return {**reply, **confine.outcome(got, limits, None, said["status"], said["cpu_s"], said["peak_mb"])}, keep
+
+    def _said(self) -> dict:
+        try:
+            return json.loads(self.control.recv(65536) or b"{}")
+        except OSError:
+            return {}
+
+    def close(self) -> None:
+        """Kill the supervisor (its namespace dies with it), reap it, and unmount the scratch (once)."""
+        if self.control.fileno() < 0:
+            return
+        self.control.close()
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        confine.check(confine.libc.umount2(b"/scratch", confine.MNT_DETACH), "umount scratch")
+
+
+def _next_refused() -> bool:
+    """A stream's answer after a reply: anything but "next" (a stop, or the service gone) ends the batch."""
+    return (confine.read_msg(0) or {}).get("control") != "next"
+
+
+def _stop_requested() -> bool:
+    """The service sent its closing control message before the end (a stop), or is gone."""
+    if not select.select([0], [], [], 0)[0]:
+        return False
+    confine.read_msg(0)
+    return True
+
+
+def _write_held(held: list[bytes]) -> None:
+    data = b"".join(struct.pack(">I", len(body)) + body for body in held)
+    while data:
+        data = data[os.write(1, data) :]
+    held.clear()
+
+
+def run_batch(req: dict, uid: int, pidns_fd: int, stdins: list[bytes]) -> None:
+    """Run req's program once per stdin, one reply each, then {"end": true}; then take the service's closing
+    control message ("close", or "stop" when it wanted no more runs) unless a stop already came.
+
+    A stream (the service may stop early) waits after each reply for "next" or "stop". Otherwise the next run
+    starts before the last one's reply is written, and replies are held and written together (at most
+    HELD_REPLY_S apart): the zygote's own work overlaps the program's, and a service woken for every reply would
+    take CPU from the runs.
+    """
+    if confine.PER_RUN_IPC:
+        raise OSError("no batches where SysV IPC is not disabled")
+    limits, stream, held, stopped = req["limits"], bool(req.get("stream")), [], False
+    written = time.monotonic()
+    box = Box(req, uid, pidns_fd)
+    try:
+        run = box.start(stdins[0], limits)
+        for i in range(len(stdins)):
+            reply, keep = box.finish(run, limits)
+            held.append(json.dumps({"files": {}, "collect_error": "", **reply}).encode())
+            more = i + 1 < len(stdins)
+            if stream or sum(map(len, held)) > HELD_REPLY_BYTES or time.monotonic() - written > HELD_REPLY_S:
+                _write_held(held)
+                written = time.monotonic()
+            stopped = more and (_next_refused() if stream else _stop_requested())
+            if more and not stopped:
+                if not keep:
+                    box.close()
+                    box = Box(req, uid, pidns_fd)
+                run = box.start(stdins[i + 1], limits)
+            if stopped:
+                break
+    finally:
+        box.close()
+    _write_held([*held, b'{"end": true}'])
+    if not stopped:
+        confine.read_msg(0)

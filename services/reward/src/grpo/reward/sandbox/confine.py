@@ -1,0 +1,347 @@
+"""The kernel calls the sandbox is made of, for the zygote (zygote.py) and its batches (batch.py).
+
+Stdlib only, like them: it runs in the zygote's process (`python3 -I -S`), never in the service's. Namespaces,
+mounts, the read-only root, the seccomp filter, the unprivileged uid, rlimits, the length-prefixed messages to
+the service, and reading a run's output under its deadline and output limit.
+"""
+
+# Syscall-level code on purpose: plain os calls map one-to-one to what the kernel does.
+# ruff: noqa: PTH103, PTH106, PTH112, PTH113, PTH114, PTH115, PTH120, PTH208, PTH211
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import fnmatch
+import json
+import os
+import resource as r
+import select
+import signal
+import struct
+import time
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+DEVICES = ("null", "zero", "full", "random", "urandom")
+PROOF_FD, NONCE_FD = 3, 4
+MAX_MESSAGE_BYTES = 1 << 30  # a length header past this means a broken stream, not a request
+
+SECCOMP = b""  # built once at start-up
+PER_RUN_IPC = False  # set at start-up when SysV IPC cannot be disabled for the zygote's IPC namespace
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+
+
+def check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _b(s: str | None) -> bytes | None:
+    return None if s is None else s.encode()
+
+
+def mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    check(libc.mount(_b(src), _b(dst), _b(fstype), flags, _b(data)), f"mount {src} on {dst}")
+
+
+def unshare(flags: int) -> None:
+    check(libc.unshare(flags), f"unshare({flags:#x})")
+
+
+def bind_ro(src: str, dst: str, devices: bool = False) -> None:
+    """Bind `src` read-only at `dst`; device nodes keep working only where asked."""
+    mount(src, dst, None, MS_BIND | MS_REC)
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | (0 if devices else MS_NODEV)
+    mount(None, dst, None, flags)
+
+
+def disable_sysv_ipc() -> None:
+    """SysV IPC objects outlive processes; with none allowed in this IPC namespace nothing passes between runs.
+
+    (POSIX message queues are off through RLIMIT_MSGQUEUE=0; POSIX shm lives in each run's scratch.) A fresh
+    /proc, private to our mount namespace, because container runtimes mount /proc/sys read-only.
+    """
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name, value in (("shmmni", "0"), ("msgmni", "0"), ("sem", "0 0 0 0")):
+        with open(f"/proc/sys/kernel/{name}", "w") as f:
+            f.write(value)
+
+
+def build_root(cfg: dict, uid: int) -> None:
+    """Enter private mount/net/uts namespaces and pivot into a minimal read-only root."""
+    global PER_RUN_IPC
+    unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC)
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    try:
+        disable_sysv_ipc()
+    except OSError:  # e.g. a /proc that will not mount here: a fresh IPC namespace per run instead
+        PER_RUN_IPC = True
+    new = "/tmp"  # any existing directory will do: the tmpfs over it exists only in our namespace
+    mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=512,mode=0755")
+    for path in cfg["ro_binds"]:
+        if os.path.islink(path):
+            os.symlink(os.readlink(path), new + path)
+        elif os.path.isdir(path):
+            os.makedirs(new + path, exist_ok=True)
+            bind_ro(path, new + path)
+        elif os.path.isfile(path):
+            os.makedirs(os.path.dirname(new + path), exist_ok=True)
+            open(new + path, "w").close()
+            bind_ro(path, new + path)
+    for d in ("dev", "etc", "proc", "scratch", ".old"):
+        os.makedirs(f"{new}/{d}", exist_ok=True)
+    os.symlink("scratch", f"{new}/tmp")  # /tmp is the run's own scratch tmpfs
+    for name in DEVICES:
+        open(f"{new}/dev/{name}", "w").close()
+        bind_ro(f"/dev/{name}", f"{new}/dev/{name}", devices=True)
+    os.symlink("/scratch", f"{new}/dev/shm")
+    for i, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{i}", f"{new}/dev/{name}")
+    os.symlink("/proc/self/fd", f"{new}/dev/fd")
+    etc = {
+        "passwd": f"root:x:0:0::/:/bin/false\nsandbox:x:{uid}:{uid}::/scratch:/bin/false\n",
+        "group": f"root:x:0:\nsandbox:x:{uid}:\n",
+        "hosts": "127.0.0.1 localhost\n",
+        "hostname": "sandbox\n",
+    }
+    for name, text in etc.items():
+        with open(f"{new}/etc/{name}", "w") as f:
+            f.write(text)
+    check(libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], _b(new), _b(new + "/.old")), "pivot_root")
+    os.chdir("/")
+    check(libc.umount2(b"/.old", MNT_DETACH), "umount old root")
+    os.rmdir("/.old")
+    mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    libc.sethostname(b"sandbox", 7)
+
+
+# Syscalls an unprivileged program could use to widen the kernel surface it reaches (new user namespaces,
+# eBPF, io_uring, perf, keyrings, ptrace) or that need privileges it no longer has; Docker's default profile
+# blocks the same ones. clone3 answers ENOSYS so libc falls back to clone, whose flags can be checked.
+# prlimit64 works on the caller only (pid 0, which is how libc's setrlimit calls it): in a batch the runs share
+# their uid with the supervisor, whose limits they must not change.
+DENY = {
+    "x86_64": (0xC000003E, 56, (272, 308, 165, 166, 155, 101, 321, 298, 323, 250, 248, 249, 425, 310, 311, 246,
+               175, 313, 176, 161, 304, 303, 428, 429, 430, 431, 432, 442, 163, 167, 168, 169, 103, 179)),
+    "aarch64": (0xC00000B7, 220, (97, 268, 40, 39, 41, 117, 280, 241, 282, 219, 217, 218, 425, 270, 271, 104,
+                105, 273, 106, 51, 265, 264, 428, 429, 430, 431, 432, 442, 89, 224, 225, 142, 116, 60)),
+}  # fmt: skip
+CLONE3 = 435
+PRLIMIT64 = {"x86_64": 302, "aarch64": 261}
+NS_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+
+
+def seccomp_filter(machine: str) -> bytes:
+    """A classic-BPF seccomp program: EPERM for DENY, clone with namespace flags, prlimit64 on another process and
+    x32 calls; ENOSYS for clone3."""
+    arch, clone, deny = DENY[machine]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, eperm, enosys, kill = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38, 0x80000000
+    body: list[tuple[int, int | str, int | str, int]] = [(ld, 0, 0, 0)]  # nr
+    if machine == "x86_64":
+        body.append((jge, "EPERM", 0, 0x40000000))  # the x32 ABI aliases every syscall
+    body += [(jeq, "EPERM", 0, nr) for nr in deny]
+    body += [(jeq, "ENOSYS", 0, CLONE3), (jeq, 0, 2, PRLIMIT64[machine]), (ld, 0, 0, 16), (jeq, "ALLOW", "EPERM", 0)]
+    body += [(jeq, 0, "ALLOW", clone), (ld, 0, 0, 16), (jset, "EPERM", 0, NS_FLAGS)]
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), *body]
+    labels = {"ALLOW": len(prog), "EPERM": len(prog) + 1, "ENOSYS": len(prog) + 2}
+    prog += [(ret, 0, 0, allow), (ret, 0, 0, eperm), (ret, 0, 0, enosys)]
+    out = b""
+    for i, (code, jt, jf, k) in enumerate(prog):
+        jt, jf = (labels[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf))
+        out += struct.pack("HBBI", code, jt, jf, k)
+    return out
+
+
+def install_seccomp(filt: bytes) -> None:
+    """PR_SET_SECCOMP with the filter; needs no_new_privs (set before) since we hold no capabilities."""
+    buf = ctypes.create_string_buffer(filt, len(filt))
+    prog = struct.pack("HxxxxxxP", len(filt) // 8, ctypes.addressof(buf))
+    check(libc.prctl(22, 2, ctypes.c_char_p(prog), 0, 0), "seccomp")  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+
+def read_msg(fd: int) -> dict | None:
+    head = read_exact(fd, 4)
+    if head is None:
+        return None
+    size = struct.unpack(">I", head)[0]
+    if size > MAX_MESSAGE_BYTES:
+        raise ValueError(f"a request of {size} bytes: the stream is out of step")
+    body = read_exact(fd, size)
+    return None if body is None else json.loads(body)
+
+
+def read_exact(fd: int, n: int) -> bytes | None:
+    """n bytes into one buffer (linear: a megabyte of stdin arrives in 64 KiB pipe reads), None at EOF."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = os.readv(fd, [view[got:]])
+        if not k:
+            return None
+        got += k
+    return bytes(buf)
+
+
+def write_msg(fd: int, obj: dict) -> None:
+    body = json.dumps(obj).encode()
+    data = struct.pack(">I", len(body)) + body
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def mount_scratch(req: dict, uid: int, shared: bool = False) -> None:
+    """A size-capped tmpfs on /scratch, mounted by the zygote (one run or batch at a time) so that the files a run
+    leaves (a compiler's output) can be read back after its whole PID namespace is gone; owned by `uid`.
+
+    `shared` (a batch): owned by root and sticky like /tmp, so the runs may add files but not change or remove
+    the program's, which the zygote writes as root.
+    """
+    # Group root may read (mode 0750, gid 0): the zygote lists and reads build outputs without CAP_DAC_OVERRIDE.
+    owner = "mode=1777,uid=0" if shared else f"mode=0750,uid={uid}"
+    opts = f"size={req['limits']['scratch_mb']}m,nr_inodes=4096,{owner},gid=0"
+    mount("tmpfs", "/scratch", "tmpfs", MS_NOSUID | MS_NODEV, opts)
+
+
+def collect_files(patterns: list[str], max_bytes: int) -> tuple[dict[str, str], str]:
+    """Regular files in /scratch (top level) matching `patterns`, base64; never follows a link the run planted."""
+    out: dict[str, str] = {}
+    total = 0
+    if not patterns:
+        return out, ""
+    for name in sorted(os.listdir("/scratch")):
+        if not any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            continue
+        try:
+            fd = os.open("/scratch/" + name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue  # a symlink or something else that is not the run's own file
+        try:
+            if os.fstat(fd).st_mode & 0o170000 != 0o100000:  # not S_IFREG
+                continue
+            data = b""
+            while len(data) <= max_bytes - total and (chunk := os.read(fd, 1 << 20)):
+                data += chunk
+        finally:
+            os.close(fd)
+        total += len(data)
+        if total > max_bytes:
+            return out, f"output files exceed {max_bytes} bytes"
+        out[name] = base64.b64encode(data).decode()
+    return out, ""
+
+
+def setup_mounts() -> None:
+    """Fresh mount namespace (it keeps the zygote's /scratch tmpfs) with this PID namespace's /proc."""
+    unshare(CLONE_NEWNS | (CLONE_NEWIPC if PER_RUN_IPC else 0))
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)  # if memory runs out, the OOM killer takes runs first
+    os.write(fd, b"1000")
+    os.close(fd)
+
+
+def become(uid: int, cap_last_cap: int) -> None:
+    """no_new_privs, an empty capability bounding set (when CAP_SETPCAP allows), then the unprivileged uid."""
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    for cap in range(cap_last_cap + 1):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break  # no CAP_SETPCAP: moot anyway for a non-root uid under no_new_privs and seccomp
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    # A uid change clears the parent-death signal, so it is set after: zygote gone -> this init and its
+    # whole PID namespace gone.
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+
+
+def write_files(req: dict, mode: int) -> None:
+    """The program's files into /scratch (as whoever owns it, so no CAP_DAC_OVERRIDE is needed)."""
+    for name, data in [*((n, t.encode()) for n, t in req["files"].items()), *req["blobs"].items()]:
+        fd = os.open("/scratch/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        while data:
+            data = data[os.write(fd, data) :]
+        os.close(fd)
+
+
+def stdin_fd(data: bytes) -> int:
+    """The run's stdin: a memfd holding `data` (a program may seek or mmap it), /dev/null when empty."""
+    if not data:
+        return os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+    stdin = os.memfd_create("stdin")
+    while data:
+        data = data[os.write(stdin, data) :]
+    os.lseek(stdin, 0, os.SEEK_SET)
+    return stdin
+
+
+def set_limits(limits: dict) -> None:
+    cpu = int(limits["cpu_s"])
+    # RLIMIT_AS counts address space a runtime only reserves (the JVM's class space, V8's code range, Go's
+    # arenas), so those runtimes get RLIMIT_DATA: writable memory actually mapped.
+    memory = r.RLIMIT_DATA if limits.get("memory_kind") == "data" else r.RLIMIT_AS
+    if limits.get("stack_mb"):  # deep recursion in compiled contest code; glibc also sizes thread stacks by it
+        r.setrlimit(r.RLIMIT_STACK, (limits["stack_mb"] << 20, limits["stack_mb"] << 20))
+    for res, val in (
+        (memory, limits["memory_mb"] << 20),
+        (r.RLIMIT_CPU, cpu),  # an init ignores SIGXCPU, so the hard limit (SIGKILL) is the one that acts
+        (r.RLIMIT_NPROC, limits["max_processes"]),
+        (r.RLIMIT_FSIZE, limits["max_file_bytes"]),
+        (r.RLIMIT_NOFILE, 256),
+        (r.RLIMIT_CORE, 0),
+        (r.RLIMIT_MSGQUEUE, 0),
+    ):
+        r.setrlimit(res, (val, val))
+
+
+def read_outputs(done: int, readers: dict[str, int], limits: dict, deadline: float) -> tuple[str | None, dict]:
+    """Read outputs until every writer is gone and `done` is readable, the deadline passes, or the output limit
+    is hit: (None, or the verdict "timeout" / "output_limit"; the bytes read per reader name)."""
+    bufs = {fd: bytearray() for fd in readers.values()}
+    poller = select.poll()
+    for fd in (*bufs, done):
+        poller.register(fd, select.POLLIN)
+    open_fds, verdict, total = {*bufs, done}, None, 0
+    while open_fds:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            verdict = "timeout"
+            break
+        for fd, _ in poller.poll(max(1, int(left * 1000) + 1)):
+            chunk = b"" if fd == done else os.read(fd, 65536)
+            if not chunk:
+                poller.unregister(fd)
+                open_fds.discard(fd)
+                continue
+            bufs[fd] += chunk
+            if fd != readers.get("status"):  # the program can write to out, err and the proof fd
+                total += len(chunk)
+        if total > limits["max_output_bytes"]:
+            verdict = "output_limit"
+            break
+    return verdict, {name: bytes(bufs[fd]) for name, fd in readers.items()}
+
+
+def outcome(
+    got: dict, limits: dict, nonce: bytes | None, wait_status: int | None, cpu_s: float, peak_mb: float
+) -> dict:
+    """The reply's fields for one run from what `read_outputs` read and how the program ended."""
+    cap = limits["max_output_bytes"]
+    exit_code = None
+    if wait_status is not None:
+        exit_code = -os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else os.WEXITSTATUS(wait_status)
+    return {
+        "exit_code": exit_code,
+        "stdout": got["out"][:cap].decode("utf-8", "replace"),
+        "stderr": got["err"][:cap].decode("utf-8", "replace"),
+        "proof": nonce is not None and got["proof"] == nonce,
+        "cpu_s": cpu_s,
+        "peak_mb": peak_mb,
+    }
