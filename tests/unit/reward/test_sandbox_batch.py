@@ -186,6 +186,9 @@ def test_small_memory_limits_run_one_namespace_per_run(sandbox: Sandbox) -> None
     """Below BATCH_MIN_MEMORY_MB the supervisor would not fit under the runs' limit: single runs, same results."""
     results = batch(sandbox, "c", REVERSE["c"], ["ab\n", "cd\n"], Limits(timeout_s=5.0, memory_mb=32))
     assert [r.stdout for r in results] == ["ba\n", "dc\n"]
+    # At the floor, under an address-space limit (Python), the supervisor itself still fits.
+    results = batch(sandbox, "python", "print(input()[::-1])", ["ab\n", "cd\n"], Limits(timeout_s=5.0, memory_mb=64))
+    assert [(r.status, r.stdout) for r in results] == [("ok", "ba\n"), ("ok", "dc\n")], results
 
 
 def test_judging_many_tests_runs_them_as_batches(sandbox: Sandbox) -> None:
