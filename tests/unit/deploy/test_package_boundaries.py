@@ -104,8 +104,6 @@ def test_third_party_imports_are_declared(service: str) -> None:
             top = name.split(".")[0]
             if top == "grpo" or top in sys.stdlib_module_names or top == "__future__":
                 continue
-            if name == top and (path.parent / f"{top}.py").is_file():
-                continue  # a script's sibling, imported by path (the sandbox's zygote runs as a script)
             providers = {_name(d) for d in dists_of.get(top, [top])}
             if not providers & allowed:
                 wrong.append(f"{path.relative_to(REPO)}: {name} (from {sorted(providers)})")

@@ -34,11 +34,7 @@ import socket
 import struct
 import time
 
-try:  # as part of the service's package: type checkers and tests
-    from grpo.reward.sandbox import confine
-except ImportError:  # as the zygote: a script run with -I -S that imports nothing of the service, only its siblings
-    import confine  # type: ignore[import-not-found,no-redef]
-
+from grpo.reward.sandbox import confine
 
 HELD_REPLY_BYTES = 4 << 20  # replies held back before they are written anyway
 HELD_REPLY_S = 0.5  # ... or for this long

@@ -27,7 +27,7 @@ arrives on fd 3 with the nonce and reports `proof`. See `languages.py` for what 
 """
 
 # Syscall-level code on purpose: plain os calls map one-to-one to what the kernel does.
-# ruff: noqa: PTH110
+# ruff: noqa: PTH100, PTH110, PTH120
 
 from __future__ import annotations
 
@@ -37,17 +37,21 @@ import os
 import signal
 import sys
 import time
+import types
 
-if __name__ == "__main__":  # the siblings, by path
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: PTH100, PTH120
-try:  # as part of the service's package: type checkers and tests
-    from grpo.reward.sandbox import confine
-except ImportError:  # as the zygote: a script run with -I -S that imports nothing of the service, only its siblings
-    import confine  # type: ignore[import-not-found,no-redef]
-try:
-    from grpo.reward.sandbox import batch
-except ImportError:
-    import batch  # type: ignore[import-not-found,no-redef]
+if __name__ == "__main__":
+    # Run as a script with -I -S: the service's packages are neither importable nor wanted here. Empty stand-ins
+    # for grpo and grpo.reward, and grpo.reward.sandbox pointing at this folder, let the siblings be imported
+    # by their usual names without running any of the service's __init__ files.
+    for _name, _path in (
+        ("grpo", []),
+        ("grpo.reward", []),
+        ("grpo.reward.sandbox", [os.path.dirname(os.path.abspath(__file__))]),
+    ):
+        sys.modules[_name] = types.ModuleType(_name)
+        sys.modules[_name].__path__ = _path  # type: ignore[attr-defined]
+
+from grpo.reward.sandbox import batch, confine  # after the stand-ins
 
 
 def _child(req: dict, uid: int, fds: list[int], status_w: int) -> None:
