@@ -42,6 +42,10 @@ class RestartableReward:
     log_path: Path = field(default_factory=lambda: Path(tempfile.mkstemp(prefix="fault-reward-", suffix=".log")[1]))
     service: ServiceProc | None = None
 
+    def __post_init__(self) -> None:
+        while self.http_port == self.grpc_port:  # two free_port() calls in a row can get the same port back
+            self.http_port = free_port()
+
     @property
     def grpc_addr(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
