@@ -6,6 +6,7 @@ same state; what it adds, a supervisor that shares the runs' uid, must be out of
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from grpo.reward.sandbox import Limits, Sandbox
+from grpo.reward.sandbox.batch import UID_OFFSET
 from grpo.reward.sandbox.languages import build, run_launch
+from grpo.reward.sandbox.namespace import NamespaceSandbox
 from grpo.reward.verifiers.code import Judge, run_code_tests
 from tests.unit.reward.test_sandbox_languages import (
     CRASH,
@@ -159,6 +162,38 @@ def test_a_timeout_or_a_flood_mid_batch_costs_only_that_run(sandbox: Sandbox) ->
     assert [r.stdout for r in results[::2]] == ["a\n", "b\n", "c\n"]
 
 
+def test_a_queued_run_waits_its_turn_and_gets_its_whole_time(sandbox: Sandbox) -> None:
+    """The supervisor holds the next run while one runs: runs never overlap, and a run queued behind a slow one
+    still gets its full time limit (together they take longer than one limit plus the zygote's slack)."""
+    program = "import time\nstart = time.monotonic()\ntime.sleep(float(input()))\nprint(start, time.monotonic())"
+    results = batch(sandbox, "python", program, ["2.6", "2.6", "0"], Limits(timeout_s=3.0))
+    assert [r.status for r in results] == ["ok"] * 3, results
+    spans = [tuple(map(float, r.stdout.split())) for r in results]
+    assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(spans)), spans
+    assert [round(r.wall_s) for r in results] == [3, 3, 0], [r.wall_s for r in results]  # each run's own time
+
+
+def test_a_single_run_right_after_a_batch_has_a_scratch_of_its_own() -> None:
+    """A zygote prepares the next single run as soon as a reply is out, while the service may already send a
+    batch; the prepared run must not end up with the batch's scratch (root's files, not its own)."""
+    sandbox = NamespaceSandbox(workers=1)
+    try:
+        look = run_launch(
+            "python",
+            "import os\nprint(sorted(os.listdir('.')), open('x', 'w').write('x'))",
+            sandbox.languages["python"],
+            256,
+        )
+        other = run_launch("python", "print(input())", sandbox.languages["python"], 256)
+        seen = set()
+        for _ in range(15):
+            seen.add(sandbox.execute(look, "", FAST).stdout)
+            assert [r.stdout for r in sandbox.execute_many(other, ["b\n"], FAST)] == ["b\n"]
+        assert len(seen) == 1 and "1" in next(iter(seen)), seen  # the same listing, and its write worked
+    finally:
+        sandbox.close()
+
+
 def test_stop_on_first_failure_does_not_run_the_rest(sandbox: Sandbox) -> None:
     """Judging stops at the first failure: the tests after it are `skipped` and never started (each would
     sleep 3 s, so the whole judging finishing sooner proves it)."""
@@ -202,6 +237,11 @@ def test_judging_many_tests_runs_them_as_batches(sandbox: Sandbox) -> None:
 SLEEP_THEN_PRINT = "import time\ntime.sleep(float(input()))\nprint('done')"
 
 
+def _uid(pid: str) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+
+
 def _kill_during_second_run(sandbox: Sandbox, target: str) -> list:
     """Run a 4-run batch whose second run sleeps 3 s; 1 s in, SIGKILL the zygote or its batch supervisor."""
     import os
@@ -216,8 +256,11 @@ def _kill_during_second_run(sandbox: Sandbox, target: str) -> list:
     for zygote in list(sandbox._all):  # type: ignore[attr-defined]
         pid = zygote.proc.pid
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        if children:  # the busy zygote: its one child is the supervisor
-            os.kill(pid if target == "zygote" else int(children[0]), signal.SIGKILL)
+        # Each zygote's children: the next single run's init, waiting; the busy one's also its batch supervisor,
+        # of the batch's own uid.
+        supervisors = [child for child in children if _uid(child) == zygote.uid + UID_OFFSET]
+        if supervisors:
+            os.kill(pid if target == "zygote" else int(supervisors[0]), signal.SIGKILL)
     worker.join(30)
     assert not worker.is_alive()
     return out

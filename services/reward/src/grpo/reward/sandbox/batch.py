@@ -2,9 +2,10 @@
 
 Stdlib only and run in the zygote's process, like zygote.py and confine.py.
 
-The namespace's pid 1 is a small supervisor that has already done what every run needs (mounts, uid, limits, seccomp), so each run costs one
-posix_spawn (vfork + exec) instead of a fork of this process plus that set-up: the per-run cost of a native
-program drops to about that of running it bare.
+The namespace's pid 1 is a small supervisor that has already done what every run needs (mounts, uid, limits,
+seccomp), so each run costs one posix_spawn (vfork + exec) instead of a fork of this process plus that set-up:
+the per-run cost of a native program drops to about that of running it bare. The zygote keeps the next run queued with the supervisor (its
+stdin and pipes already sent), which starts it the moment the last one is cleaned up: no round trip between runs.
 
 What the runs share, and why that is safe: the supervisor runs as the runs' uid but is init with every signal
 at its default (the kernel then drops signals sent from inside its namespace), not dumpable (no ptrace,
@@ -24,6 +25,7 @@ Unlike a single run, the program is not pid 1: signals it sends itself act, as t
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import json
 import os
@@ -41,6 +43,7 @@ HELD_REPLY_S = 0.5  # ... or for this long
 BATCH_SLACK_S = 2.0  # past a run's deadline, how long the supervisor has to end it before the whole box is killed
 BATCH_START_S = 5.0  # how long a supervisor may take to get ready
 SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}
+UID_OFFSET = 1 << 22  # a batch's uid is its zygote's plus this: above every pid, so never another zygote's
 
 
 def _supervise(req: dict, uid: int, control: socket.socket) -> None:
@@ -52,53 +55,70 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
         control = socket.socket(fileno=fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 64))  # above the runs' fds 0-4
         os.close(low)
         confine.setup_mounts()
-        confine.become(uid, req["cap_last_cap"])
+        confine.become(uid)
         confine.check(confine.libc.prctl(confine.PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         low = os.open("/dev/null", os.O_RDWR)
         null = fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 64)  # never one of a run's target fds
         os.close(low)
         for fd in range(5):  # the service's pipes go; received fds land above the runs' targets 0-4
             os.dup2(null, fd, inheritable=False)
+        os.closerange(5, 64)  # and whatever else the zygote had open (a prepared run's pipes): not ours
         os.chdir("/scratch")
         confine.set_limits({**req["limits"], "max_processes": req["limits"]["max_processes"] + 1})  # + the supervisor
         confine.install_seccomp(confine.SECCOMP)
-        scheduling = _scheduling()
+        ioprio_get = SYS_IOPRIO_GET[os.uname().machine]
+        scheduling = _scheduling(ioprio_get)
         control.send(b'{"ready": true}')
     except BaseException as exc:
         control.send(json.dumps({"setup_error": f"{type(exc).__name__}: {exc}"}).encode())
         os._exit(127)
-    cpu_limit = int(req["limits"]["cpu_s"])
+    cpu_limit, program, pending = int(req["limits"]["cpu_s"]), set(os.listdir("/scratch")), None
     try:
         while True:
-            message, fds, _, _ = socket.recv_fds(control, 4096, 3, socket.MSG_CMSG_CLOEXEC)
-            if not message:
-                os._exit(0)  # the zygote closed the batch: our exit takes the namespace with it
-            if not fds:
+            run, pending = pending or _receive(control), None
+            if "run" not in run:
                 continue  # a kill for a run that had already ended
-            reply = _spawn_and_wait(req, fds, null, json.loads(message)["timeout_s"], control)
+            reply, pending = _spawn_and_wait(req, run, null, control)
             used = r.getrusage(r.RUSAGE_SELF)
-            reply["retire"] = used.ru_utime + used.ru_stime >= cpu_limit / 2 or _scheduling() != scheduling
+            reply["retire"] = (
+                used.ru_utime + used.ru_stime >= cpu_limit / 2
+                or _scheduling(ioprio_get) != scheduling
+                or set(os.listdir("/scratch")) != program  # a run left a file: the next must not see it
+            )
             control.send(json.dumps(reply).encode())
+            if reply["retire"]:
+                os._exit(0)  # not the queued run: the zygote starts it in a fresh namespace
     except BaseException as exc:  # our own failure, never the program's: the run is a sandbox error
         control.send(json.dumps({"setup_error": f"batch supervisor: {type(exc).__name__}: {exc}"}).encode())
     finally:
         os._exit(127)
 
 
-def _scheduling() -> tuple:
+def _receive(control: socket.socket) -> dict:
+    """The zygote's next message, a run ({"run": index, "timeout_s": ...} with fds 0-2) or {"kill": index}; at
+    EOF our exit."""
+    message, fds, _, _ = socket.recv_fds(control, 4096, 3, socket.MSG_CMSG_CLOEXEC)
+    if not message:
+        os._exit(0)  # the zygote closed the batch: our exit takes the namespace with it
+    return {**json.loads(message), "fds": fds}
+
+
+def _scheduling(ioprio_get: int) -> tuple:
     """What a run of the same uid could change about the supervisor, and so about every later run it spawns."""
-    ioprio = confine.libc.syscall(SYS_IOPRIO_GET[os.uname().machine], 1, 0)  # IOPRIO_WHO_PROCESS, this process
+    ioprio = confine.libc.syscall(ioprio_get, 1, 0)  # IOPRIO_WHO_PROCESS, this process
     return os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), os.sched_getaffinity(0), ioprio
 
 
-def _spawn_and_wait(req: dict, fds: list[int], null: int, timeout_s: float, control: socket.socket) -> dict:
+def _spawn_and_wait(req: dict, run: dict, null: int, control: socket.socket) -> tuple[dict, dict | None]:
     """One run: exec the program on fds 0-2 (/dev/null on 3 and 4), wait for it (kill it at the deadline or when
-    the zygote asks), then kill and reap whatever else it left in the namespace."""
+    the zygote asks), then kill and reap whatever else it left in the namespace. The zygote may queue the next
+    run meanwhile: (this run's reply, the queued run or None)."""
+    fds, queued, started = run["fds"], None, time.monotonic()
     try:
         actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate([*fds, null, null])]
         pid = os.posix_spawn(req["argv"][0], req["argv"], req["env"], file_actions=actions)
     except OSError as exc:
-        return {"setup_error": f"{type(exc).__name__}: {exc}"}
+        return {"setup_error": f"{type(exc).__name__}: {exc}"}, None
     finally:
         for fd in fds:
             os.close(fd)
@@ -106,7 +126,7 @@ def _spawn_and_wait(req: dict, fds: list[int], null: int, timeout_s: float, cont
     poller = select.poll()
     poller.register(exited, select.POLLIN)
     poller.register(control, select.POLLIN)
-    deadline, why = time.monotonic() + timeout_s, None
+    deadline, why = time.monotonic() + run["timeout_s"], None
     while why is None:
         left = deadline - time.monotonic()
         events = dict(poller.poll(max(1, int(left * 1000) + 1))) if left > 0 else {}
@@ -115,9 +135,13 @@ def _spawn_and_wait(req: dict, fds: list[int], null: int, timeout_s: float, cont
         if left <= 0:
             why = "timeout"
         elif control.fileno() in events:
-            if not control.recv(16):
-                os._exit(0)
-            why = "killed"  # the zygote saw the output limit
+            said = _receive(control)
+            if "run" in said:
+                if queued is not None:
+                    raise OSError("the zygote queued a second run")
+                queued = said
+            elif said["kill"] == run["run"]:
+                why = "killed"  # the zygote saw the output limit
     os.close(exited)
     if why is not None:
         os.kill(pid, signal.SIGKILL)
@@ -131,14 +155,15 @@ def _spawn_and_wait(req: dict, fds: list[int], null: int, timeout_s: float, cont
             os.waitpid(-1, 0)
     except ChildProcessError:
         pass
-    return {"status": status, "why": why, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_mb": usage.ru_maxrss / 1024}
+    cpu_s, wall_s = usage.ru_utime + usage.ru_stime, time.monotonic() - started
+    return {"status": status, "why": why, "cpu_s": cpu_s, "peak_mb": usage.ru_maxrss / 1024, "wall_s": wall_s}, queued
 
 
 class Box:
-    """The zygote's side of a batch: the shared scratch, the supervisor, and one run at a time through it."""
+    """The zygote's side of a batch: the shared scratch, the supervisor, and runs queued with it, run one at a time."""
 
     def __init__(self, req: dict, uid: int, pidns_fd: int) -> None:
-        confine.mount_scratch(req, uid, shared=True)
+        confine.mount_scratch(req["limits"]["scratch_mb"], uid, shared=True)
         try:
             confine.write_files(req, 0o555)
             self.program = set(os.listdir("/scratch"))
@@ -159,54 +184,65 @@ class Box:
         except BaseException:
             confine.check(confine.libc.umount2(b"/scratch", confine.MNT_DETACH), "umount scratch")
             raise
+        self.sent = 0
         ready = select.select([self.control], [], [], BATCH_START_S)[0] and self._said()
+        self.answered = time.monotonic()
         if not ready or not ready.get("ready"):
             self.close()
             raise OSError(f"the batch supervisor did not start: {ready and ready.get('setup_error')}")
 
     def start(self, stdin: bytes, limits: dict) -> dict:
-        """Hand one run to the supervisor: its stdin, fresh pipes for its output, and its deadline. (Batches are
-        for stdin/stdout tests, so no proof of completion: fds 3 and 4 are /dev/null.)"""
+        """Queue one run with the supervisor: its index, stdin, fresh pipes for its output, and its deadline. It
+        starts once the run before it has ended. (Batches are for stdin/stdout tests, so no proof of
+        completion: fds 3 and 4 are /dev/null.)"""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         theirs = [confine.stdin_fd(stdin), out_w, err_w]
-        started = time.monotonic()
+        index, self.sent = self.sent, self.sent + 1
         try:
-            socket.send_fds(self.control, [json.dumps({"timeout_s": limits["timeout_s"]}).encode()], theirs)
+            message = json.dumps({"run": index, "timeout_s": limits["timeout_s"]}).encode()
+            socket.send_fds(self.control, [message], theirs)
         except OSError:
             pass  # the supervisor is gone; its setup error, if any, is waiting to be read
         finally:
             for fd in theirs:
                 os.close(fd)
-        return {"readers": {"out": out_r, "err": err_r}, "started": started}
+        return {"readers": {"out": out_r, "err": err_r}, "index": index, "queued": time.monotonic()}
 
     def finish(self, run: dict, limits: dict) -> tuple[dict, bool]:
-        """Wait for a started run: (its reply, whether this box can take the next run)."""
-        readers, started = run["readers"], run["started"]
+        """Wait for the oldest queued run: (its reply, whether this box can take the next run)."""
+        readers = run["readers"]
+        started = max(run["queued"], self.answered)  # it started when the run before it was answered
         deadline = started + limits["timeout_s"] + BATCH_SLACK_S  # the supervisor ends a run at its own deadline
         try:
             verdict, got = confine.read_outputs(self.control.fileno(), readers, limits, deadline)
         finally:
-            for fd in readers.values():
-                os.close(fd)
+            self.discard(run)
         answered = verdict is None
         if verdict == "output_limit":  # the supervisor kills the run and answers
             try:
-                self.control.send(b"kill")
+                self.control.send(json.dumps({"kill": run["index"]}).encode())
             except OSError:
                 pass
             answered = confine.read_outputs(self.control.fileno(), {}, limits, deadline)[0] is None
-        wall = time.monotonic() - started
         said = self._said() if answered else {}
+        self.answered = time.monotonic()
         if "status" not in said:  # no answer in time, or a dead supervisor: this box is done
-            reply = {"verdict": verdict, "setup_error": said.get("setup_error", ""), "wall_s": wall}
+            reply = {"verdict": verdict, "setup_error": said.get("setup_error", ""), "wall_s": self.answered - started}
             if not reply["setup_error"] and verdict is None:
                 reply["setup_error"] = "the batch supervisor exited"
             return {**reply, **confine.outcome(got, limits, None, None, 0.0, 0.0)}, False
         verdict = verdict or {"timeout": "timeout", "killed": "output_limit"}.get(said["why"])
-        reply = {"verdict": verdict, "setup_error": "", "wall_s": wall}
-        keep = not said["retire"] and set(os.listdir("/scratch")) == self.program
-        return {**reply, **confine.outcome(got, limits, None, said["status"], said["cpu_s"], said["peak_mb"])}, keep
+        reply = {"verdict": verdict, "setup_error": "", "wall_s": said["wall_s"]}
+        outcome = confine.outcome(got, limits, None, said["status"], said["cpu_s"], said["peak_mb"])
+        return {**reply, **outcome}, not said["retire"]
+
+    @staticmethod
+    def discard(run: dict) -> None:
+        """Close a run's output pipes: read, or never to be (its box is closing)."""
+        for fd in run["readers"].values():
+            os.close(fd)
+        run["readers"] = {}
 
     def _said(self) -> dict:
         try:
@@ -238,9 +274,7 @@ def _stop_requested() -> bool:
 
 
 def _write_held(held: list[bytes]) -> None:
-    data = b"".join(struct.pack(">I", len(body)) + body for body in held)
-    while data:
-        data = data[os.write(1, data) :]
+    confine.write_all(1, b"".join(struct.pack(">I", len(body)) + body for body in held))
     held.clear()
 
 
@@ -248,35 +282,46 @@ def run_batch(req: dict, uid: int, pidns_fd: int, stdins: list[bytes]) -> None:
     """Run req's program once per stdin, one reply each, then {"end": true}; then take the service's closing
     control message ("close", or "stop" when it wanted no more runs) unless a stop already came.
 
-    A stream (the service may stop early) waits after each reply for "next" or "stop". Otherwise the next run
-    starts before the last one's reply is written, and replies are held and written together (at most
-    HELD_REPLY_S apart): the zygote's own work overlaps the program's, and a service woken for every reply would
-    take CPU from the runs.
+    A stream (the service may stop early) waits after each reply for "next" or "stop". Otherwise the supervisor
+    always has the next run queued, so it starts it the moment the last one is cleaned up, and replies are held
+    and written together (at most HELD_REPLY_S apart): the zygote's own work overlaps the program's, and a
+    service woken for every reply would take CPU from the runs.
     """
     if confine.PER_RUN_IPC:
         raise OSError("no batches where SysV IPC is not disabled")
     limits, stream, held, stopped = req["limits"], bool(req.get("stream")), [], False
+    depth = 1 if stream else 2  # runs queued with the supervisor, the running one included
     written = time.monotonic()
-    box = Box(req, uid, pidns_fd)
+    box, queued = Box(req, uid, pidns_fd), collections.deque[dict]()
     try:
-        run = box.start(stdins[0], limits)
         for i in range(len(stdins)):
-            reply, keep = box.finish(run, limits)
+            while len(queued) < depth and i + len(queued) < len(stdins):
+                queued.append(box.start(stdins[i + len(queued)], limits))
+            reply, keep = box.finish(queued.popleft(), limits)
             held.append(json.dumps({"files": {}, "collect_error": "", **reply}).encode())
             more = i + 1 < len(stdins)
             if stream or sum(map(len, held)) > HELD_REPLY_BYTES or time.monotonic() - written > HELD_REPLY_S:
                 _write_held(held)
                 written = time.monotonic()
             stopped = more and (_next_refused() if stream else _stop_requested())
-            if more and not stopped:
-                if not keep:
-                    box.close()
-                    box = Box(req, uid, pidns_fd)
-                run = box.start(stdins[i + 1], limits)
             if stopped:
                 break
-    finally:
+            if more and not keep:  # what was queued here runs again in a fresh box
+                while queued:
+                    box.discard(queued.popleft())
+                box.close()
+                box = Box(req, uid, pidns_fd)
+    except BaseException:
+        while queued:
+            box.discard(queued.popleft())
         box.close()
-    _write_held([*held, b'{"end": true}'])
+        raise
+    _write_held([*held, b'{"end": true}'])  # before the clean-up: the caller need not wait for the namespace to go
+    while queued:
+        box.discard(queued.popleft())
+    try:
+        box.close()
+    except BaseException:  # the end is written: an error reply now would answer the service's next request
+        os._exit(1)
     if not stopped:
         confine.read_msg(0)

@@ -193,12 +193,16 @@ def read_exact(fd: int, n: int) -> bytes | None:
 
 def write_msg(fd: int, obj: dict) -> None:
     body = json.dumps(obj).encode()
-    data = struct.pack(">I", len(body)) + body
-    while data:
-        data = data[os.write(fd, data) :]
+    write_all(fd, struct.pack(">I", len(body)) + body)
 
 
-def mount_scratch(req: dict, uid: int, shared: bool = False) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def mount_scratch(scratch_mb: int, uid: int, shared: bool = False) -> None:
     """A size-capped tmpfs on /scratch, mounted by the zygote (one run or batch at a time) so that the files a run
     leaves (a compiler's output) can be read back after its whole PID namespace is gone; owned by `uid`.
 
@@ -207,8 +211,14 @@ def mount_scratch(req: dict, uid: int, shared: bool = False) -> None:
     """
     # Group root may read (mode 0750, gid 0): the zygote lists and reads build outputs without CAP_DAC_OVERRIDE.
     owner = "mode=1777,uid=0" if shared else f"mode=0750,uid={uid}"
-    opts = f"size={req['limits']['scratch_mb']}m,nr_inodes=4096,{owner},gid=0"
+    opts = f"size={scratch_mb}m,nr_inodes=4096,{owner},gid=0"
     mount("tmpfs", "/scratch", "tmpfs", MS_NOSUID | MS_NODEV, opts)
+
+
+def resize_scratch(scratch_mb: int) -> None:
+    """A new cap for the (empty) /scratch. The size is the filesystem's, so it holds in the copy of the mount
+    a prepared run's own mount namespace has."""
+    mount(None, "/scratch", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, f"size={scratch_mb}m")
 
 
 def collect_files(patterns: list[str], max_bytes: int) -> tuple[dict[str, str], str]:
@@ -248,12 +258,17 @@ def setup_mounts() -> None:
     os.close(fd)
 
 
-def become(uid: int, cap_last_cap: int) -> None:
-    """no_new_privs, an empty capability bounding set (when CAP_SETPCAP allows), then the unprivileged uid."""
-    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+def drop_bounding_set(cap_last_cap: int) -> None:
+    """An empty capability bounding set (when CAP_SETPCAP allows), once for the zygote and so for every run it
+    forks: it bounds only what an execve may grant, and the zygote itself never execs."""
     for cap in range(cap_last_cap + 1):
         if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             break  # no CAP_SETPCAP: moot anyway for a non-root uid under no_new_privs and seccomp
+
+
+def become(uid: int) -> None:
+    """no_new_privs, then the unprivileged uid (the bounding set is already empty: drop_bounding_set)."""
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)

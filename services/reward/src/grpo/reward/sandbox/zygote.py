@@ -3,15 +3,17 @@
 It is started by `namespace.py` as `python3 -I -S zygote.py CONFIG_JSON` with an empty environment and never
 imports anything from the service, only its two siblings: confine.py (the kernel calls) and batch.py (batches).
 At start it enters its own mount, network, IPC and UTS namespaces (no interface is up, not even loopback; SysV
-IPC is disabled), builds a minimal read-only root (the read-only binds listed in the config, a few device
-nodes, a synthetic /etc) and pivots into it, so nothing of the host (/work, /root, /home, /tmp, /proc, /sys, ...)
-is reachable from it any more. Then, per request (length-prefixed JSON on stdin/stdout):
+IPC is disabled), empties its capability bounding set (inherited by every run), builds a minimal read-only
+root (the read-only binds listed in the config, a few device nodes, a synthetic /etc) and pivots into it, so
+nothing of the host (/work, /root, /home, /tmp, /proc, /sys, ...) is reachable from it any more. Then it
+prepares each run before its request arrives (after the last reply is written, while the service reads it), and
+on the request (length-prefixed JSON on stdin/stdout) hands it what to run:
 
-    zygote ── unshare(NEWPID) + fork ──▶ child = pid 1 of a fresh PID namespace
-                                           unshare(NEWNS); tmpfs /scratch (size-capped); fresh /proc;
-                                           oom_score_adj 1000; rlimits; no_new_privs; empty capability
-                                           bounding set; unprivileged uid (unique per zygote); seccomp
-                                           filter; execve(argv) with a minimal environment
+    zygote ── tmpfs /scratch (size-capped), unshare(NEWPID) + fork ──▶ child = pid 1 of a fresh PID namespace
+                                           unshare(NEWNS); fresh /proc; oom_score_adj 1000; no_new_privs;
+                                           unprivileged uid (unique per zygote); seccomp filter
+           ── the request (argv, files, stdin, limits) ──────────▶ files; fds 0-4; rlimits;
+                                           execve(argv) with a minimal environment
 
 The program is the namespace's init: when it exits, the kernel kills everything left in the PID namespace
 (daemons, setsid children, fork-bomb remnants), and no privileged process exists inside it. On the wall-clock
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import marshal
 import os
 import signal
 import sys
@@ -54,15 +57,24 @@ if __name__ == "__main__":
 from grpo.reward.sandbox import batch, confine  # after the stand-ins
 
 
-def _child(req: dict, uid: int, fds: list[int], status_w: int) -> None:
-    """Pid 1 of a fresh PID namespace: mounts, unprivileged uid, inputs, limits, seccomp, exec; never returns.
+def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int) -> None:
+    """Pid 1 of a fresh PID namespace, forked before its request arrives (`prepare`): mounts, unprivileged uid
+    and seccomp first; once the request has come, the inputs, limits and exec. Never returns.
 
     The program itself is the namespace's init, so when it exits (or is killed) the kernel kills every
     process it left behind, and no privileged process exists inside the namespace at all.
     """
     try:
         confine.setup_mounts()
-        confine.become(uid, req["cap_last_cap"])
+        os.close(mounted_w)  # our mount namespace is our own now: the zygote may mount again (`settle`)
+        confine.become(uid)
+        confine.install_seccomp(confine.SECCOMP)  # nothing below needs a call the filter denies
+        data = bytearray()
+        while chunk := os.read(request, 1 << 20):
+            data += chunk
+        if not data:
+            os._exit(0)  # discarded: the zygote is closing
+        req = marshal.loads(data)
         confine.write_files(req, 0o755)
         stdin = confine.stdin_fd(req["stdin"])
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in (stdin, *fds)]  # above every target
@@ -70,7 +82,6 @@ def _child(req: dict, uid: int, fds: list[int], status_w: int) -> None:
             os.dup2(fd, target)  # inheritable: exactly fds 0-4 survive the exec
         os.chdir("/scratch")
         confine.set_limits(req["limits"])
-        confine.install_seccomp(confine.SECCOMP)
         os.execve(req["argv"][0], req["argv"], req["env"])
     except BaseException as exc:  # report through the close-on-exec status pipe; never return to the loop
         try:
@@ -79,28 +90,70 @@ def _child(req: dict, uid: int, fds: list[int], status_w: int) -> None:
             os._exit(127)
 
 
-def run_one(req: dict, uid: int, pidns_fd: int) -> dict:
-    """Run one request in a fresh PID namespace and return the raw confine.outcome."""
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    proof_r, proof_w = os.pipe()
-    nonce_r, nonce_w = os.pipe()
-    status_r, status_w = os.pipe()
+def prepare(uid: int, pidns_fd: int, scratch_mb: int) -> dict:
+    """The next single run, set up before its request arrives (after the last reply is written, while the
+    service reads it): its scratch, pipes and nonce, and its init forked into a fresh PID namespace, mounted,
+    unprivileged and filtered, waiting for what to run. `run_one` hands it the request."""
+    pipes = {name: os.pipe() for name in ("out", "err", "proof", "nonce", "status", "request", "mounted")}
     nonce = os.urandom(16).hex().encode()
-    os.write(nonce_w, nonce)
-    os.close(nonce_w)
-    started = time.monotonic()
-    confine.mount_scratch(req, uid)
-    confine.unshare(confine.CLONE_NEWPID)
+    os.write(pipes["nonce"][1], nonce)
+    theirs = [pipes["out"][1], pipes["err"][1], pipes["proof"][1], pipes["nonce"][0]]
+    mounted = False
     try:
-        pid = os.fork()
-        if pid == 0:
-            _child(req, uid, [out_w, err_w, proof_w, nonce_r], status_w)
-    finally:
-        confine.check(confine.libc.setns(pidns_fd, confine.CLONE_NEWPID), "setns back to own pid namespace")
-    for fd in (out_w, err_w, proof_w, nonce_r, status_w):
+        confine.mount_scratch(scratch_mb, uid)
+        mounted = True
+        confine.unshare(confine.CLONE_NEWPID)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                for fd in (pipes["request"][1], pipes["nonce"][1]):  # EOF on the request: only we may write
+                    os.close(fd)
+                _child(uid, pipes["request"][0], theirs, pipes["status"][1], pipes["mounted"][1])
+        finally:
+            confine.check(confine.libc.setns(pidns_fd, confine.CLONE_NEWPID), "setns back to own pid namespace")
+    except BaseException:
+        for fds in pipes.values():  # a forked init sees EOF on its request and exits
+            for fd in fds:
+                os.close(fd)
+        if mounted:
+            confine.check(confine.libc.umount2(b"/scratch", confine.MNT_DETACH), "umount scratch")
+        raise
+    for fd in (*theirs, pipes["status"][1], pipes["request"][0], pipes["nonce"][1], pipes["mounted"][1]):
         os.close(fd)
-    readers = {"out": out_r, "err": err_r, "proof": proof_r, "status": status_r}
+    readers = {name: pipes[name][0] for name in ("out", "err", "proof", "status")}
+    return {
+        "pid": pid,
+        "readers": readers,
+        "request": pipes["request"][1],
+        "mounted": pipes["mounted"][0],
+        "nonce": nonce,
+        "scratch_mb": scratch_mb,
+    }
+
+
+def settle(warm: dict) -> None:
+    """Wait until the prepared init has its own mount namespace: until then it shares ours, and a mount we
+    made (a batch's scratch) would be copied into it."""
+    if warm["mounted"] >= 0:
+        os.read(warm["mounted"], 1)  # EOF: it closed the pipe, or died
+        os.close(warm["mounted"])
+        warm["mounted"] = -1
+
+
+def run_one(req: dict, warm: dict) -> dict:
+    """Run one request in the namespace `prepare` set up and return the raw confine.outcome."""
+    started = time.monotonic()
+    settle(warm)
+    if req["limits"]["scratch_mb"] != warm["scratch_mb"]:
+        confine.resize_scratch(req["limits"]["scratch_mb"])
+    wanted = {key: req[key] for key in ("argv", "env", "files", "blobs", "stdin", "limits")}
+    try:
+        confine.write_all(warm["request"], marshal.dumps(wanted))
+    except BrokenPipeError:
+        pass  # the init failed before its request: its set-up error is waiting on the status pipe
+    finally:
+        os.close(warm["request"])
+    pid, readers = warm["pid"], warm["readers"]
     # The pidfd turns readable when init (the program) exits, which the kernel reports only after every
     # other process of its PID namespace is gone; a program that closes its pipes is still waited for.
     exited = os.pidfd_open(pid)
@@ -126,7 +179,7 @@ def run_one(req: dict, uid: int, pidns_fd: int) -> dict:
         "setup_error": got["status"].decode("utf-8", "replace"),
         "wall_s": wall,
         **confine.outcome(
-            got, req["limits"], nonce, wait_status, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+            got, req["limits"], warm["nonce"], wait_status, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
         ),
     }
 
@@ -137,7 +190,7 @@ def main() -> int:
     uid = cfg["uid_base"] + os.getpid()  # unique among live zygotes, so RLIMIT_NPROC is per run
     try:
         with open("/proc/sys/kernel/cap_last_cap") as f:
-            cap_last_cap = int(f.read())
+            confine.drop_bounding_set(int(f.read()))
         pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY)
         confine.SECCOMP = confine.seccomp_filter(os.uname().machine)
         confine.build_root(cfg, uid)
@@ -148,7 +201,13 @@ def main() -> int:
         confine.write_msg(1, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         return 1
     confine.write_msg(1, {"ready": True, "uid": uid, "pid": os.getpid(), "batches": not confine.PER_RUN_IPC})
+    warm, scratch_mb = None, 64
     while True:
+        if warm is None:
+            try:
+                warm = prepare(uid, pidns_fd, scratch_mb)
+            except Exception:
+                warm = None  # tried again when a run needs it, and then its error is that run's reply
         req = confine.read_msg(0)
         if req is None:
             return 0
@@ -161,12 +220,16 @@ def main() -> int:
         req["stdin"] = raw.pop("stdin")
         stdins = [raw.pop(f"\0stdin{i}") or b"" for i in range(len(req.pop("batch_stdin_sizes", [])))]
         req["blobs"] = raw
-        req["cap_last_cap"] = cap_last_cap
         try:
             if req.get("batch") and stdins:
-                batch.run_batch(req, uid, pidns_fd, stdins)
+                if warm is not None:
+                    settle(warm)
+                # Its own uid: the prepared init waiting meanwhile does not count against the batch's processes.
+                batch.run_batch(req, uid + batch.UID_OFFSET, pidns_fd, stdins)
                 continue
-            reply = run_one(req, uid, pidns_fd)
+            scratch_mb = req["limits"]["scratch_mb"]
+            run, warm = warm or prepare(uid, pidns_fd, scratch_mb), None
+            reply = run_one(req, run)
         except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         confine.write_msg(1, reply)
