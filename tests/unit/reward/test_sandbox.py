@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -148,6 +149,30 @@ def test_scratch_is_writable_and_size_capped(sandbox: Sandbox) -> None:
     for scratch_mb, expected in ((4, "hi\nfull 28\n"), (16, "hi\n"), (4, "hi\nfull 28\n"), (64, "hi\n")):  # ENOSPC
         result = sandbox.run(program, limits=Limits(timeout_s=2.0, scratch_mb=scratch_mb))
         assert result.stdout == expected, (scratch_mb, result)
+
+
+def test_a_prepared_run_killed_while_it_waits_is_replaced_not_judged() -> None:
+    """Each zygote forks the next run's init before its request arrives. Killed while it waits (the OOM
+    killer, an operator), it must not become the next program's crash: the zygote prepares another."""
+    sandbox = NamespaceSandbox(workers=1)
+    try:
+        assert sandbox.run("print(1)", limits=Limits(timeout_s=5.0)).stdout == "1\n"
+        zygote = sandbox._all[0]  # type: ignore[attr-defined]
+        pid = zygote.proc.pid
+        deadline = time.monotonic() + 5
+        while not (waiting := Path(f"/proc/{pid}/task/{pid}/children").read_text().split()):
+            assert time.monotonic() < deadline, "no prepared run"
+            time.sleep(0.01)
+        os.kill(int(waiting[0]), signal.SIGKILL)
+        stat = Path(f"/proc/{waiting[0]}/stat")
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":  # dead, not yet reaped by its zygote
+            assert time.monotonic() < deadline, stat.read_text()
+            time.sleep(0.01)
+        result = sandbox.run("print(6 * 7)", limits=Limits(timeout_s=5.0))
+        assert (result.status, result.stdout) == ("ok", "42\n"), result
+        assert sandbox.run("print(2)", limits=Limits(timeout_s=5.0)).stdout == "2\n"
+    finally:
+        sandbox.close()
 
 
 def test_scratch_is_fresh_each_run(sandbox: Sandbox) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grpo.reward.sandbox import Limits, Sandbox
-from grpo.reward.sandbox.batch import UID_OFFSET
+from grpo.reward.sandbox.confine import BATCH_UID_OFFSET
 from grpo.reward.sandbox.languages import build, run_launch
 from grpo.reward.sandbox.namespace import NamespaceSandbox
 from grpo.reward.verifiers.code import Judge, run_code_tests
@@ -166,11 +166,12 @@ def test_a_queued_run_waits_its_turn_and_gets_its_whole_time(sandbox: Sandbox) -
     """The supervisor holds the next run while one runs: runs never overlap, and a run queued behind a slow one
     still gets its full time limit (together they take longer than one limit plus the zygote's slack)."""
     program = "import time\nstart = time.monotonic()\ntime.sleep(float(input()))\nprint(start, time.monotonic())"
-    results = batch(sandbox, "python", program, ["2.6", "2.6", "0"], Limits(timeout_s=3.0))
+    results = batch(sandbox, "python", program, ["3.0", "3.0", "0"], Limits(timeout_s=3.6))  # 6 s > 3.6 + 2
     assert [r.status for r in results] == ["ok"] * 3, results
     spans = [tuple(map(float, r.stdout.split())) for r in results]
     assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(spans)), spans
-    assert [round(r.wall_s) for r in results] == [3, 3, 0], [r.wall_s for r in results]  # each run's own time
+    walls = [r.wall_s for r in results]  # each run's own time, not the time it waited in the queue
+    assert 3.0 <= walls[0] < 3.6 and 3.0 <= walls[1] < 3.6 and walls[2] < 1.0, walls
 
 
 def test_a_single_run_right_after_a_batch_has_a_scratch_of_its_own() -> None:
@@ -192,6 +193,13 @@ def test_a_single_run_right_after_a_batch_has_a_scratch_of_its_own() -> None:
         assert len(seen) == 1 and "1" in next(iter(seen)), seen  # the same listing, and its write worked
     finally:
         sandbox.close()
+
+
+def test_a_batch_runs_as_a_named_user_like_a_single_run(sandbox: Sandbox) -> None:
+    """A batch has a uid of its own; it too is `sandbox` in the sandbox's /etc/passwd and /etc/group."""
+    program = "import grp, os, pwd\nprint(pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name)"
+    assert sandbox.run(program, limits=FAST).stdout == "sandbox sandbox\n"
+    assert [r.stdout for r in batch(sandbox, "python", program, ["", ""])] == ["sandbox sandbox\n"] * 2
 
 
 def test_stop_on_first_failure_does_not_run_the_rest(sandbox: Sandbox) -> None:
@@ -258,7 +266,7 @@ def _kill_during_second_run(sandbox: Sandbox, target: str) -> list:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         # Each zygote's children: the next single run's init, waiting; the busy one's also its batch supervisor,
         # of the batch's own uid.
-        supervisors = [child for child in children if _uid(child) == zygote.uid + UID_OFFSET]
+        supervisors = [child for child in children if _uid(child) == zygote.uid + BATCH_UID_OFFSET]
         if supervisors:
             os.kill(pid if target == "zygote" else int(supervisors[0]), signal.SIGKILL)
     worker.join(30)

@@ -4,8 +4,9 @@ Stdlib only and run in the zygote's process, like zygote.py and confine.py.
 
 The namespace's pid 1 is a small supervisor that has already done what every run needs (mounts, uid, limits,
 seccomp), so each run costs one posix_spawn (vfork + exec) instead of a fork of this process plus that set-up:
-the per-run cost of a native program drops to about that of running it bare. The zygote keeps the next run queued with the supervisor (its
-stdin and pipes already sent), which starts it the moment the last one is cleaned up: no round trip between runs.
+the per-run cost of a native program drops to about that of running it bare. Unless the service may stop the
+batch after any run (a stream), the zygote keeps the next run queued with the supervisor (its stdin and pipes
+already sent), which starts it the moment the last one is cleaned up: no round trip between runs.
 
 What the runs share, and why that is safe: the supervisor runs as the runs' uid but is init with every signal
 at its default (the kernel then drops signals sent from inside its namespace), not dumpable (no ptrace,
@@ -43,7 +44,6 @@ HELD_REPLY_S = 0.5  # ... or for this long
 BATCH_SLACK_S = 2.0  # past a run's deadline, how long the supervisor has to end it before the whole box is killed
 BATCH_START_S = 5.0  # how long a supervisor may take to get ready
 SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}
-UID_OFFSET = 1 << 22  # a batch's uid is its zygote's plus this: above every pid, so never another zygote's
 
 
 def _supervise(req: dict, uid: int, control: socket.socket) -> None:
@@ -55,6 +55,7 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
         control = socket.socket(fileno=fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 64))  # above the runs' fds 0-4
         os.close(low)
         confine.setup_mounts()
+        confine.first_to_die()
         confine.become(uid)
         confine.check(confine.libc.prctl(confine.PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         low = os.open("/dev/null", os.O_RDWR)
@@ -62,7 +63,9 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
         os.close(low)
         for fd in range(5):  # the service's pipes go; received fds land above the runs' targets 0-4
             os.dup2(null, fd, inheritable=False)
-        os.closerange(5, 64)  # and whatever else the zygote had open (a prepared run's pipes): not ours
+        low, high = sorted((control.fileno(), null))  # and whatever else the zygote had open (a prepared run's)
+        for start, end in ((5, low), (low + 1, high), (high + 1, os.sysconf("SC_OPEN_MAX"))):
+            os.closerange(start, end)
         os.chdir("/scratch")
         confine.set_limits({**req["limits"], "max_processes": req["limits"]["max_processes"] + 1})  # + the supervisor
         confine.install_seccomp(confine.SECCOMP)
@@ -81,7 +84,8 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
             reply, pending = _spawn_and_wait(req, run, null, control)
             used = r.getrusage(r.RUSAGE_SELF)
             reply["retire"] = (
-                used.ru_utime + used.ru_stime >= cpu_limit / 2
+                "status" not in reply  # the spawn failed: the zygote closes this box
+                or used.ru_utime + used.ru_stime >= cpu_limit / 2
                 or _scheduling(ioprio_get) != scheduling
                 or set(os.listdir("/scratch")) != program  # a run left a file: the next must not see it
             )
@@ -166,7 +170,6 @@ class Box:
         confine.mount_scratch(req["limits"]["scratch_mb"], uid, shared=True)
         try:
             confine.write_files(req, 0o555)
-            self.program = set(os.listdir("/scratch"))
             self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             confine.unshare(confine.CLONE_NEWPID)
             try:
@@ -321,7 +324,7 @@ def run_batch(req: dict, uid: int, pidns_fd: int, stdins: list[bytes]) -> None:
         box.discard(queued.popleft())
     try:
         box.close()
-    except BaseException:  # the end is written: an error reply now would answer the service's next request
-        os._exit(1)
+    except BaseException:  # the end is written: an error reply now would answer the service's next request.
+        os._exit(1)  # The service finds the zygote gone at its next request (that one fails) and replaces it.
     if not stopped:
         confine.read_msg(0)

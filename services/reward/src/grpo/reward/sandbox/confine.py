@@ -32,6 +32,7 @@ DEVICES = ("null", "zero", "full", "random", "urandom")
 PROOF_FD, NONCE_FD = 3, 4
 MAX_MESSAGE_BYTES = 1 << 30  # a length header past this means a broken stream, not a request
 
+BATCH_UID_OFFSET = 1 << 22  # a batch's uid is its zygote's plus this: above every pid, so never another zygote's
 SECCOMP = b""  # built once at start-up
 PER_RUN_IPC = False  # set at start-up when SysV IPC cannot be disabled for the zygote's IPC namespace
 libc = ctypes.CDLL(None, use_errno=True)
@@ -107,8 +108,9 @@ def build_root(cfg: dict, uid: int) -> None:
         os.symlink(f"/proc/self/fd/{i}", f"{new}/dev/{name}")
     os.symlink("/proc/self/fd", f"{new}/dev/fd")
     etc = {
-        "passwd": f"root:x:0:0::/:/bin/false\nsandbox:x:{uid}:{uid}::/scratch:/bin/false\n",
-        "group": f"root:x:0:\nsandbox:x:{uid}:\n",
+        "passwd": "root:x:0:0::/:/bin/false\n"
+        + "".join(f"sandbox:x:{u}:{u}::/scratch:/bin/false\n" for u in (uid, uid + BATCH_UID_OFFSET)),
+        "group": "root:x:0:\n" + "".join(f"sandbox:x:{u}:\n" for u in (uid, uid + BATCH_UID_OFFSET)),
         "hosts": "127.0.0.1 localhost\n",
         "hostname": "sandbox\n",
     }
@@ -203,13 +205,14 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 def mount_scratch(scratch_mb: int, uid: int, shared: bool = False) -> None:
-    """A size-capped tmpfs on /scratch, mounted by the zygote (one run or batch at a time) so that the files a run
+    """A size-capped tmpfs on /scratch, mounted by the zygote (one per run or batch) so that the files a run
     leaves (a compiler's output) can be read back after its whole PID namespace is gone; owned by `uid`.
 
     `shared` (a batch): owned by root and sticky like /tmp, so the runs may add files but not change or remove
     the program's, which the zygote writes as root.
     """
     # Group root may read (mode 0750, gid 0): the zygote lists and reads build outputs without CAP_DAC_OVERRIDE.
+    # A batch's scratch is mounted over a prepared single run's (zygote.py) and unmounted first.
     owner = "mode=1777,uid=0" if shared else f"mode=0750,uid={uid}"
     opts = f"size={scratch_mb}m,nr_inodes=4096,{owner},gid=0"
     mount("tmpfs", "/scratch", "tmpfs", MS_NOSUID | MS_NODEV, opts)
@@ -253,9 +256,23 @@ def setup_mounts() -> None:
     """Fresh mount namespace (it keeps the zygote's /scratch tmpfs) with this PID namespace's /proc."""
     unshare(CLONE_NEWNS | (CLONE_NEWIPC if PER_RUN_IPC else 0))
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)  # if memory runs out, the OOM killer takes runs first
+
+
+def first_to_die() -> None:
+    """If memory runs out, the OOM killer takes runs first."""
+    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
     os.write(fd, b"1000")
     os.close(fd)
+
+
+def as_file_owner(uid: int) -> None:
+    """Create and write files as `uid` (0: as root again): the filesystem uid and gid alone, so the zygote can
+    write a run's files into its scratch, owned by the run, without CAP_CHOWN or CAP_DAC_OVERRIDE. Per thread;
+    the zygote has one."""
+    libc.setfsgid(uid)
+    libc.setfsuid(uid)
+    if libc.setfsuid(-1) != uid or libc.setfsgid(-1) != uid:  # -1 changes nothing and returns the current ids
+        raise OSError(f"could not take filesystem ids {uid}")
 
 
 def drop_bounding_set(cap_last_cap: int) -> None:
@@ -278,7 +295,7 @@ def become(uid: int) -> None:
 
 
 def write_files(req: dict, mode: int) -> None:
-    """The program's files into /scratch (as whoever owns it, so no CAP_DAC_OVERRIDE is needed)."""
+    """The program's files into /scratch, created by the caller's filesystem uid."""
     for name, data in [*((n, t.encode()) for n, t in req["files"].items()), *req["blobs"].items()]:
         fd = os.open("/scratch/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
         while data:

@@ -221,7 +221,7 @@ def request_for(launch: Launch, limits: Limits) -> dict[str, Any]:
 
 
 BATCH_MIN_MEMORY_MB = 64  # a batch's supervisor lives under the runs' memory limit; below this it would not fit
-BATCH_RUN_SLACK_S = 8.0  # past a run's deadline: zygote.py's BATCH_SLACK_S, BATCH_START_S and HELD_REPLY_S
+BATCH_RUN_SLACK_S = 8.0  # past a run's deadline: batch.py's BATCH_SLACK_S, BATCH_START_S and HELD_REPLY_S
 
 
 class NamespaceSandbox(Sandbox):

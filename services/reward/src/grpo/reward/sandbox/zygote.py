@@ -3,16 +3,17 @@
 It is started by `namespace.py` as `python3 -I -S zygote.py CONFIG_JSON` with an empty environment and never
 imports anything from the service, only its two siblings: confine.py (the kernel calls) and batch.py (batches).
 At start it enters its own mount, network, IPC and UTS namespaces (no interface is up, not even loopback; SysV
-IPC is disabled), empties its capability bounding set (inherited by every run), builds a minimal read-only
-root (the read-only binds listed in the config, a few device nodes, a synthetic /etc) and pivots into it, so
-nothing of the host (/work, /root, /home, /tmp, /proc, /sys, ...) is reachable from it any more. Then it
-prepares each run before its request arrives (after the last reply is written, while the service reads it), and
-on the request (length-prefixed JSON on stdin/stdout) hands it what to run:
+IPC is disabled), empties its capability bounding set (where CAP_SETPCAP allows; every run inherits it), builds
+a minimal read-only root (the read-only binds listed in the config, a few device nodes, a synthetic /etc) and
+pivots into it, so nothing of the host (/work, /root, /home, /tmp, /proc, /sys, ...) is reachable from it any
+more. Then it prepares each single run before its request arrives (after the last reply is written, while the
+service reads it), and on the request (length-prefixed JSON on stdin/stdout) hands it what to run:
 
     zygote ── tmpfs /scratch (size-capped), unshare(NEWPID) + fork ──▶ child = pid 1 of a fresh PID namespace
                                            unshare(NEWNS); fresh /proc; oom_score_adj 1000; no_new_privs;
-                                           unprivileged uid (unique per zygote); seccomp filter
-           ── the request (argv, files, stdin, limits) ──────────▶ files; fds 0-4; rlimits;
+                                           unprivileged uid (unique per zygote); seccomp filter; waits
+    zygote ── the run's files into /scratch (as the run's uid), its stdin into a memfd the child holds,
+              then argv, env and limits ───────────────────────▶ fds 0-4; rlimits;
                                            execve(argv) with a minimal environment
 
 The program is the namespace's init: when it exits, the kernel kills everything left in the PID namespace
@@ -59,7 +60,7 @@ from grpo.reward.sandbox import batch, confine  # after the stand-ins
 
 def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int) -> None:
     """Pid 1 of a fresh PID namespace, forked before its request arrives (`prepare`): mounts, unprivileged uid
-    and seccomp first; once the request has come, the inputs, limits and exec. Never returns.
+    and seccomp first; once the request has come, its stdin, limits and exec. Never returns.
 
     The program itself is the namespace's init, so when it exits (or is killed) the kernel kills every
     process it left behind, and no privileged process exists inside the namespace at all.
@@ -67,17 +68,17 @@ def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int
     try:
         confine.setup_mounts()
         os.close(mounted_w)  # our mount namespace is our own now: the zygote may mount again (`settle`)
+        confine.first_to_die()  # as root: once the uid changes, /proc/self is no longer ours to write
         confine.become(uid)
         confine.install_seccomp(confine.SECCOMP)  # nothing below needs a call the filter denies
         data = bytearray()
-        while chunk := os.read(request, 1 << 20):
+        while chunk := os.read(request, 1 << 16):
             data += chunk
         if not data:
-            os._exit(0)  # discarded: the zygote is closing
-        req = marshal.loads(data)
-        confine.write_files(req, 0o755)
-        stdin = confine.stdin_fd(req["stdin"])
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in (stdin, *fds)]  # above every target
+            os._exit(0)  # discarded, or the zygote is gone
+        req = marshal.loads(data)  # argv, env, limits; the zygote wrote the files and stdin itself
+        stdin = fds[0] if req["stdin"] else os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in (stdin, *fds[1:])]  # above every target
         for target, fd in enumerate(high):
             os.dup2(fd, target)  # inheritable: exactly fds 0-4 survive the exec
         os.chdir("/scratch")
@@ -92,13 +93,14 @@ def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int
 
 def prepare(uid: int, pidns_fd: int, scratch_mb: int) -> dict:
     """The next single run, set up before its request arrives (after the last reply is written, while the
-    service reads it): its scratch, pipes and nonce, and its init forked into a fresh PID namespace, mounted,
-    unprivileged and filtered, waiting for what to run. `run_one` hands it the request."""
+    service reads it): its scratch, stdin, pipes and nonce, and its init forked into a fresh PID namespace,
+    mounted, unprivileged and filtered, waiting for what to run. `run_one` hands it the request."""
     pipes = {name: os.pipe() for name in ("out", "err", "proof", "nonce", "status", "request", "mounted")}
+    stdin = os.memfd_create("stdin")  # written on the request; shares its offset with the init's copy
     nonce = os.urandom(16).hex().encode()
     os.write(pipes["nonce"][1], nonce)
-    theirs = [pipes["out"][1], pipes["err"][1], pipes["proof"][1], pipes["nonce"][0]]
-    mounted = False
+    theirs = [stdin, pipes["out"][1], pipes["err"][1], pipes["proof"][1], pipes["nonce"][0]]
+    mounted, pid = False, 0
     try:
         confine.mount_scratch(scratch_mb, uid)
         mounted = True
@@ -106,24 +108,28 @@ def prepare(uid: int, pidns_fd: int, scratch_mb: int) -> dict:
         try:
             pid = os.fork()
             if pid == 0:
-                for fd in (pipes["request"][1], pipes["nonce"][1]):  # EOF on the request: only we may write
-                    os.close(fd)
-                _child(uid, pipes["request"][0], theirs, pipes["status"][1], pipes["mounted"][1])
+                try:  # the request ends (EOF) when the zygote closes its end: the init holds no write end
+                    for fd in (pipes["request"][1], pipes["nonce"][1]):
+                        os.close(fd)
+                    _child(uid, pipes["request"][0], theirs, pipes["status"][1], pipes["mounted"][1])
+                finally:
+                    os._exit(127)
         finally:
             confine.check(confine.libc.setns(pidns_fd, confine.CLONE_NEWPID), "setns back to own pid namespace")
     except BaseException:
-        for fds in pipes.values():  # a forked init sees EOF on its request and exits
-            for fd in fds:
-                os.close(fd)
+        for fd in (stdin, *(fd for pair in pipes.values() for fd in pair)):  # an init sees EOF and exits
+            os.close(fd)
+        if pid:
+            os.waitpid(pid, 0)
         if mounted:
             confine.check(confine.libc.umount2(b"/scratch", confine.MNT_DETACH), "umount scratch")
         raise
-    for fd in (*theirs, pipes["status"][1], pipes["request"][0], pipes["nonce"][1], pipes["mounted"][1]):
+    for fd in (*theirs[1:], pipes["status"][1], pipes["request"][0], pipes["nonce"][1], pipes["mounted"][1]):
         os.close(fd)
-    readers = {name: pipes[name][0] for name in ("out", "err", "proof", "status")}
     return {
         "pid": pid,
-        "readers": readers,
+        "readers": {name: pipes[name][0] for name in ("out", "err", "proof", "status")},
+        "stdin": stdin,
         "request": pipes["request"][1],
         "mounted": pipes["mounted"][0],
         "nonce": nonce,
@@ -140,15 +146,38 @@ def settle(warm: dict) -> None:
         warm["mounted"] = -1
 
 
-def run_one(req: dict, warm: dict) -> dict:
+def waiting(warm: dict) -> bool:
+    """The prepared init is still there (not killed while it waited); it stays reapable either way."""
+    return os.waitid(os.P_PID, warm["pid"], os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+
+
+def discard(warm: dict) -> None:
+    """Undo `prepare`: the init killed and reaped, its fds closed, its scratch unmounted."""
+    settle(warm)
+    for fd in (warm["stdin"], warm["request"], *warm["readers"].values()):
+        os.close(fd)
+    os.kill(warm["pid"], signal.SIGKILL)
+    os.waitpid(warm["pid"], 0)
+    confine.check(confine.libc.umount2(b"/scratch", confine.MNT_DETACH), "umount scratch")
+
+
+def run_one(req: dict, warm: dict, uid: int) -> dict:
     """Run one request in the namespace `prepare` set up and return the raw confine.outcome."""
     started = time.monotonic()
     settle(warm)
     if req["limits"]["scratch_mb"] != warm["scratch_mb"]:
         confine.resize_scratch(req["limits"]["scratch_mb"])
-    wanted = {key: req[key] for key in ("argv", "env", "files", "blobs", "stdin", "limits")}
+    confine.as_file_owner(uid)  # the run's files are its own, as if it had written them
     try:
-        confine.write_all(warm["request"], marshal.dumps(wanted))
+        confine.write_files(req, 0o755)
+    finally:
+        confine.as_file_owner(0)
+    confine.write_all(warm["stdin"], req["stdin"])
+    os.lseek(warm["stdin"], 0, os.SEEK_SET)
+    os.close(warm["stdin"])
+    try:
+        go = {"argv": req["argv"], "env": req["env"], "limits": req["limits"], "stdin": bool(req["stdin"])}
+        confine.write_all(warm["request"], marshal.dumps(go))
     except BrokenPipeError:
         pass  # the init failed before its request: its set-up error is waiting on the status pipe
     finally:
@@ -201,7 +230,7 @@ def main() -> int:
         confine.write_msg(1, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         return 1
     confine.write_msg(1, {"ready": True, "uid": uid, "pid": os.getpid(), "batches": not confine.PER_RUN_IPC})
-    warm, scratch_mb = None, 64
+    warm, scratch_mb = None, 64  # the next run is prepared on the last one's scratch size (at first Limits')
     while True:
         if warm is None:
             try:
@@ -225,11 +254,14 @@ def main() -> int:
                 if warm is not None:
                     settle(warm)
                 # Its own uid: the prepared init waiting meanwhile does not count against the batch's processes.
-                batch.run_batch(req, uid + batch.UID_OFFSET, pidns_fd, stdins)
+                batch.run_batch(req, uid + confine.BATCH_UID_OFFSET, pidns_fd, stdins)
                 continue
             scratch_mb = req["limits"]["scratch_mb"]
+            if warm is not None and not waiting(warm):  # killed while it waited (the OOM killer, say): not ours
+                discard(warm)
+                warm = None
             run, warm = warm or prepare(uid, pidns_fd, scratch_mb), None
-            reply = run_one(req, run)
+            reply = run_one(req, run, uid)
         except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         confine.write_msg(1, reply)
