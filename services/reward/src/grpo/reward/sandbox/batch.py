@@ -56,16 +56,19 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
         os.close(low)
         confine.setup_mounts()
         confine.first_to_die()
-        confine.become(uid)
-        confine.check(confine.libc.prctl(confine.PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         low = os.open("/dev/null", os.O_RDWR)
         null = fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 64)  # never one of a run's target fds
         os.close(low)
         for fd in range(5):  # the service's pipes go; received fds land above the runs' targets 0-4
             os.dup2(null, fd, inheritable=False)
-        low, high = sorted((control.fileno(), null))  # and whatever else the zygote had open (a prepared run's)
-        for start, end in ((5, low), (low + 1, high), (high + 1, os.sysconf("SC_OPEN_MAX"))):
-            os.closerange(start, end)
+        for fd in map(int, os.listdir("/proc/self/fd")):  # whatever else the zygote had open (a prepared run's)
+            if fd >= 5 and fd not in (control.fileno(), null):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass  # the listing's own fd, already closed
+        confine.become(uid)
+        confine.check(confine.libc.prctl(confine.PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         os.chdir("/scratch")
         confine.set_limits({**req["limits"], "max_processes": req["limits"]["max_processes"] + 1})  # + the supervisor
         confine.install_seccomp(confine.SECCOMP)
