@@ -18,6 +18,7 @@ import os
 import resource as r
 import select
 import signal
+import socket
 import struct
 import time
 
@@ -43,6 +44,17 @@ def check(rc: int, what: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def cpu_time(pid: int) -> float:
+    """CPU seconds a child has used so far (0.0 when it is already gone: then wait4 tells all)."""
+    clock = ctypes.c_int()
+    if libc.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:  # returns the error number itself
+        return 0.0
+    try:
+        return time.clock_gettime(clock.value)
+    except OSError:
+        return 0.0
 
 
 def _b(s: str | None) -> bytes | None:
@@ -298,18 +310,64 @@ def write_files(req: dict, mode: int) -> None:
     """The program's files into /scratch, created by the caller's filesystem uid."""
     for name, data in [*((n, t.encode()) for n, t in req["files"].items()), *req["blobs"].items()]:
         fd = os.open("/scratch/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-        while data:
-            data = data[os.write(fd, data) :]
-        os.close(fd)
+        try:
+            copy_in(fd, data)
+        finally:
+            os.close(fd)
 
 
-def stdin_fd(data: bytes) -> int:
-    """The run's stdin: a memfd holding `data` (a program may seek or mmap it), /dev/null when empty."""
+def send_request(fd: int, data: bytes, passed: int | None) -> None:
+    """A prepared init's request on its socket, with the fd `passed` (its stdin) riding on the first bytes."""
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        socket.send_fds(sock, [data], [] if passed is None else [passed])
+
+
+def receive_request(fd: int) -> tuple[bytes, int | None]:
+    """All of a request, up to the zygote's close, and the fd that came with it, if one did."""
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+        if data:
+            while chunk := sock.recv(1 << 16):
+                data += chunk
+    for passed in fds:
+        os.set_inheritable(passed, False)  # the program gets it as fd 0 only
+    return data, fds[0] if fds else None
+
+
+def copy_in(fd: int, data: bytes | int) -> None:
+    """`data` into fd: bytes, or all of the file `data` (a memfd), copied in the kernel, its offset untouched."""
+    if not isinstance(data, int):
+        write_all(fd, data)
+        return
+    size, done = os.fstat(data).st_size, 0
+    while done < size:
+        done += os.sendfile(fd, data, done, size - done)
+
+
+def receive_fd(channel: int) -> int:
+    """One fd the service passed on the fd channel (a stdin as a sealed memfd)."""
+    with socket.socket(fileno=os.dup(channel)) as sock:
+        _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    if len(fds) != 1:
+        raise OSError("the service's fd channel is out of step")
+    return fds[0]
+
+
+def memfd_holding(data: bytes) -> int:
+    fd = os.memfd_create("held")
+    write_all(fd, data)
+    return fd
+
+
+def stdin_fd(data: bytes | int) -> int:
+    """The run's stdin: a memfd holding `data` (a program may seek or mmap it), /dev/null when empty. A memfd
+    the service passed is sealed, so a run that writes to its stdin changes nothing."""
+    if isinstance(data, int):  # one run at a time reads it: a run queued again in a fresh batch starts over
+        os.lseek(data, 0, os.SEEK_SET)
+        return os.dup(data)
     if not data:
         return os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-    stdin = os.memfd_create("stdin")
-    while data:
-        data = data[os.write(stdin, data) :]
+    stdin = memfd_holding(data)
     os.lseek(stdin, 0, os.SEEK_SET)
     return stdin
 

@@ -39,9 +39,11 @@ import json
 import marshal
 import os
 import signal
+import socket
 import sys
 import time
 import types
+from collections.abc import Iterator
 
 if __name__ == "__main__":
     # Run as a script with -I -S: the service's packages are neither importable nor wanted here. Empty stand-ins
@@ -71,13 +73,17 @@ def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int
         confine.first_to_die()  # as root: once the uid changes, /proc/self is no longer ours to write
         confine.become(uid)
         confine.install_seccomp(confine.SECCOMP)  # nothing below needs a call the filter denies
-        data = bytearray()
-        while chunk := os.read(request, 1 << 16):
-            data += chunk
+        data, passed = confine.receive_request(request)
         if not data:
             os._exit(0)  # discarded, or the zygote is gone
         req = marshal.loads(data)  # argv, env, limits; the zygote wrote the files and stdin itself
-        stdin = fds[0] if req["stdin"] else os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        stdin = (
+            passed
+            if passed is not None
+            else fds[0]
+            if req["stdin"]
+            else os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        )
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in (stdin, *fds[1:])]  # above every target
         for target, fd in enumerate(high):
             os.dup2(fd, target)  # inheritable: exactly fds 0-4 survive the exec
@@ -95,7 +101,10 @@ def prepare(uid: int, pidns_fd: int, scratch_mb: int) -> dict:
     """The next single run, set up before its request arrives (after the last reply is written, while the
     service reads it): its scratch, stdin, pipes and nonce, and its init forked into a fresh PID namespace,
     mounted, unprivileged and filtered, waiting for what to run. `run_one` hands it the request."""
-    pipes = {name: os.pipe() for name in ("out", "err", "proof", "nonce", "status", "request", "mounted")}
+    pipes = {name: os.pipe() for name in ("out", "err", "proof", "nonce", "status", "mounted")}
+    # The request goes over a socket (the init's end first, like a pipe's): a stdin the service passed as a
+    # memfd rides along with it, so the init reads it as it is, uncopied.
+    pipes["request"] = tuple(end.detach() for end in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
     stdin = os.memfd_create("stdin")  # written on the request; shares its offset with the init's copy
     nonce = os.urandom(16).hex().encode()
     os.write(pipes["nonce"][1], nonce)
@@ -172,13 +181,18 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
         confine.write_files(req, 0o755)
     finally:
         confine.as_file_owner(0)
-    confine.write_all(warm["stdin"], req["stdin"])
-    os.lseek(warm["stdin"], 0, os.SEEK_SET)
+    passed = req["stdin"] if isinstance(req["stdin"], int) else None
+    if passed is None:
+        confine.write_all(warm["stdin"], req["stdin"])
+        os.lseek(warm["stdin"], 0, os.SEEK_SET)
     os.close(warm["stdin"])
+    # The init's own set-up (mounts, uid, seccomp: a millisecond or two of a forked interpreter) is not the
+    # program's CPU time; what it spends from its request on (the exec included) is, as for a bare run.
+    setup_cpu_s = confine.cpu_time(warm["pid"])
     try:
         go = {"argv": req["argv"], "env": req["env"], "limits": req["limits"], "stdin": bool(req["stdin"])}
-        confine.write_all(warm["request"], marshal.dumps(go))
-    except BrokenPipeError:
+        confine.send_request(warm["request"], marshal.dumps(go), passed)
+    except (BrokenPipeError, ConnectionResetError):
         pass  # the init failed before its request: its set-up error is waiting on the status pipe
     finally:
         os.close(warm["request"])
@@ -208,15 +222,39 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
         "setup_error": got["status"].decode("utf-8", "replace"),
         "wall_s": wall,
         **confine.outcome(
-            got, req["limits"], warm["nonce"], wait_status, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+            got,
+            req["limits"],
+            warm["nonce"],
+            wait_status,
+            usage.ru_utime + usage.ru_stime - setup_cpu_s,
+            usage.ru_maxrss / 1024,
         ),
     }
+
+
+def stock(held: dict[str, int], listed: list, sent: Iterator[bytes], forget: list[str]) -> dict[str, bytes | int]:
+    """A request's binary files by name: the bytes sent with it, or the memfd of one held under the service's key
+    (namespace.Held). Memfds, not bytes: a forked run does not inherit their pages, so holding them costs a fork
+    and an exec nothing. An unknown key raises: the service replaces a zygote whose reply is an error."""
+    for key in forget:
+        os.close(held.pop(key))
+    files: dict[str, bytes | int] = {}
+    for name, key, size in listed:
+        if size is None:
+            files[name] = held[key]
+        elif key is None:
+            files[name] = next(sent)
+        else:
+            held[key] = files[name] = confine.memfd_holding(next(sent))
+    return files
 
 
 def main() -> int:
     cfg = json.loads(sys.argv[1])
     confine.libc.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the service died -> so do we
     uid = cfg["uid_base"] + os.getpid()  # unique among live zygotes, so RLIMIT_NPROC is per run
+    channel = cfg["fd_channel"]
+    os.set_inheritable(channel, False)  # passed to us inheritable; no run may have it
     try:
         with open("/proc/sys/kernel/cap_last_cap") as f:
             confine.drop_bounding_set(int(f.read()))
@@ -230,6 +268,7 @@ def main() -> int:
         confine.write_msg(1, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         return 1
     confine.write_msg(1, {"ready": True, "uid": uid, "pid": os.getpid(), "batches": not confine.PER_RUN_IPC})
+    held: dict[str, int] = {}  # built programs kept for later requests: the service's key -> a memfd
     warm, scratch_mb = None, 64  # the next run is prepared on the last one's scratch size (at first Limits')
     while True:
         if warm is None:
@@ -240,16 +279,16 @@ def main() -> int:
         req = confine.read_msg(0)
         if req is None:
             return 0
-        # Raw after the JSON: stdin, then each binary file (a built program), in the order the sizes are listed.
-        runs = [(f"\0stdin{i}", n) for i, n in enumerate(req.get("batch_stdin_sizes", []))]
-        sizes = [("stdin", req.pop("stdin_bytes", 0)), *runs, *req.pop("blob_sizes", [])]
-        raw = {name: confine.read_exact(0, n) if n else b"" for name, n in sizes}
-        if any(data is None for data in raw.values()):
+        # Raw after the JSON: stdin, a batch's stdins, then each binary file sent (not held), in the listed order.
+        runs, listed = req.pop("batch_stdin_sizes", []), req.pop("blobs", [])
+        sizes = [req.pop("stdin_bytes", 0), *runs, *(size for _, _, size in listed if size is not None)]
+        # A size of None: that stdin was passed ahead as a memfd on the fd channel.
+        raw = [confine.read_exact(0, n) if n else b"" if n == 0 else confine.receive_fd(channel) for n in sizes]
+        if any(data is None for data in raw):
             return 0
-        req["stdin"] = raw.pop("stdin")
-        stdins = [raw.pop(f"\0stdin{i}") or b"" for i in range(len(req.pop("batch_stdin_sizes", [])))]
-        req["blobs"] = raw
+        req["stdin"], stdins, sent = raw[0], raw[1 : 1 + len(runs)], iter(raw[1 + len(runs) :])
         try:
+            req["blobs"] = stock(held, listed, sent, req.pop("forget", []))
             if req.get("batch") and stdins:
                 if warm is not None:
                     settle(warm)
@@ -264,6 +303,10 @@ def main() -> int:
             reply = run_one(req, run, uid)
         except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            for data in (req["stdin"], *stdins):
+                if isinstance(data, int):
+                    os.close(data)
         confine.write_msg(1, reply)
 
 
