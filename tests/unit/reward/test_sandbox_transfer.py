@@ -139,6 +139,20 @@ def test_a_passed_stdin_is_the_runs_fd_0_and_nothing_more(one: NamespaceSandbox)
     assert big.stdout == "['0', '1', '2', '3', '4', '5'] 500000\n", big
 
 
+@pytest.mark.timeout(120)
+def test_a_batch_with_more_passed_stdins_than_a_socket_holds(one: NamespaceSandbox) -> None:
+    """A socket holds ~280 passed fds. Sent all before the request, the 281st blocked the service while the
+    zygote waited for the request: a hang. Sent in the order the zygote reads, each waits only its turn."""
+    bash = one.languages["bash"]["bash"]
+    launch = Launch(
+        files={"main.sh": 'read -r first; echo "$first $(wc -c)"'}, argv=[bash, "main.sh"], memory_kind="as"
+    )
+    stdins = [f"{i}\n" + "x" * (namespace.PASSED_MIN_BYTES + i) for i in range(400)]
+    stdins[7] = "small\n"  # one through the pipe among them
+    results = list(one.execute_many(launch, stdins, FAST))
+    assert [r.stdout for r in results] == [f"{s.split(chr(10))[0]} {len(s) - s.index(chr(10)) - 1}\n" for s in stdins]
+
+
 WRITE_BACK = """import hashlib, os, sys
 d = sys.stdin.buffer.read()
 if d.startswith(b"leave"):

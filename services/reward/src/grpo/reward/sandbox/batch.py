@@ -51,22 +51,24 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
     try:
         # Python's own SIGINT handler would let a run interrupt us: init drops only signals left at default.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        low = control.detach()
-        control = socket.socket(fileno=fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 64))  # above the runs' fds 0-4
-        os.close(low)
         confine.setup_mounts()
         confine.first_to_die()
+        for fd in map(int, os.listdir("/proc/self/fd")):  # whatever else the zygote had open (a prepared run's)
+            if fd >= 5 and fd != control.fileno():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass  # the listing's own fd, already closed
+        # Our two fds above the runs' 0-4 and, now that nothing else is open, low: posix_spawn refuses an fd at
+        # or past RLIMIT_NOFILE (256 for the runs, ours too), and the zygote may have had hundreds open.
+        low = control.detach()
+        control = socket.socket(fileno=fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 64))
+        os.close(low)
         low = os.open("/dev/null", os.O_RDWR)
         null = fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 64)  # never one of a run's target fds
         os.close(low)
         for fd in range(5):  # the service's pipes go; received fds land above the runs' targets 0-4
             os.dup2(null, fd, inheritable=False)
-        for fd in map(int, os.listdir("/proc/self/fd")):  # whatever else the zygote had open (a prepared run's)
-            if fd >= 5 and fd not in (control.fileno(), null):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass  # the listing's own fd, already closed
         confine.become(uid)
         confine.check(confine.libc.prctl(confine.PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         os.chdir("/scratch")
@@ -197,7 +199,7 @@ class Box:
             self.close()
             raise OSError(f"the batch supervisor did not start: {ready and ready.get('setup_error')}")
 
-    def start(self, stdin: bytes, limits: dict) -> dict:
+    def start(self, stdin: bytes | int, limits: dict) -> dict:
         """Queue one run with the supervisor: its index, stdin, fresh pipes for its output, and its deadline. It
         starts once the run before it has ended. (Batches are for stdin/stdout tests, so no proof of
         completion: fds 3 and 4 are /dev/null.)"""
@@ -284,7 +286,7 @@ def _write_held(held: list[bytes]) -> None:
     held.clear()
 
 
-def run_batch(req: dict, uid: int, pidns_fd: int, stdins: list[bytes]) -> None:
+def run_batch(req: dict, uid: int, pidns_fd: int, stdins: list[bytes | int]) -> None:
     """Run req's program once per stdin, one reply each, then {"end": true}; then take the service's closing
     control message ("close", or "stop" when it wanted no more runs) unless a stop already came.
 

@@ -169,17 +169,26 @@ class Zygote:
         still holds from an earlier request are named, not sent."""
         stdins = stdins or []
         listed, forget, sent = self.held.plan(blobs or {})
-        inline = [data for data in (stdin, *stdins) if len(data) < PASSED_MIN_BYTES]
-        head = {**req, "stdin_bytes": self._size_or_pass(stdin), "blobs": listed, "forget": forget}
+        sizes = [len(data) if len(data) < PASSED_MIN_BYTES else None for data in (stdin, *stdins)]  # None: passed
+        head = {**req, "stdin_bytes": sizes[0], "blobs": listed, "forget": forget}
         if stdins:
-            head["batch_stdin_sizes"] = [self._size_or_pass(s) for s in stdins]
+            head["batch_stdin_sizes"] = sizes[1:]
         body = json.dumps(head).encode()
-        self._write(struct.pack(">I", len(body)) + body + b"".join(inline) + b"".join(sent))
+        # In the order the zygote reads them, each on its own channel: either blocks only until the zygote has
+        # read what is ahead of it, so neither fills up while the zygote waits on the other (a socket holds
+        # ~280 passed fds; a batch may have more).
+        pending = [struct.pack(">I", len(body)) + body]
+        for data, size in zip((stdin, *stdins), sizes, strict=True):
+            if size is not None:
+                pending.append(data)
+                continue
+            self._write(b"".join(pending))
+            pending = []
+            self._pass(data)
+        self._write(b"".join(pending) + b"".join(sent))
 
-    def _size_or_pass(self, data: bytes) -> int | None:
-        """len(data) when it goes through the pipe; None when it went ahead as a sealed memfd on the fd channel."""
-        if len(data) < PASSED_MIN_BYTES:
-            return len(data)
+    def _pass(self, data: bytes) -> None:
+        """A stdin as a sealed memfd on the fd channel, where the zygote takes it in its turn."""
         fd = os.memfd_create("stdin", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             view = memoryview(data)
@@ -192,7 +201,6 @@ class Zygote:
             raise ZygoteError(f"cannot pass a stdin to the zygote: {exc}") from exc
         finally:
             os.close(fd)
-        return None
 
     def control(self, word: str) -> None:
         """A batch's control message: "next" (a stream's next run), "stop" (no more runs), "close" (after the end)."""

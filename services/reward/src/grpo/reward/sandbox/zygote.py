@@ -44,6 +44,7 @@ import sys
 import time
 import types
 from collections.abc import Iterator
+from typing import cast
 
 if __name__ == "__main__":
     # Run as a script with -I -S: the service's packages are neither importable nor wanted here. Empty stand-ins
@@ -104,7 +105,8 @@ def prepare(uid: int, pidns_fd: int, scratch_mb: int) -> dict:
     pipes = {name: os.pipe() for name in ("out", "err", "proof", "nonce", "status", "mounted")}
     # The request goes over a socket (the init's end first, like a pipe's): a stdin the service passed as a
     # memfd rides along with it, so the init reads it as it is, uncopied.
-    pipes["request"] = tuple(end.detach() for end in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
+    init_end, our_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pipes["request"] = (init_end.detach(), our_end.detach())
     stdin = os.memfd_create("stdin")  # written on the request; shares its offset with the init's copy
     nonce = os.urandom(16).hex().encode()
     os.write(pipes["nonce"][1], nonce)
@@ -232,6 +234,18 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
     }
 
 
+def read_raw(sizes: list[int | None], channel: int) -> list[bytes | int] | None:
+    """What follows a request's JSON, in order: bytes from the pipe, or for a size of None the memfd the service
+    passed on the fd channel in its turn. None at EOF (the service is gone)."""
+    raw: list[bytes | int] = []
+    for n in sizes:
+        data = confine.read_exact(0, n) if n else b"" if n == 0 else confine.receive_fd(channel)
+        if data is None:
+            return None
+        raw.append(data)
+    return raw
+
+
 def stock(held: dict[str, int], listed: list, sent: Iterator[bytes], forget: list[str]) -> dict[str, bytes | int]:
     """A request's binary files by name: the bytes sent with it, or the memfd of one held under the service's key
     (namespace.Held). Memfds, not bytes: a forked run does not inherit their pages, so holding them costs a fork
@@ -282,11 +296,11 @@ def main() -> int:
         # Raw after the JSON: stdin, a batch's stdins, then each binary file sent (not held), in the listed order.
         runs, listed = req.pop("batch_stdin_sizes", []), req.pop("blobs", [])
         sizes = [req.pop("stdin_bytes", 0), *runs, *(size for _, _, size in listed if size is not None)]
-        # A size of None: that stdin was passed ahead as a memfd on the fd channel.
-        raw = [confine.read_exact(0, n) if n else b"" if n == 0 else confine.receive_fd(channel) for n in sizes]
-        if any(data is None for data in raw):
+        raw = read_raw(sizes, channel)
+        if raw is None:
             return 0
-        req["stdin"], stdins, sent = raw[0], raw[1 : 1 + len(runs)], iter(raw[1 + len(runs) :])
+        req["stdin"], stdins = raw[0], raw[1 : 1 + len(runs)]
+        sent = iter(cast("list[bytes]", raw[1 + len(runs) :]))  # binary files always come through the pipe
         try:
             req["blobs"] = stock(held, listed, sent, req.pop("forget", []))
             if req.get("batch") and stdins:
