@@ -4,7 +4,9 @@ sent again) and large stdins passed as sealed memfds instead of through the pipe
 from __future__ import annotations
 
 import hashlib
+import os
 import random
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,11 +42,13 @@ def written(zygote: Zygote) -> list[int]:
     return sizes
 
 
-def digest_launch(one: NamespaceSandbox, blobs: dict[str, bytes]) -> Launch:
-    """A bash run that prints the md5 of each binary file it was given, in name order."""
+def digest_launch(one: NamespaceSandbox, blobs: dict[str, bytes], held: frozenset[str] | None = None) -> Launch:
+    """A bash run that prints the md5 of each binary file it was given, in name order; all of them holdable
+    (as a built program is) unless `held` says which."""
     return Launch(
         files={"main.sh": "md5sum " + " ".join(sorted(blobs)) + " | cut -d' ' -f1"},
         argv=[one.languages["bash"]["bash"], "main.sh"], binary_files=blobs, memory_kind="as",
+        held=frozenset(blobs) if held is None else held,
     )  # fmt: skip
 
 
@@ -62,6 +66,21 @@ def test_a_held_program_is_named_not_sent_again(one: NamespaceSandbox) -> None:
     assert [r.stdout for r in results] == [md5s({"prog.bin": blob})] * 5, results
     assert sizes[0] > len(blob) and max(sizes[1:]) < 10_000, sizes
     assert one._all == [zygote]
+
+
+def test_files_that_come_once_are_sent_not_held(one: NamespaceSandbox) -> None:
+    """A checker's input.txt or a test's own files are new on every run: holding them would only evict the
+    programs worth holding. Only the launch's `held` names are kept."""
+    (zygote,) = one._all
+    sizes = written(zygote)
+    rng = random.Random(8)
+    program = rng.randbytes(50_000)
+    for _ in range(3):
+        files = {"prog.bin": program, "input.txt": rng.randbytes(100_000)}
+        result = one.execute(digest_launch(one, files, held=frozenset({"prog.bin"})), "", FAST)
+        assert result.stdout == md5s(files), result
+    assert list(zygote.held.blobs.values()) == [program]
+    assert 100_000 < sizes[-1] < 150_000, sizes  # the input sent again, the program not
 
 
 def test_held_programs_are_evicted_in_step_with_the_zygote(one: NamespaceSandbox, monkeypatch) -> None:
@@ -131,12 +150,25 @@ def test_a_large_stdin_is_passed_whole_not_piped(one: NamespaceSandbox) -> None:
 
 def test_a_passed_stdin_is_the_runs_fd_0_and_nothing_more(one: NamespaceSandbox) -> None:
     """The memfd rides to the run's PID 1 with its request; the program must see the same fds as with a small
-    stdin written for it (0-4, and the one its own listing opens), and read its stdin from the start."""
+    stdin written for it (0-4, and the one its own listing opens), and read its stdin from the start. Also when
+    the prepared PID 1 was killed while it waited and the next is forked after the memfd came (it once leaked
+    in as fd 8)."""
     program = "import os, sys\nprint(sorted(os.listdir('/proc/self/fd')), len(sys.stdin.read()))"
     launch = python_launch(program, one.languages["python"]["python3"])
     small, big = one.execute(launch, "x" * 10, FAST), one.execute(launch, "x" * 500_000, FAST)
     assert small.stdout == "['0', '1', '2', '3', '4', '5'] 10\n", small
     assert big.stdout == "['0', '1', '2', '3', '4', '5'] 500000\n", big
+    (zygote,) = one._all
+    pid, deadline = zygote.proc.pid, time.monotonic() + 5
+    while not (waiting := Path(f"/proc/{pid}/task/{pid}/children").read_text().split()):
+        assert time.monotonic() < deadline, "no prepared run"
+        time.sleep(0.01)
+    os.kill(int(waiting[0]), signal.SIGKILL)
+    while Path(f"/proc/{waiting[0]}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the prepared run did not die"
+        time.sleep(0.01)
+    after = one.execute(launch, "x" * 500_000, FAST)
+    assert after.stdout == "['0', '1', '2', '3', '4', '5'] 500000\n", after
 
 
 @pytest.mark.timeout(120)
@@ -153,6 +185,16 @@ def test_a_batch_with_more_passed_stdins_than_a_socket_holds(one: NamespaceSandb
     assert [r.stdout for r in results] == [f"{s.split(chr(10))[0]} {len(s) - s.index(chr(10)) - 1}\n" for s in stdins]
 
 
+def test_a_batch_run_has_fds_0_to_4_and_nothing_more(one: NamespaceSandbox) -> None:
+    """Each run's fds reach the supervisor over a socket; received inheritable (CPython 3.11's recv_fds ignores
+    MSG_CMSG_CLOEXEC), they reached the run too, as extra copies of its own stdin, stdout and stderr."""
+    program = "import os, sys\nprint(sorted(os.listdir('/proc/self/fd')), len(sys.stdin.read()))"
+    launch = python_launch(program, one.languages["python"]["python3"])
+    stdins = ["x" * 10, "x" * 100_000, "x" * 20]
+    results = list(one.execute_many(launch, stdins, FAST))
+    assert [r.stdout for r in results] == [f"['0', '1', '2', '3', '4', '5'] {len(s)}\n" for s in stdins], results
+
+
 WRITE_BACK = """import hashlib, os, sys
 d = sys.stdin.buffer.read()
 if d.startswith(b"leave"):
@@ -167,7 +209,7 @@ print(len(d), hashlib.sha256(d).hexdigest())
 """
 
 
-def test_a_passed_stdin_cannot_be_changed_and_is_read_from_the_start_when_rerun(one: NamespaceSandbox) -> None:
+def test_a_passed_stdin_cannot_be_changed_and_a_requeued_run_reads_it_whole(one: NamespaceSandbox) -> None:
     launch = python_launch(WRITE_BACK, one.languages["python"]["python3"])
     leave, look = "leave\n" + text(6, 200_000), text(7, 200_000)
     results = list(one.execute_many(launch, [leave, look, leave, look], FAST))

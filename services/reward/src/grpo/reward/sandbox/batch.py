@@ -106,7 +106,7 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
 def _receive(control: socket.socket) -> dict:
     """The zygote's next message, a run ({"run": index, "timeout_s": ...} with fds 0-2) or {"kill": index}; at
     EOF our exit."""
-    message, fds, _, _ = socket.recv_fds(control, 4096, 3, socket.MSG_CMSG_CLOEXEC)
+    message, fds = confine.receive_fds(control, 4096, 3)
     if not message:
         os._exit(0)  # the zygote closed the batch: our exit takes the namespace with it
     return {**json.loads(message), "fds": fds}

@@ -316,6 +316,15 @@ def write_files(req: dict, mode: int) -> None:
             os.close(fd)
 
 
+def receive_fds(sock: socket.socket, size: int, most: int) -> tuple[bytes, list[int]]:
+    """socket.recv_fds with every fd received close-on-exec: CPython 3.11's recv_fds drops its flags argument
+    (MSG_CMSG_CLOEXEC included), and an inheritable one would reach the next program we exec or spawn."""
+    message, fds, _, _ = socket.recv_fds(sock, size, most)
+    for fd in fds:
+        os.set_inheritable(fd, False)
+    return message, fds
+
+
 def send_request(fd: int, data: bytes, passed: int | None) -> None:
     """A prepared init's request on its socket, with the fd `passed` (its stdin) riding on the first bytes."""
     with socket.socket(fileno=os.dup(fd)) as sock:
@@ -325,12 +334,10 @@ def send_request(fd: int, data: bytes, passed: int | None) -> None:
 def receive_request(fd: int) -> tuple[bytes, int | None]:
     """All of a request, up to the zygote's close, and the fd that came with it, if one did."""
     with socket.socket(fileno=os.dup(fd)) as sock:
-        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+        data, fds = receive_fds(sock, 1 << 16, 1)
         if data:
             while chunk := sock.recv(1 << 16):
                 data += chunk
-    for passed in fds:
-        os.set_inheritable(passed, False)  # the program gets it as fd 0 only
     return data, fds[0] if fds else None
 
 
@@ -341,13 +348,16 @@ def copy_in(fd: int, data: bytes | int) -> None:
         return
     size, done = os.fstat(data).st_size, 0
     while done < size:
-        done += os.sendfile(fd, data, done, size - done)
+        sent = os.sendfile(fd, data, done, size - done)
+        if not sent:
+            raise OSError(f"a held file ended at {done} of {size} bytes")
+        done += sent
 
 
 def receive_fd(channel: int) -> int:
     """One fd the service passed on the fd channel (a stdin as a sealed memfd)."""
     with socket.socket(fileno=os.dup(channel)) as sock:
-        _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+        _, fds = receive_fds(sock, 1, 1)
     if len(fds) != 1:
         raise OSError("the service's fd channel is out of step")
     return fds[0]

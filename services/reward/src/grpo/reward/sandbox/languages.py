@@ -52,6 +52,7 @@ class Launch:
     files: dict[str, str]
     argv: list[str]
     binary_files: dict[str, bytes] = field(default_factory=dict)
+    held: frozenset[str] = frozenset()  # binary files a worker may keep for later requests (a built program)
     collect: tuple[str, ...] = ()  # fnmatch patterns of scratch files returned after the run (build outputs)
     memory_kind: str = "as"  # "as": RLIMIT_AS; "data": RLIMIT_DATA, for runtimes that reserve address space
     stack_mb: int | None = None
@@ -166,7 +167,7 @@ def build_launch(language: str, program: str, tools: dict[str, str]) -> Launch |
         return None
     return Launch(
         files={chain.source: program}, argv=argv_for(chain.compile, tools, 0), collect=chain.artifacts,
-        memory_kind="data", binary_files={name: header(name) for name in chain.headers},
+        memory_kind="data", binary_files={name: header(name) for name in chain.headers}, held=frozenset(chain.headers),
     )  # fmt: skip
 
 
@@ -184,7 +185,7 @@ def run_launch(
     chain = TOOLCHAINS[language]
     files = {} if chain.compile else {chain.source: program}
     return Launch(
-        files=files, argv=argv_for(chain.run, tools, memory_mb), binary_files=dict(built or {}),
+        files=files, argv=argv_for(chain.run, tools, memory_mb), binary_files=dict(built or {}), held=frozenset(built or {}),
         memory_kind=chain.memory_kind, stack_mb=chain.stack_mb, extra_memory_mb=chain.extra_memory_mb,
     )  # fmt: skip
 

@@ -68,8 +68,11 @@ class Held:
         self.blobs: OrderedDict[str, bytes] = OrderedDict()
         self.size = 0
 
-    def plan(self, blobs: dict[str, bytes]) -> tuple[list[list[Any]], list[str], list[bytes]]:
-        """[name, key or None, size or None (held: nothing sent)] per file, the keys to forget, the bytes to send."""
+    def plan(
+        self, blobs: dict[str, bytes], holdable: frozenset[str] = frozenset()
+    ) -> tuple[list[list[Any]], list[str], list[bytes]]:
+        """[name, key or None, size or None (held: nothing sent)] per file, the keys to forget, the bytes to send.
+        Only `holdable` files are kept (built programs): a checker's input or a test's files come once."""
         listed: list[list[Any]] = []
         forget: list[str] = []
         sent: list[bytes] = []
@@ -81,7 +84,7 @@ class Held:
                 used.add(key)
                 listed.append([name, key, None])
                 continue
-            keep = HELD_MIN_BYTES <= len(data) <= HELD_BYTES
+            keep = name in holdable and HELD_MIN_BYTES <= len(data) <= HELD_BYTES
             while keep and (self.size + len(data) > HELD_BYTES or len(self.blobs) >= HELD_FILES):
                 victim = next((k for k in self.blobs if k not in used), None)
                 if victim is None:  # everything held is in this request: send this one without keeping it
@@ -152,10 +155,15 @@ class Zygote:
         self.held = Held()
 
     def request(
-        self, req: dict[str, Any], deadline: float, stdin: bytes = b"", blobs: dict[str, bytes] | None = None
+        self,
+        req: dict[str, Any],
+        deadline: float,
+        stdin: bytes = b"",
+        blobs: dict[str, bytes] | None = None,
+        holdable: frozenset[str] = frozenset(),
     ) -> dict[str, Any]:
         """One run: the JSON request, then `stdin` and the binary files raw (no JSON or base64 for megabytes)."""
-        self.send(req, stdin, blobs)
+        self.send(req, stdin, blobs, holdable=holdable)
         return self.receive(deadline)
 
     def send(
@@ -164,11 +172,12 @@ class Zygote:
         stdin: bytes = b"",
         blobs: dict[str, bytes] | None = None,
         stdins: list[bytes] | None = None,
+        holdable: frozenset[str] = frozenset(),
     ) -> None:
         """A request; `stdins` make it a batch (one reply per stdin, then {"end": true}). Binary files the zygote
         still holds from an earlier request are named, not sent."""
         stdins = stdins or []
-        listed, forget, sent = self.held.plan(blobs or {})
+        listed, forget, sent = self.held.plan(blobs or {}, holdable)
         sizes = [len(data) if len(data) < PASSED_MIN_BYTES else None for data in (stdin, *stdins)]  # None: passed
         head = {**req, "stdin_bytes": sizes[0], "blobs": listed, "forget": forget}
         if stdins:
@@ -389,7 +398,8 @@ class NamespaceSandbox(Sandbox):
             return ExecResult("sandbox_error", None, "", why, 0.0)
         started = time.monotonic()
         try:
-            reply = zygote.request(req, started + limits.timeout_s + REPLY_SLACK_S, stdin.encode(), launch.binary_files)
+            deadline = started + limits.timeout_s + REPLY_SLACK_S
+            reply = zygote.request(req, deadline, stdin.encode(), launch.binary_files, launch.held)
         except (ZygoteError, OSError, ValueError) as exc:
             log.error("sandbox zygote failed, restarting it: %s", exc)
             self._replace(zygote)
@@ -423,7 +433,7 @@ class NamespaceSandbox(Sandbox):
             return
         done, healthy, failure = 0, False, ""
         try:
-            zygote.send(req, blobs=launch.binary_files, stdins=[s.encode() for s in stdins])
+            zygote.send(req, blobs=launch.binary_files, stdins=[s.encode() for s in stdins], holdable=launch.held)
             while "end" not in (reply := zygote.receive(self._batch_deadline(limits))):
                 if "error" in reply:
                     raise ZygoteError(reply["error"])

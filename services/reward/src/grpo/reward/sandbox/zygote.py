@@ -70,10 +70,12 @@ def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int
     """
     try:
         confine.setup_mounts()
-        os.close(mounted_w)  # our mount namespace is our own now: the zygote may mount again (`settle`)
         confine.first_to_die()  # as root: once the uid changes, /proc/self is no longer ours to write
         confine.become(uid)
         confine.install_seccomp(confine.SECCOMP)  # nothing below needs a call the filter denies
+        # Set up: our mount namespace is our own (the zygote may mount again) and the CPU we used so far is not
+        # the program's (`settle`).
+        os.close(mounted_w)
         data, passed = confine.receive_request(request)
         if not data:
             os._exit(0)  # discarded, or the zygote is gone
@@ -149,8 +151,9 @@ def prepare(uid: int, pidns_fd: int, scratch_mb: int) -> dict:
 
 
 def settle(warm: dict) -> None:
-    """Wait until the prepared init has its own mount namespace: until then it shares ours, and a mount we
-    made (a batch's scratch) would be copied into it."""
+    """Wait until the prepared init is set up and waits for its request: until it has its own mount namespace it
+    shares ours, and a mount we made (a batch's scratch) would be copied into it; and its set-up's CPU time is
+    not the program's."""
     if warm["mounted"] >= 0:
         os.read(warm["mounted"], 1)  # EOF: it closed the pipe, or died
         os.close(warm["mounted"])
@@ -228,7 +231,7 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
             req["limits"],
             warm["nonce"],
             wait_status,
-            usage.ru_utime + usage.ru_stime - setup_cpu_s,
+            max(0.0, usage.ru_utime + usage.ru_stime - setup_cpu_s),
             usage.ru_maxrss / 1024,
         ),
     }
