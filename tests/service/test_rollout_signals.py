@@ -11,9 +11,13 @@ import psutil
 import pytest
 
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.local.procs import log_tail, spawn
+from grpo.local.procs import spawn
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def log_text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def start_then_terminate(python: Path, engine: str, cwd: Path) -> tuple[int, str, list[int]]:
@@ -23,7 +27,9 @@ def start_then_terminate(python: Path, engine: str, cwd: Path) -> tuple[int, str
             "--grpc-port", "0", "--http-port", "0"]  # fmt: skip
     child = spawn(f"rollout-{engine}", args, cwd / f"rollout-{engine}.log")
     try:
-        child.wait_ready(lambda: any(m in log_tail(child.log_path) for m in ("starting: loading", "listening")), 120)
+        # The whole log, not its tail: vLLM writes dozens of lines right after "starting: loading", and on a busy
+        # machine the marker scrolled out of a 20-line tail before a poll saw it (the signal then came late).
+        child.wait_ready(lambda: any(m in log_text(child.log_path) for m in ("starting: loading", "listening")), 120)
         children = [c.pid for c in psutil.Process(child.pid).children(recursive=True)]
         child.proc.send_signal(signal.SIGTERM)
         code = child.proc.wait(timeout=120)
