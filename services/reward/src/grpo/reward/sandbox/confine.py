@@ -354,17 +354,16 @@ def copy_in(fd: int, data: bytes | int) -> None:
         done += sent
 
 
-def receive_fd(channel: int) -> int:
+def receive_fd(channel: socket.socket) -> int:
     """One fd the service passed on the fd channel (a stdin as a sealed memfd)."""
-    with socket.socket(fileno=os.dup(channel)) as sock:
-        _, fds = receive_fds(sock, 1, 1)
+    _, fds = receive_fds(channel, 1, 1)
     if len(fds) != 1:
         raise OSError("the service's fd channel is out of step")
     return fds[0]
 
 
-def memfd_holding(data: bytes) -> int:
-    fd = os.memfd_create("held")
+def memfd_holding(data: bytes, name: str = "held") -> int:
+    fd = os.memfd_create(name)
     write_all(fd, data)
     return fd
 
@@ -377,7 +376,7 @@ def stdin_fd(data: bytes | int) -> int:
         return os.dup(data)
     if not data:
         return os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-    stdin = memfd_holding(data)
+    stdin = memfd_holding(data, "stdin")
     os.lseek(stdin, 0, os.SEEK_SET)
     return stdin
 

@@ -237,7 +237,7 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
     }
 
 
-def read_raw(sizes: list[int | None], channel: int) -> list[bytes | int] | None:
+def read_raw(sizes: list[int | None], channel: socket.socket) -> list[bytes | int] | None:
     """What follows a request's JSON, in order: bytes from the pipe, or for a size of None the memfd the service
     passed on the fd channel in its turn. None at EOF (the service is gone)."""
     raw: list[bytes | int] = []
@@ -270,8 +270,8 @@ def main() -> int:
     cfg = json.loads(sys.argv[1])
     confine.libc.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the service died -> so do we
     uid = cfg["uid_base"] + os.getpid()  # unique among live zygotes, so RLIMIT_NPROC is per run
-    channel = cfg["fd_channel"]
-    os.set_inheritable(channel, False)  # passed to us inheritable; no run may have it
+    os.set_inheritable(cfg["fd_channel"], False)  # passed to us inheritable; no run may have it
+    channel = socket.socket(fileno=cfg["fd_channel"])
     try:
         with open("/proc/sys/kernel/cap_last_cap") as f:
             confine.drop_bounding_set(int(f.read()))
