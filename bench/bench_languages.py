@@ -3,28 +3,26 @@ the same built program run bare, each alone and as a batch of 50 (one namespace 
 are judged), and a contest-style problem built once and judged on 50 tests.
 
 The bare reference builds and runs the same source with the same toolchain and flags outside the sandbox, in the
-same process, interleaved with the sandboxed runs; so is an A/B of how programs and stdin reach the sandbox
-(`*_old_transfer_ratio`: everything through the pipe, as before built programs were held by the worker and large
-stdins passed as memfds). Writes bench/results/languages.json:
+same process, interleaved with the sandboxed runs; so is an A/B of a single run's PID 1 (`*_python_init_ratio`:
+a second sandbox whose runs start from the forked Python init, as where init.c cannot be built and as before
+2026-12-04's third change). Writes bench/results/languages.json:
     .venv/bin/python bench/bench_languages.py [--runs 30]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from grpo.reward.sandbox import Limits, Sandbox, make_sandbox, namespace
+from grpo.reward.sandbox.base import ExecResult
 from grpo.reward.sandbox.languages import TOOLCHAINS, Launch, argv_for, build, run_launch
 from grpo.reward.sandbox.namespace import RUN_ENV
 from grpo.reward.verifiers.code import run_code_tests
@@ -72,36 +70,34 @@ def bare_argv(language: str, folder: Path, tools: dict[str, str]) -> list[str]:
 N = 200_000
 
 
-@contextlib.contextmanager
-def old_transfer() -> Iterator[None]:
-    """Every binary file and stdin through the pipe, as before 2026-12-04's second change (nothing held by the
-    zygote, no stdin passed as a memfd): the A/B reference, in the same process."""
-    saved = namespace.HELD_MIN_BYTES, namespace.PASSED_MIN_BYTES
-    namespace.HELD_MIN_BYTES = namespace.PASSED_MIN_BYTES = 1 << 62
+def python_init_sandbox() -> Sandbox:
+    """A sandbox whose single runs start from the forked Python init (no init.c): the A/B reference."""
+    found = namespace.init_program
+    namespace.init_program = lambda: None
     try:
-        yield
+        return make_sandbox(workers=1)
     finally:
-        namespace.HELD_MIN_BYTES, namespace.PASSED_MIN_BYTES = saved
+        namespace.init_program = found
 
 
 def interleaved(
-    runs: int, argv: list[str], folder: Path, sandbox: Sandbox, launch: Launch, stdin: str
+    runs: int, argv: list[str], folder: Path, boxes: tuple[Sandbox, Sandbox], launch: Launch, stdin: str
 ) -> tuple[list[float], list[float], list[float]]:
-    """Bare, sandboxed and sandboxed-with-the-old-transfer runs in turn (the machine's noise hits all alike); the
-    bare ones get the sandbox's env. The old-transfer runs use copies of the binaries, never held."""
+    """Bare runs and runs in each of `boxes` (init.c's, the Python init's) in turn, so the machine's noise hits all
+    alike; the bare ones get the sandbox's env."""
     limits = Limits(timeout_s=10.0, memory_mb=256)
-    copies = replace(launch, binary_files={name: bytes(bytearray(data)) for name, data in launch.binary_files.items()})
-    bare_ms, boxed_ms, old_ms = [], [], []
+    bare_ms: list[float] = []
+    boxed_ms: tuple[list[float], list[float]] = ([], [])
     for i in range(runs):
-        for old in (False, True) if i % 2 else (True, False):  # each sandboxed run right after a bare one
+        for which in (0, 1) if i % 2 else (1, 0):  # each sandboxed run right after a bare one
             started = time.perf_counter()
             subprocess.run(argv, cwd=folder, input=stdin, env=RUN_ENV, capture_output=True, text=True, check=True)
             bare_ms.append((time.perf_counter() - started) * 1000)
-            with old_transfer() if old else contextlib.nullcontext():
-                started = time.perf_counter()
-                sandbox.execute(copies if old else launch, stdin, limits)
-                (old_ms if old else boxed_ms).append((time.perf_counter() - started) * 1000)
-    return bare_ms, boxed_ms, old_ms
+            started = time.perf_counter()
+            result: ExecResult = boxes[which].execute(launch, stdin, limits)
+            boxed_ms[which].append((time.perf_counter() - started) * 1000)
+            assert result.status == "ok", result
+    return bare_ms, *boxed_ms
 
 
 BATCH = 50
@@ -136,7 +132,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=30)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    sandbox = make_sandbox(workers=1)
+    sandbox, python_init = make_sandbox(workers=1), python_init_sandbox()
     limits = Limits(timeout_s=10.0, memory_mb=256)
     out: dict[str, Any] = {"runs": args.runs, "languages": {}}
     try:
@@ -149,14 +145,16 @@ def main() -> None:
                 build_ms = timed(lambda: build(sandbox, language, source))  # noqa: B023 - used at once
                 _, built = build(sandbox, language, source)
                 launch = run_launch(language, source, tools, limits.memory_mb, built)
-                bare_ms, boxed_ms, old_ms = interleaved(args.runs, argv, folder, sandbox, launch, "")
+                bare_ms, boxed_ms, old_ms = interleaved(args.runs, argv, folder, (sandbox, python_init), launch, "")
                 batch_bare, batch_boxed = batched(max(3, args.runs // 6), argv, folder, sandbox, launch, "")
                 (folder / TOOLCHAINS[language].source).write_text(SUM[language])
                 argv = bare_argv(language, folder, tools)
                 _, built = build(sandbox, language, SUM[language])
                 work = run_launch(language, SUM[language], tools, limits.memory_mb, built)
                 big = f"{N}\n" + "\n".join(str(i) for i in range(N)) + "\n"
-                work_bare, work_boxed, work_old = interleaved(max(5, args.runs // 3), argv, folder, sandbox, work, big)
+                work_bare, work_boxed, work_old = interleaved(
+                    max(5, args.runs // 3), argv, folder, (sandbox, python_init), work, big
+                )
                 small = f"{N // 100}\n" + "\n".join(str(i) for i in range(N // 100)) + "\n"
                 small_bare, small_boxed = batched(max(3, args.runs // 6), argv, folder, sandbox, work, small)
             tests = [{"stdin": f"{k}\n" + "\n".join(str(i) for i in range(k)), "expected_stdout": str(k * (k - 1) // 2)}
@@ -170,7 +168,7 @@ def main() -> None:
                 "hello_sandbox_ms": round(boxed_med, 2),
                 "hello_overhead_ms": round(boxed_med - bare_med, 2),
                 "hello_ratio": round(boxed_med / bare_med, 3),
-                "hello_old_transfer_ratio": round(statistics.median(old_ms) / bare_med, 3),
+                "hello_python_init_ratio": round(statistics.median(old_ms) / bare_med, 3),
                 "hello_batch_bare_ms": round(statistics.median(batch_bare), 3),
                 "hello_batch_sandbox_ms": round(statistics.median(batch_boxed), 3),
                 "hello_batch_ratio": round(statistics.median(batch_boxed) / statistics.median(batch_bare), 3),
@@ -180,7 +178,7 @@ def main() -> None:
                 "work_bare_ms": round(statistics.median(work_bare), 1),
                 "work_sandbox_ms": round(statistics.median(work_boxed), 1),
                 "work_ratio": round(statistics.median(work_boxed) / statistics.median(work_bare), 3),
-                "work_old_transfer_ratio": round(statistics.median(work_old) / statistics.median(work_bare), 3),
+                "work_python_init_ratio": round(statistics.median(work_old) / statistics.median(work_bare), 3),
                 "build_ms": round(build_ms, 1),
                 "build_plus_50_tests_s": round(judge_s, 3),
                 "tests_passed": sum(r.verdict == "pass" for r in results),
@@ -188,6 +186,7 @@ def main() -> None:
             log.info("%s %s", language, json.dumps(out["languages"][language]))
     finally:
         sandbox.close()
+        python_init.close()
     RESULTS.write_text(json.dumps(out, indent=1) + "\n")
 
 

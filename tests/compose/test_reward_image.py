@@ -1,7 +1,8 @@
 """The reward image on its own, as a verifier user runs it: `docker run` with the sandbox's capabilities.
 
 The slim variant (`--build-arg LANGUAGES=python`, tagged `grpo-reward:latest-python` by `make images`) serves
-Python and Bash only, says so on /healthz, and answers a request for another language with a 400 that names
+Python and Bash only, says so on /healthz (and that its single runs start from the C init built in the image's
+build stage), and answers a request for another language with a 400 that names
 what it has. The full image builds a Codeforces-style checker that includes the vendored testlib.h.
 """
 
@@ -68,6 +69,8 @@ def image_mb(image: str) -> float:
 def test_the_slim_image_serves_python_and_says_what_it_lacks(slim: str) -> None:
     health = httpx.get(f"{slim}/healthz", timeout=10).json()
     assert sorted(health["languages"]) == ["bash", "python"], health
+    # No compiler in this image: its single runs' C init was built in the build stage ($GRPO_SANDBOX_INIT).
+    assert "static C init" in health["sandbox"], health
     python = {"language": "python", "code": "print(sum(map(int, input().split())))",
               "tests": [{"stdin": "2 40", "expected_stdout": "42"}]}  # fmt: skip
     assert httpx.post(f"{slim}/v1/verify/code", json=python, timeout=60).json()["passed"] == 1

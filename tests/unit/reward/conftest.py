@@ -5,10 +5,11 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
-from grpo.reward.sandbox import Sandbox, make_sandbox
+from grpo.reward.sandbox import Sandbox, make_sandbox, namespace
 
 
 @pytest.fixture(scope="module")
@@ -17,6 +18,20 @@ def sandbox() -> Iterator[Sandbox]:
     box = make_sandbox(workers=2)
     yield box
     box.close()
+
+
+@contextmanager
+def sandbox_with(init: str, workers: int = 2) -> Iterator[Sandbox]:
+    """A real namespace sandbox whose single runs start from `init`: "c" (init.c, the default wherever it can be
+    built) or "python" (the forked init that sets up in Python, for hosts without a C compiler)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if init == "python":
+            patch.setattr(namespace, "init_program", lambda: None)
+        box = make_sandbox(workers=workers)
+    try:
+        yield box
+    finally:
+        box.close()
 
 
 @pytest.fixture

@@ -1,4 +1,7 @@
-"""Attacks on the namespace sandbox with real processes: network, secrets, files, orphans, neighbours, the parent."""
+"""Attacks on the namespace sandbox with real processes: network, secrets, files, orphans, neighbours, the parent.
+
+Each against both kinds of single-run init (test_sandbox_init.py): init.c, and the forked Python init it replaces
+where there is no C compiler."""
 
 from __future__ import annotations
 
@@ -6,15 +9,23 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from grpo.reward.sandbox import Limits, Sandbox
+from tests.unit.reward.conftest import sandbox_with
 from tests.unit.reward.helpers import host_processes_with
 
 FAST = Limits(timeout_s=3.0)
 REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module", params=["c", "python"])
+def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    with sandbox_with(request.param) as box:
+        yield box
 
 
 def _probe(sandbox: Sandbox, body: str) -> str:

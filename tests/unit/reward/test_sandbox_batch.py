@@ -189,10 +189,18 @@ def test_a_single_run_right_after_a_batch_has_a_scratch_of_its_own() -> None:
         seen = set()
         for _ in range(15):
             seen.add(sandbox.execute(look, "", FAST).stdout)
-            assert [r.stdout for r in sandbox.execute_many(other, ["b\n"], FAST)] == ["b\n"]
+            assert [r.stdout for r in sandbox.execute_many(other, ["b\n", "c\n"], FAST)] == ["b\n", "c\n"]
         assert len(seen) == 1 and "1" in next(iter(seen)), seen  # the same listing, and its write worked
     finally:
         sandbox.close()
+
+
+def test_one_stdin_is_a_prepared_single_run_not_a_batch(sandbox: Sandbox) -> None:
+    """A batch's set-up and tear-down cost more than a single run the worker prepared ahead: one stdin (a one-test
+    request) runs as that. The program is then its namespace's PID 1; in a batch the supervisor is."""
+    launch = run_launch("python", "import os\nprint(os.getpid())", sandbox.languages["python"], 256)
+    assert [r.stdout for r in sandbox.execute_many(launch, [""], FAST)] == ["1\n"]
+    assert "1\n" not in [r.stdout for r in sandbox.execute_many(launch, ["", ""], FAST)]
 
 
 def test_a_batch_runs_as_a_named_user_like_a_single_run(sandbox: Sandbox) -> None:

@@ -72,7 +72,8 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
         confine.become(uid)
         confine.check(confine.libc.prctl(confine.PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         os.chdir("/scratch")
-        confine.set_limits({**req["limits"], "max_processes": req["limits"]["max_processes"] + 1})  # + the supervisor
+        own = {**req["limits"], "max_processes": req["limits"]["max_processes"] + 1}  # + the supervisor
+        confine.set_limits(confine.rlimits(own))
         confine.install_seccomp(confine.SECCOMP)
         ioprio_get = SYS_IOPRIO_GET[os.uname().machine]
         scheduling = _scheduling(ioprio_get)

@@ -31,10 +31,13 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 DEVICES = ("null", "zero", "full", "random", "urandom")
 PROOF_FD, NONCE_FD = 3, 4
+INIT = "/sandbox-init"  # where init.c's program is bound read-only in the sandbox root, when the service built it
 MAX_MESSAGE_BYTES = 1 << 30  # a length header past this means a broken stream, not a request
 
 BATCH_UID_OFFSET = 1 << 22  # a batch's uid is its zygote's plus this: above every pid, so never another zygote's
 SECCOMP = b""  # built once at start-up
+CAP_LAST_CAP = 63  # read at start-up from /proc/sys/kernel/cap_last_cap
+PROC = -1  # the zygote's /proc, opened before it pivots into a root without one: its runs' namespaces
 PER_RUN_IPC = False  # set at start-up when SysV IPC cannot be disabled for the zygote's IPC namespace
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
@@ -89,7 +92,7 @@ def disable_sysv_ipc() -> None:
 
 
 def build_root(cfg: dict, uid: int) -> None:
-    """Enter private mount/net/uts namespaces and pivot into a minimal read-only root."""
+    """Enter private mount/net/uts namespaces and pivot into a minimal read-only root (keeping PROC)."""
     global PER_RUN_IPC
     unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC)
     mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -111,6 +114,9 @@ def build_root(cfg: dict, uid: int) -> None:
             bind_ro(path, new + path)
     for d in ("dev", "etc", "proc", "scratch", ".old"):
         os.makedirs(f"{new}/{d}", exist_ok=True)
+    if cfg.get("init"):
+        open(new + INIT, "w").close()
+        bind_ro(cfg["init"], new + INIT)
     os.symlink("scratch", f"{new}/tmp")  # /tmp is the run's own scratch tmpfs
     for name in DEVICES:
         open(f"{new}/dev/{name}", "w").close()
@@ -129,6 +135,8 @@ def build_root(cfg: dict, uid: int) -> None:
     for name, text in etc.items():
         with open(f"{new}/etc/{name}", "w") as f:
             f.write(text)
+    global PROC
+    PROC = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # kept: the old root goes
     check(libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], _b(new), _b(new + "/.old")), "pivot_root")
     os.chdir("/")
     check(libc.umount2(b"/.old", MNT_DETACH), "umount old root")
@@ -287,16 +295,17 @@ def as_file_owner(uid: int) -> None:
         raise OSError(f"could not take filesystem ids {uid}")
 
 
-def drop_bounding_set(cap_last_cap: int) -> None:
-    """An empty capability bounding set (when CAP_SETPCAP allows), once for the zygote and so for every run it
-    forks: it bounds only what an execve may grant, and the zygote itself never execs."""
-    for cap in range(cap_last_cap + 1):
+def drop_bounding_set() -> None:
+    """An empty capability bounding set (when CAP_SETPCAP allows): it bounds what an execve may grant. Per run's
+    init, not once for the zygote: init.c is exec'd as root and needs its capabilities for its own set-up."""
+    for cap in range(CAP_LAST_CAP + 1):
         if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             break  # no CAP_SETPCAP: moot anyway for a non-root uid under no_new_privs and seccomp
 
 
 def become(uid: int) -> None:
-    """no_new_privs, then the unprivileged uid (the bounding set is already empty: drop_bounding_set)."""
+    """An empty bounding set, no_new_privs, then the unprivileged uid."""
+    drop_bounding_set()
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     os.setgroups([])
     os.setresgid(uid, uid, uid)
@@ -314,6 +323,14 @@ def write_files(req: dict, mode: int) -> None:
             copy_in(fd, data)
         finally:
             os.close(fd)
+
+
+def mount_namespace(pid: int) -> int:
+    """An fd holding a run's mount namespace (through PROC), or -1 when the run is gone."""
+    try:
+        return os.open(f"{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC, dir_fd=PROC)
+    except OSError:
+        return -1
 
 
 def receive_fds(sock: socket.socket, size: int, most: int) -> tuple[bytes, list[int]]:
@@ -381,23 +398,51 @@ def stdin_fd(data: bytes | int) -> int:
     return stdin
 
 
-def set_limits(limits: dict) -> None:
-    cpu = int(limits["cpu_s"])
+def rlimits(limits: dict) -> list[tuple[int, int]]:
+    """(resource, value) for each rlimit of a run, soft and hard alike, in the order they are set."""
     # RLIMIT_AS counts address space a runtime only reserves (the JVM's class space, V8's code range, Go's
     # arenas), so those runtimes get RLIMIT_DATA: writable memory actually mapped.
     memory = r.RLIMIT_DATA if limits.get("memory_kind") == "data" else r.RLIMIT_AS
-    if limits.get("stack_mb"):  # deep recursion in compiled contest code; glibc also sizes thread stacks by it
-        r.setrlimit(r.RLIMIT_STACK, (limits["stack_mb"] << 20, limits["stack_mb"] << 20))
-    for res, val in (
+    # Deep recursion in compiled contest code; glibc also sizes thread stacks by it. Set first: the stack is
+    # part of the address space.
+    stack = [(r.RLIMIT_STACK, limits["stack_mb"] << 20)] if limits.get("stack_mb") else []
+    return [
+        *stack,
         (memory, limits["memory_mb"] << 20),
-        (r.RLIMIT_CPU, cpu),  # an init ignores SIGXCPU, so the hard limit (SIGKILL) is the one that acts
+        (r.RLIMIT_CPU, int(limits["cpu_s"])),  # an init ignores SIGXCPU, so the hard limit (SIGKILL) acts
         (r.RLIMIT_NPROC, limits["max_processes"]),
         (r.RLIMIT_FSIZE, limits["max_file_bytes"]),
         (r.RLIMIT_NOFILE, 256),
         (r.RLIMIT_CORE, 0),
         (r.RLIMIT_MSGQUEUE, 0),
-    ):
+    ]
+
+
+def set_limits(pairs: list[tuple[int, int]]) -> None:
+    for res, val in pairs:
         r.setrlimit(res, (val, val))
+
+
+STDIN_NULL, STDIN_OWN, STDIN_PASSED = 0, 1, 2  # a single run's stdin: /dev/null, its prepared memfd, a passed fd
+
+
+def encode_request(stdin: int, limits: list[tuple[int, int]], argv: list[str], env: dict[str, str]) -> bytes:
+    """A prepared init's request, as init.c reads it: little-endian u64 words (stdin, the counts, the rlimits),
+    then argv and env as NUL-terminated strings."""
+    strings = [*argv, *(f"{k}={v}" for k, v in env.items())]
+    if any("\0" in s for s in strings):
+        raise ValueError("a NUL byte in a program's arguments or environment")
+    words = [stdin, len(limits), len(argv), len(env), *(x for pair in limits for x in pair)]
+    return struct.pack(f"<{len(words)}Q", *words) + b"".join(s.encode() + b"\0" for s in strings)
+
+
+def decode_request(data: bytes) -> tuple[int, list[tuple[int, int]], list[str], dict[str, str]]:
+    """encode_request's inverse, for the init that sets up in Python (zygote._child)."""
+    stdin, nlimits, nargs, _ = struct.unpack_from("<4Q", data)
+    words = struct.unpack_from(f"<{2 * nlimits}Q", data, 32)
+    strings = [s.decode() for s in data[32 + 16 * nlimits :].split(b"\0")[:-1]]
+    env = dict(s.split("=", 1) for s in strings[nargs:])
+    return stdin, list(zip(words[::2], words[1::2], strict=True)), strings[:nargs], env
 
 
 def read_outputs(done: int, readers: dict[str, int], limits: dict, deadline: float) -> tuple[str | None, dict]:

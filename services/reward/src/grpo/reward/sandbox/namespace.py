@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo.reward.sandbox.base import ExecResult, Limits, Sandbox, SandboxUnavailable
+from grpo.reward.sandbox.init_program import init_program
 from grpo.reward.sandbox.languages import Launch, available
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ def _default_interpreter() -> str:
 class Zygote:
     """One launcher process and the pipes to it; used by one thread at a time."""
 
-    def __init__(self, interpreter: str, uid_base: int) -> None:
+    def __init__(self, interpreter: str, uid_base: int, init: str | None = None) -> None:
         etc = sorted(str(p) for pattern in ETC_BINDS for p in Path("/etc").glob(pattern) if p.exists())
         # Large stdins go as memfds over a socket beside the pipes (the pipe would copy them twice, slowly).
         self.fd_channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -125,6 +126,7 @@ class Zygote:
             "uid_base": uid_base,
             "check_exists": [interpreter],
             "fd_channel": theirs.fileno(),
+            "init": init,  # the single runs' PID 1 (init.c), or None: they set up in Python
         }
         # Empty environment and isolated interpreter: nothing of the service's environment reaches the zygote.
         try:
@@ -347,6 +349,9 @@ class NamespaceSandbox(Sandbox):
         self.acquire_timeout_s = acquire_timeout_s
         self.interpreter = interpreter or _default_interpreter()
         self.languages = available(self.interpreter)
+        self.init = init_program()
+        how = "exec'd from a static C init (init.c)" if self.init else "set up by a forked Python init (no init.c)"
+        self.isolation = f"{ISOLATION}; single runs {how}"
         self._uid_base = uid_base
         self._idle: queue.Queue[Zygote] = queue.Queue()
         self._lock = threading.Lock()
@@ -370,7 +375,7 @@ class NamespaceSandbox(Sandbox):
     def _spawn_loop(self) -> None:
         while (future := self._spawns.get()) is not None:
             try:
-                zygote = Zygote(self.interpreter, self._uid_base)
+                zygote = Zygote(self.interpreter, self._uid_base, self.init)
             except Exception as exc:
                 future.set_exception(exc)
                 continue
@@ -418,7 +423,8 @@ class NamespaceSandbox(Sandbox):
         limits = limits or Limits()
         limits.validate()
         req = {**request_for(launch, limits), "batch": True, "stream": stream}
-        if req["limits"]["memory_mb"] < BATCH_MIN_MEMORY_MB or launch.collect or not stdins:
+        # One run costs less as a prepared single run than a batch's set-up and tear-down.
+        if req["limits"]["memory_mb"] < BATCH_MIN_MEMORY_MB or launch.collect or len(stdins) <= 1:
             yield from super().execute_many(launch, stdins, limits)
             return
         zygote = self._take()

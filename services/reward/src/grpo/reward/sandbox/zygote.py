@@ -1,26 +1,29 @@
-"""The sandbox launcher ("zygote"): a single-threaded, stdlib-only root process that forks one isolated run per request.
+"""The sandbox launcher ("zygote"): a single-threaded, stdlib-only root process that starts one isolated run per request.
 
 It is started by `namespace.py` as `python3 -I -S zygote.py CONFIG_JSON` with an empty environment and never
 imports anything from the service, only its two siblings: confine.py (the kernel calls) and batch.py (batches).
 At start it enters its own mount, network, IPC and UTS namespaces (no interface is up, not even loopback; SysV
-IPC is disabled), empties its capability bounding set (where CAP_SETPCAP allows; every run inherits it), builds
-a minimal read-only root (the read-only binds listed in the config, a few device nodes, a synthetic /etc) and
+IPC is disabled), builds a minimal read-only root (the read-only binds listed in the config, a few device nodes, a synthetic /etc) and
 pivots into it, so nothing of the host (/work, /root, /home, /tmp, /proc, /sys, ...) is reachable from it any
 more. Then it prepares each single run before its request arrives (after the last reply is written, while the
 service reads it), and on the request (length-prefixed JSON on stdin/stdout) hands it what to run:
 
-    zygote ── tmpfs /scratch (size-capped), unshare(NEWPID) + fork ──▶ child = pid 1 of a fresh PID namespace
-                                           unshare(NEWNS); fresh /proc; oom_score_adj 1000; no_new_privs;
-                                           unprivileged uid (unique per zygote); seccomp filter; waits
-    zygote ── the run's files into /scratch (as the run's uid), its stdin into a memfd the child holds,
-              then argv, env and limits ───────────────────────▶ fds 0-4; rlimits;
+    zygote ── tmpfs /scratch (size-capped), unshare(NEWPID) + posix_spawn ──▶ init.c = pid 1 of a fresh PID
+                                           namespace: unshare(NEWNS); fresh /proc; oom_score_adj 1000; empty
+                                           bounding set; no_new_privs; unprivileged uid (unique per zygote);
+                                           seccomp filter; waits
+    zygote ── the run's files into /scratch (as the run's uid), its stdin into a memfd the init holds,
+              then argv, env and limits ─────────────────────────▶ fds 0-4; rlimits;
                                            execve(argv) with a minimal environment
 
-The program is the namespace's init: when it exits, the kernel kills everything left in the PID namespace
-(daemons, setsid children, fork-bomb remnants), and no privileged process exists inside it. On the wall-clock
-deadline or the output limit the zygote SIGKILLs it, with the same effect; if the zygote dies, the parent-death
-signal does it. (As an init, the program ignores signals it sends itself without installing a handler.)
-The zygote reads stdout/stderr itself and enforces both limits.
+init.c is built by the service (init_program.py); where it cannot be, the init is a fork of this process that
+sets up in Python (`_child`), the same steps. The program is the namespace's init: when it exits, the kernel
+kills everything left in the PID namespace (daemons, setsid children, fork-bomb remnants), and no privileged
+process exists inside it. On the wall-clock deadline or the output limit the zygote SIGKILLs it, with the same
+effect; if the zygote dies, the parent-death signal does it. (As an init, the program ignores signals it sends
+itself without installing a handler.) The zygote reads stdout/stderr itself and enforces both limits, and holds
+the run's mount namespace until its reply is written (`release`), so that tearing it down is not on the run's
+path.
 
 A batch (many runs of one program, a submission's tests) shares one PID namespace between its runs: batch.py.
 
@@ -36,7 +39,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import marshal
 import os
 import signal
 import socket
@@ -62,8 +64,9 @@ from grpo.reward.sandbox import batch, confine  # after the stand-ins
 
 
 def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int) -> None:
-    """Pid 1 of a fresh PID namespace, forked before its request arrives (`prepare`): mounts, unprivileged uid
-    and seccomp first; once the request has come, its stdin, limits and exec. Never returns.
+    """Pid 1 of a fresh PID namespace, forked before its request arrives (`prepare`) where init.c could not be
+    built, doing what init.c does: mounts, unprivileged uid and seccomp first; once the request has come, its
+    stdin, limits and exec. Never returns.
 
     The program itself is the namespace's init, so when it exits (or is killed) the kernel kills every
     process it left behind, and no privileged process exists inside the namespace at all.
@@ -79,20 +82,20 @@ def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int
         data, passed = confine.receive_request(request)
         if not data:
             os._exit(0)  # discarded, or the zygote is gone
-        req = marshal.loads(data)  # argv, env, limits; the zygote wrote the files and stdin itself
+        kind, limits, argv, env = confine.decode_request(data)  # the zygote wrote the files and stdin itself
         stdin = (
             passed
-            if passed is not None
+            if kind == confine.STDIN_PASSED and passed is not None
             else fds[0]
-            if req["stdin"]
+            if kind == confine.STDIN_OWN
             else os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         )
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in (stdin, *fds[1:])]  # above every target
         for target, fd in enumerate(high):
             os.dup2(fd, target)  # inheritable: exactly fds 0-4 survive the exec
         os.chdir("/scratch")
-        confine.set_limits(req["limits"])
-        os.execve(req["argv"][0], req["argv"], req["env"])
+        confine.set_limits(limits)
+        os.execve(argv[0], argv, env)
     except BaseException as exc:  # report through the close-on-exec status pipe; never return to the loop
         try:
             os.write(status_w, f"{type(exc).__name__}: {exc}".encode())
@@ -100,10 +103,26 @@ def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int
             os._exit(127)
 
 
-def prepare(uid: int, pidns_fd: int, scratch_mb: int) -> dict:
+def _spawn_init(uid: int, fds: list[int]) -> int:
+    """init.c as the PID 1 of the PID namespace just unshared, `fds` its fds 0-7. A vfork and an exec: no copy of
+    this interpreter is made, and none is torn down when the program is exec'd."""
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]  # above every target
+    try:
+        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(high)]
+        argv = [confine.INIT, str(uid), "1" if confine.PER_RUN_IPC else "0", confine.SECCOMP.hex()]
+        return os.posix_spawn(confine.INIT, argv, {}, file_actions=actions)
+    finally:
+        for fd in high:
+            os.close(fd)
+
+
+def prepare(uid: int, pidns_fd: int, scratch_mb: int, spawn: bool) -> dict:
     """The next single run, set up before its request arrives (after the last reply is written, while the
-    service reads it): its scratch, stdin, pipes and nonce, and its init forked into a fresh PID namespace,
-    mounted, unprivileged and filtered, waiting for what to run. `run_one` hands it the request."""
+    service reads it): its scratch, stdin, pipes and nonce, and its init started in a fresh PID namespace,
+    mounted, unprivileged and filtered, waiting for what to run. `run_one` hands it the request.
+
+    The init is init.c, spawned (`spawn`, when the service could build it), or else a fork of this process that
+    sets up in Python (`_child`)."""
     pipes = {name: os.pipe() for name in ("out", "err", "proof", "nonce", "status", "mounted")}
     # The request goes over a socket (the init's end first, like a pipe's): a stdin the service passed as a
     # memfd rides along with it, so the init reads it as it is, uncopied.
@@ -119,7 +138,10 @@ def prepare(uid: int, pidns_fd: int, scratch_mb: int) -> dict:
         mounted = True
         confine.unshare(confine.CLONE_NEWPID)
         try:
-            pid = os.fork()
+            if spawn:
+                pid = _spawn_init(uid, [*theirs, pipes["request"][0], pipes["status"][1], pipes["mounted"][1]])
+            else:
+                pid = os.fork()
             if pid == 0:
                 try:  # the request ends (EOF) when the zygote closes its end: the init holds no write end
                     for fd in (pipes["request"][1], pipes["nonce"][1]):
@@ -153,11 +175,22 @@ def prepare(uid: int, pidns_fd: int, scratch_mb: int) -> dict:
 def settle(warm: dict) -> None:
     """Wait until the prepared init is set up and waits for its request: until it has its own mount namespace it
     shares ours, and a mount we made (a batch's scratch) would be copied into it; and its set-up's CPU time is
-    not the program's."""
+    not the program's. Hold its mount namespace from then on (`release`)."""
     if warm["mounted"] >= 0:
         os.read(warm["mounted"], 1)  # EOF: it closed the pipe, or died
         os.close(warm["mounted"])
         warm["mounted"] = -1
+        warm["namespace"] = confine.mount_namespace(warm["pid"])
+
+
+def release(run: dict) -> None:
+    """After a run's reply: its scratch unmounted, its mount namespace let go. The kernel tears that down when
+    its last holder goes (its /proc, its copy of the root's mounts), which but for us would be the exiting
+    program, on the run's path."""
+    if run.get("namespace", -1) >= 0:
+        os.close(run["namespace"])
+        run["namespace"] = -1
+    confine.check(confine.libc.umount2(b"/scratch", confine.MNT_DETACH), "umount scratch")
 
 
 def waiting(warm: dict) -> bool:
@@ -172,12 +205,15 @@ def discard(warm: dict) -> None:
         os.close(fd)
     os.kill(warm["pid"], signal.SIGKILL)
     os.waitpid(warm["pid"], 0)
-    confine.check(confine.libc.umount2(b"/scratch", confine.MNT_DETACH), "umount scratch")
+    release(warm)
 
 
 def run_one(req: dict, warm: dict, uid: int) -> dict:
     """Run one request in the namespace `prepare` set up and return the raw confine.outcome."""
     started = time.monotonic()
+    passed = req["stdin"] if isinstance(req["stdin"], int) else None
+    kind = confine.STDIN_PASSED if passed is not None else confine.STDIN_OWN if req["stdin"] else confine.STDIN_NULL
+    go = confine.encode_request(kind, confine.rlimits(req["limits"]), req["argv"], req["env"])
     settle(warm)
     if req["limits"]["scratch_mb"] != warm["scratch_mb"]:
         confine.resize_scratch(req["limits"]["scratch_mb"])
@@ -186,17 +222,15 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
         confine.write_files(req, 0o755)
     finally:
         confine.as_file_owner(0)
-    passed = req["stdin"] if isinstance(req["stdin"], int) else None
     if passed is None:
         confine.write_all(warm["stdin"], req["stdin"])
         os.lseek(warm["stdin"], 0, os.SEEK_SET)
     os.close(warm["stdin"])
-    # The init's own set-up (mounts, uid, seccomp: a millisecond or two of a forked interpreter) is not the
-    # program's CPU time; what it spends from its request on (the exec included) is, as for a bare run.
+    # The init's own set-up (mounts, uid, seccomp; a millisecond or two where it is a forked interpreter) is not
+    # the program's CPU time; what it spends from its request on (the exec included) is, as for a bare run.
     setup_cpu_s = confine.cpu_time(warm["pid"])
     try:
-        go = {"argv": req["argv"], "env": req["env"], "limits": req["limits"], "stdin": bool(req["stdin"])}
-        confine.send_request(warm["request"], marshal.dumps(go), passed)
+        confine.send_request(warm["request"], go, passed)
     except (BrokenPipeError, ConnectionResetError):
         pass  # the init failed before its request: its set-up error is waiting on the status pipe
     finally:
@@ -214,12 +248,8 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
     if verdict is not None:
         os.kill(pid, signal.SIGKILL)  # init dies -> the kernel kills the whole PID namespace
     _, wait_status, usage = os.wait4(pid, 0)
-    try:  # every process of the run is gone: what it left in /scratch can be read, then the tmpfs goes
-        collected, collect_error = confine.collect_files(
-            req.get("collect", []), req["limits"].get("collect_max_bytes", 0)
-        )
-    finally:
-        confine.check(confine.libc.umount2(b"/scratch", confine.MNT_DETACH), "umount scratch")
+    # Every process of the run is gone: what it left in /scratch can be read (the tmpfs goes in `release`).
+    collected, collect_error = confine.collect_files(req.get("collect", []), req["limits"].get("collect_max_bytes", 0))
     return {
         "files": collected,
         "collect_error": collect_error,
@@ -274,7 +304,7 @@ def main() -> int:
     channel = socket.socket(fileno=cfg["fd_channel"])
     try:
         with open("/proc/sys/kernel/cap_last_cap") as f:
-            confine.drop_bounding_set(int(f.read()))
+            confine.CAP_LAST_CAP = int(f.read())
         pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY)
         confine.SECCOMP = confine.seccomp_filter(os.uname().machine)
         confine.build_root(cfg, uid)
@@ -285,15 +315,16 @@ def main() -> int:
         confine.write_msg(1, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         return 1
     confine.write_msg(1, {"ready": True, "uid": uid, "pid": os.getpid(), "batches": not confine.PER_RUN_IPC})
+    spawn = bool(cfg.get("init"))  # init.c is bound into our root (build_root)
     held: dict[str, int] = {}  # built programs kept for later requests: the service's key -> a memfd
     warm, scratch_mb = None, 64  # the next run is prepared on the last one's scratch size (at first Limits')
     while True:
         if warm is None:
             try:
-                warm = prepare(uid, pidns_fd, scratch_mb)
+                warm = prepare(uid, pidns_fd, scratch_mb, spawn)
             except Exception:
                 warm = None  # tried again when a run needs it, and then its error is that run's reply
-        req = confine.read_msg(0)
+        req, run = confine.read_msg(0), cast("dict | None", None)
         if req is None:
             return 0
         # Raw after the JSON: stdin, a batch's stdins, then each binary file sent (not held), in the listed order.
@@ -316,7 +347,7 @@ def main() -> int:
             if warm is not None and not waiting(warm):  # killed while it waited (the OOM killer, say): not ours
                 discard(warm)
                 warm = None
-            run, warm = warm or prepare(uid, pidns_fd, scratch_mb), None
+            run, warm = warm or prepare(uid, pidns_fd, scratch_mb, spawn), None
             reply = run_one(req, run, uid)
         except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
@@ -325,6 +356,8 @@ def main() -> int:
                 if isinstance(data, int):
                     os.close(data)
         confine.write_msg(1, reply)
+        if run is not None:
+            release(run)
 
 
 if __name__ == "__main__":
