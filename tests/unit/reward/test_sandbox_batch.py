@@ -203,6 +203,11 @@ def test_one_stdin_is_a_prepared_single_run_not_a_batch(sandbox: Sandbox) -> Non
     assert "1\n" not in [r.stdout for r in sandbox.execute_many(launch, ["", ""], FAST)]
 
 
+def test_a_batch_run_gets_sigpipe_at_its_default_like_a_single_run(sandbox: Sandbox) -> None:
+    launch = run_launch("bash", "yes | head -1; echo ${PIPESTATUS[0]}", sandbox.languages["bash"], 256)
+    assert [(r.stdout, r.stderr) for r in sandbox.execute_many(launch, ["", ""], FAST)] == [("y\n141\n", "")] * 2
+
+
 def test_a_batch_runs_as_a_named_user_like_a_single_run(sandbox: Sandbox) -> None:
     """A batch has a uid of its own; it too is `sandbox` in the sandbox's /etc/passwd and /etc/group."""
     program = "import grp, os, pwd\nprint(pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name)"

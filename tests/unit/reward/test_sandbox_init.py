@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import logging
+import signal
 import stat
 import time
 from collections.abc import Iterator
@@ -111,6 +112,16 @@ def test_limits_and_the_deadline_still_act(box: NamespaceSandbox) -> None:
     assert box.run("import time\ntime.sleep(30)", limits=Limits(timeout_s=1.0)).status == "timeout"
     assert box.run("x = bytearray(400 << 20)", limits=FAST).status == "memory_limit"
     assert box.run("raise SystemExit(3)", limits=FAST).exit_code == 3
+
+
+def test_sigpipe_and_sigxfsz_reach_a_program_at_their_default(box: NamespaceSandbox) -> None:
+    """CPython ignores both at start-up and an ignored signal stays ignored across exec: a program would get
+    EPIPE and EFBIG where a shell's child dies of the signal (`yes | head` printed "Broken pipe")."""
+    pipe = box.run("yes | head -1; echo ${PIPESTATUS[0]}", language="bash", limits=FAST)
+    assert (pipe.stdout, pipe.stderr) == ("y\n141\n", ""), pipe
+    limits = Limits(timeout_s=10.0, max_file_bytes=1 << 20)
+    big = box.run("head -c 2000000 /dev/zero > big; echo $?", language="bash", limits=limits)
+    assert big.stdout == f"{128 + signal.SIGXFSZ}\n" and "File size limit exceeded" in big.stderr, big
 
 
 def _at_rest(pid: int) -> int:

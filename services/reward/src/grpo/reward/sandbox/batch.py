@@ -126,7 +126,9 @@ def _spawn_and_wait(req: dict, run: dict, null: int, control: socket.socket) -> 
     fds, queued, started = run["fds"], None, time.monotonic()
     try:
         actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate([*fds, null, null])]
-        pid = os.posix_spawn(req["argv"][0], req["argv"], req["env"], file_actions=actions)
+        pid = os.posix_spawn(
+            req["argv"][0], req["argv"], req["env"], file_actions=actions, setsigdef=confine.DEFAULT_SIGNALS
+        )
     except OSError as exc:
         return {"setup_error": f"{type(exc).__name__}: {exc}"}, None
     finally:

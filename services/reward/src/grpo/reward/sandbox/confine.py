@@ -31,6 +31,9 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 DEVICES = ("null", "zero", "full", "random", "urandom")
 PROOF_FD, NONCE_FD = 3, 4
+# CPython ignores these at start-up, and an ignored signal stays ignored across exec: a run gets them at their
+# default, as a shell's child does (else `yes | head` prints "Broken pipe" and a file past RLIMIT_FSIZE is EFBIG).
+DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
 INIT = "/sandbox-init"  # where init.c's program is bound read-only in the sandbox root, when the service built it
 MAX_MESSAGE_BYTES = 1 << 30  # a length header past this means a broken stream, not a request
 

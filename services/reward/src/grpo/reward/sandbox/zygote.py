@@ -95,6 +95,8 @@ def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int
             os.dup2(fd, target)  # inheritable: exactly fds 0-4 survive the exec
         os.chdir("/scratch")
         confine.set_limits(limits)
+        for sig in confine.DEFAULT_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
         os.execve(argv[0], argv, env)
     except BaseException as exc:  # report through the close-on-exec status pipe; never return to the loop
         try:
@@ -110,7 +112,7 @@ def _spawn_init(uid: int, fds: list[int]) -> int:
     try:
         actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(high)]
         argv = [confine.INIT, str(uid), "1" if confine.PER_RUN_IPC else "0", confine.SECCOMP.hex()]
-        return os.posix_spawn(confine.INIT, argv, {}, file_actions=actions)
+        return os.posix_spawn(confine.INIT, argv, {}, file_actions=actions, setsigdef=confine.DEFAULT_SIGNALS)
     finally:
         for fd in high:
             os.close(fd)
