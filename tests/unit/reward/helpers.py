@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -128,3 +129,12 @@ def save_tiny_remote_code_prm(path: Path, step_token: str = "<extra_0>") -> Path
     saved["auto_map"] = {"AutoModel": "modeling_prm.Qwen2ForProcessRewardModel"}
     (path / "config.json").write_text(json.dumps(saved, indent=1))
     return path
+
+
+def mount_namespaces_held(pid: int) -> int:
+    """How many mount namespaces process `pid` holds open as fds (a sandbox zygote: its runs', until their replies)."""
+    links = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed since the listing
+            links.append(str(fd.readlink()))
+    return sum(link.startswith("mnt:") for link in links)

@@ -15,6 +15,7 @@ import pytest
 from grpo.reward.sandbox import Limits, Sandbox, SandboxUnavailable, make_sandbox
 from grpo.reward.sandbox.languages import build, run_launch
 from grpo.reward.sandbox.namespace import NamespaceSandbox, classify
+from tests.unit.reward.helpers import mount_namespaces_held
 
 FAST = Limits(timeout_s=2.0)
 
@@ -272,11 +273,15 @@ def test_missing_privileges_fail_loudly_at_start(setpriv: list[str], reason: str
 
 
 CONTAINER_PROBE = (
+    "import sys\n"
     "from grpo.reward.sandbox import make_sandbox\n"
     "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
     "box = make_sandbox(workers=1)\n"
     "r = box.run('import ctypes\\nprint(input(), ctypes.CDLL(None).shmget(0, 4096, 0o600))', stdin='hi\\n')\n"
     "print(r.status, r.stdout.strip(), r.proof)\n"
+    "print(box.isolation.split('; ')[-1])\n"
+    "print(box._all[0].proc.pid, flush=True)\n"
+    "sys.stdin.readline()  # while the test looks at the zygote\n"
     "box.close()\n"
 )
 
@@ -290,9 +295,29 @@ def test_runs_with_only_the_capabilities_the_deployment_grants() -> None:
         f'exec setpriv --no-new-privs --inh-caps=-all --bounding-set=-all,+{caps} {sys.executable} -c "$0"'
     )
     cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner, CONTAINER_PROBE]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, cwd="/")
-    lines = out.stdout.splitlines()
-    assert lines == ["00000000002000e0", "ok hi -1 True"], out.stderr[-2000:]  # SysV shm refused
+    probe = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/"
+    )
+    try:
+        assert probe.stdout is not None and probe.stdin is not None
+        lines = [probe.stdout.readline().strip() for _ in range(4)]
+        assert lines[:3] == [
+            "00000000002000e0",
+            "ok hi -1 True",  # SysV shm refused
+            "single runs exec'd from a static C init (init.c)",
+        ], (lines, probe.stderr.read() if probe.poll() is not None else "")
+        # The next run is prepared and its mount namespace held: sent by its init, since opening /proc/PID/ns of
+        # another uid would take CAP_SYS_PTRACE, which this deployment does not grant.
+        deadline = time.monotonic() + 10
+        while (held := mount_namespaces_held(int(lines[3]))) != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert held == 1
+        probe.stdin.write("\n")
+        probe.stdin.flush()
+        assert probe.wait(timeout=60) == 0
+    finally:
+        probe.kill()
+        probe.wait()
 
 
 def test_unknown_kind_is_rejected() -> None:

@@ -4,8 +4,8 @@ finds it, and the forked Python init it replaces where there is no C compiler. B
 from __future__ import annotations
 
 import ast
-import contextlib
 import logging
+import os
 import signal
 import stat
 import time
@@ -19,6 +19,7 @@ from grpo.reward.sandbox.init_program import init_program
 from grpo.reward.sandbox.languages import Launch
 from grpo.reward.sandbox.namespace import NamespaceSandbox
 from tests.unit.reward.conftest import sandbox_with
+from tests.unit.reward.helpers import mount_namespaces_held
 
 FAST = Limits(timeout_s=10.0, memory_mb=256)
 STATUS = "import re\nprint(dict(re.findall(r'(\\w+):\\s+(\\S+)', open('/proc/self/status').read())))"
@@ -32,27 +33,54 @@ def box(request: pytest.FixtureRequest) -> Iterator[NamespaceSandbox]:
         yield sandbox
 
 
+def _held(fd: int | None) -> Path:
+    """The file an fd from init_program holds (and the fd closed)."""
+    assert fd is not None
+    try:
+        return Path(f"/proc/self/fd/{fd}").readlink()
+    finally:
+        os.close(fd)
+
+
 def test_init_c_is_built_once_into_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRPO_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("GRPO_SANDBOX_INIT", raising=False)
-    path = init_program()
-    assert path is not None and Path(path).parent == tmp_path / "sandbox"
-    built = Path(path).stat().st_mtime_ns
-    assert init_program() == path and Path(path).stat().st_mtime_ns == built  # found, not built again
-    assert Path(path).read_bytes()[:4] == b"\x7fELF"
+    path = _held(init_program())
+    assert path.parent == tmp_path / "sandbox" and path.stat().st_mode & 0o777 == 0o755
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+    built = path.stat().st_mtime_ns
+    assert _held(init_program()) == path and path.stat().st_mtime_ns == built  # found, not built again
+    assert path.read_bytes()[:4] == b"\x7fELF"
 
 
 def test_a_cache_others_may_write_to_is_not_trusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The init runs as root until it drops to the run's uid: a binary someone else could swap is never used."""
     monkeypatch.setenv("GRPO_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("GRPO_SANDBOX_INIT", raising=False)
-    first = init_program()
-    assert first is not None
-    shared = tmp_path / "sandbox"
-    shared.chmod(shared.stat().st_mode | stat.S_IWGRP | stat.S_IWOTH)
-    second = init_program()
-    assert second is not None and Path(second).parent != shared
-    assert Path(second).parent.stat().st_mode & 0o077 == 0  # a private folder of its own
+    _held(init_program())
+    for shared in (tmp_path / "sandbox", tmp_path):  # the folder, or one above it: either lets others swap the file
+        shared.chmod(shared.stat().st_mode | stat.S_IWGRP | stat.S_IWOTH)
+        elsewhere = _held(init_program())
+        assert tmp_path not in elsewhere.parents
+        assert elsewhere.parent.stat().st_mode & 0o077 == 0  # a private folder of its own
+        shared.chmod(0o700)
+
+
+def test_the_init_a_sandbox_checked_is_the_one_its_zygotes_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service holds the file it checked open: a file put at the same path later is never what runs."""
+    monkeypatch.setenv("GRPO_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("GRPO_SANDBOX_INIT", raising=False)
+    box = NamespaceSandbox(workers=1)
+    try:
+        path = Path(f"/proc/self/fd/{box.init}").readlink()
+        path.unlink()
+        path.write_text("#!/bin/sh\nexit 0\n")  # not an init: every run would fail
+        path.chmod(0o755)
+        os.kill(box._all[0].proc.pid, signal.SIGKILL)
+        assert box.run("print(1)", limits=FAST).status == "sandbox_error"  # the run the kill took
+        assert box.run("print(6 * 7)", limits=FAST).stdout == "42\n"  # a new zygote, the checked init
+    finally:
+        box.close()
 
 
 def test_a_named_init_that_is_not_there_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,24 +153,20 @@ def test_sigpipe_and_sigxfsz_reach_a_program_at_their_default(box: NamespaceSand
 
 
 def _at_rest(pid: int) -> int:
-    """The zygote's mount count once it is at rest: no run's mount namespace held open, one /scratch (the next
-    run's, prepared after the last reply)."""
+    """The zygote's mount count once it is at rest: one run's mount namespace held open and one /scratch, both
+    the next run's, prepared after the last reply."""
     deadline = time.monotonic() + 10
     while True:
         mounts = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
-        links = []
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            with contextlib.suppress(OSError):  # closed since the listing
-                links.append(str(fd.readlink()))
-        held, scratches = sum(link.startswith("mnt:") for link in links), sum(" /scratch " in m for m in mounts)
-        if held == 0 and scratches == 1:
+        held, scratches = mount_namespaces_held(pid), sum(" /scratch " in m for m in mounts)
+        if held == 1 and scratches == 1:
             return len(mounts)
         assert time.monotonic() < deadline, (held, scratches)
         time.sleep(0.05)  # the reply is read before the zygote lets that run's namespace go and prepares the next
 
 
 def test_finished_runs_leave_no_mount_or_namespace_behind(box: NamespaceSandbox) -> None:
-    """A run's mount namespace is held until its reply is written (zygote.release), then let go."""
+    """A run's mount namespace is held from its set-up until its reply is written (zygote.release), then let go."""
     pid = box._all[0].proc.pid
     box.run("print(1)", limits=FAST)
     before = _at_rest(pid)

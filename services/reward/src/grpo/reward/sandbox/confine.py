@@ -34,13 +34,12 @@ PROOF_FD, NONCE_FD = 3, 4
 # CPython ignores these at start-up, and an ignored signal stays ignored across exec: a run gets them at their
 # default, as a shell's child does (else `yes | head` prints "Broken pipe" and a file past RLIMIT_FSIZE is EFBIG).
 DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
-INIT = "/sandbox-init"  # where init.c's program is bound read-only in the sandbox root, when the service built it
+INIT = "/sandbox-init"  # where a copy of init.c's program lies in the read-only sandbox root, when there is one
 MAX_MESSAGE_BYTES = 1 << 30  # a length header past this means a broken stream, not a request
 
 BATCH_UID_OFFSET = 1 << 22  # a batch's uid is its zygote's plus this: above every pid, so never another zygote's
 SECCOMP = b""  # built once at start-up
 CAP_LAST_CAP = 63  # read at start-up from /proc/sys/kernel/cap_last_cap
-PROC = -1  # the zygote's /proc, opened before it pivots into a root without one: its runs' namespaces
 PER_RUN_IPC = False  # set at start-up when SysV IPC cannot be disabled for the zygote's IPC namespace
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
@@ -95,7 +94,7 @@ def disable_sysv_ipc() -> None:
 
 
 def build_root(cfg: dict, uid: int) -> None:
-    """Enter private mount/net/uts namespaces and pivot into a minimal read-only root (keeping PROC)."""
+    """Enter private mount/net/uts namespaces and pivot into a minimal read-only root."""
     global PER_RUN_IPC
     unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC)
     mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -104,7 +103,7 @@ def build_root(cfg: dict, uid: int) -> None:
     except OSError:  # e.g. a /proc that will not mount here: a fresh IPC namespace per run instead
         PER_RUN_IPC = True
     new = "/tmp"  # any existing directory will do: the tmpfs over it exists only in our namespace
-    mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=512,mode=0755")
+    mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,nr_inodes=512,mode=0755")  # init.c's ~0.8 MB
     for path in cfg["ro_binds"]:
         if os.path.islink(path):
             os.symlink(os.readlink(path), new + path)
@@ -117,9 +116,13 @@ def build_root(cfg: dict, uid: int) -> None:
             bind_ro(path, new + path)
     for d in ("dev", "etc", "proc", "scratch", ".old"):
         os.makedirs(f"{new}/{d}", exist_ok=True)
-    if cfg.get("init"):
-        open(new + INIT, "w").close()
-        bind_ro(cfg["init"], new + INIT)
+    if cfg.get("init") is not None:  # a copy of what the service holds open: the file it checked, whatever the
+        fd = os.open(new + INIT, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o755)  # path names now
+        try:
+            copy_in(fd, cfg["init"])
+        finally:
+            os.close(fd)
+            os.close(cfg["init"])
     os.symlink("scratch", f"{new}/tmp")  # /tmp is the run's own scratch tmpfs
     for name in DEVICES:
         open(f"{new}/dev/{name}", "w").close()
@@ -138,8 +141,6 @@ def build_root(cfg: dict, uid: int) -> None:
     for name, text in etc.items():
         with open(f"{new}/etc/{name}", "w") as f:
             f.write(text)
-    global PROC
-    PROC = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # kept: the old root goes
     check(libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], _b(new), _b(new + "/.old")), "pivot_root")
     os.chdir("/")
     check(libc.umount2(b"/.old", MNT_DETACH), "umount old root")
@@ -328,14 +329,6 @@ def write_files(req: dict, mode: int) -> None:
             os.close(fd)
 
 
-def mount_namespace(pid: int) -> int:
-    """An fd holding a run's mount namespace (through PROC), or -1 when the run is gone."""
-    try:
-        return os.open(f"{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC, dir_fd=PROC)
-    except OSError:
-        return -1
-
-
 def receive_fds(sock: socket.socket, size: int, most: int) -> tuple[bytes, list[int]]:
     """socket.recv_fds with every fd received close-on-exec: CPython 3.11's recv_fds drops its flags argument
     (MSG_CMSG_CLOEXEC included), and an inheritable one would reach the next program we exec or spawn."""
@@ -359,6 +352,25 @@ def receive_request(fd: int) -> tuple[bytes, int | None]:
             while chunk := sock.recv(1 << 16):
                 data += chunk
     return data, fds[0] if fds else None
+
+
+def send_namespace(fd: int) -> None:
+    """A prepared init's own mount namespace, to the zygote on its request socket (`zygote.release`). Sent, not
+    opened by the zygote: /proc/PID/ns of a process under another uid takes CAP_SYS_PTRACE, which the
+    deployments do not grant."""
+    ns = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            socket.send_fds(sock, [b"n"], [ns])
+    finally:
+        os.close(ns)
+
+
+def receive_namespace(fd: int) -> int:
+    """What send_namespace sent, or -1 when the init died before it sent it."""
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        _, fds = receive_fds(sock, 1, 1)
+    return fds[0] if fds else -1
 
 
 def copy_in(fd: int, data: bytes | int) -> None:

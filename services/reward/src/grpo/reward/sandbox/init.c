@@ -7,8 +7,10 @@
  * program could not be built) is, in order:
  *
  *   own mount namespace (and IPC namespace where the zygote's own could not be locked) with this PID namespace's
- *   /proc; oom_score_adj 1000; an empty capability bounding set; no_new_privs; the run's uid and gid, no groups; parent-death signal; cwd /scratch;
- *   the seccomp filter (argv[3], hex).  Then fd 7 is closed: the zygote's sign that the set-up is done.
+ *   /proc; oom_score_adj 1000; an empty capability bounding set; no_new_privs; the run's uid and gid, no
+ *   groups; parent-death signal; cwd /scratch; the seccomp filter (argv[3], hex); our mount namespace sent
+ *   to the zygote on fd 5 (it lets it go after the run's reply: zygote.release). Then fd 7 is closed: the
+ *   zygote's sign that the set-up is done.
  *
  * Fds from the zygote: 0 a stdin memfd (written on the request), 1-2 stdout/stderr, 3-4 the proof pipes (see
  * zygote.py), 5 the request socket, 6 the status pipe, 7 the set-up's "done" pipe.
@@ -17,7 +19,8 @@
  * NUL-terminated strings:
  *   stdin (0: /dev/null, 1: fd 0 as it is, 2: the fd passed), nlimits, argc, envc,
  *   nlimits x (resource, value: soft and hard), argc strings, envc strings.
- * Then: stdin on fd 0, the rlimits, execve. Any failure is written to fd 6 (close-on-exec: empty once the exec
+ * Then: stdin on fd 0, the rlimits (after the request is parsed: a tiny RLIMIT_AS must not fail the parse),
+ * execve. Any failure is written to fd 6 (close-on-exec: empty once the exec
  * succeeded) and exits 127; an empty request (discarded, or the zygote is gone) exits 0.
  *
  * Usage: init UID NEW_IPC(0|1) SECCOMP_HEX
@@ -41,12 +44,12 @@
 #include <unistd.h>
 
 enum { REQUEST = 5, STATUS = 6, READY = 7 };
-#define MAX_REQUEST (1 << 20)
+#define MAX_REQUEST (4 << 20) /* above the kernel's own limit on argv and env (ARG_MAX, 2 MiB by default) */
 
 static char request[MAX_REQUEST];
 static size_t length, at;
 
-static void fail(const char *what) {
+_Noreturn static void fail(const char *what) {
     char msg[512];
     int n = snprintf(msg, sizeof msg, "%s: %s", what, strerror(errno));
     if (n > 0 && write(STATUS, msg, n < (int)sizeof msg ? (size_t)n : sizeof msg - 1) < 0) {
@@ -85,6 +88,28 @@ static char **strings(uint64_t count) {
     return out;
 }
 
+/* Room for one passed fd in a message's control data, aligned as a cmsghdr. */
+union one_fd {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int))];
+};
+
+static void send_namespace(void) {
+    int ns = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    if (ns < 0) fail("open /proc/self/ns/mnt");
+    union one_fd control = {0};
+    char byte = 'n';
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf, .msg_controllen = sizeof control.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &ns, sizeof ns);
+    if (sendmsg(REQUEST, &msg, MSG_NOSIGNAL) != 1) fail("send the mount namespace");
+    close(ns);
+}
+
 static void set_up(uid_t uid, int new_ipc, const char *hex) {
     if (unshare(CLONE_NEWNS | (new_ipc ? CLONE_NEWIPC : 0))) fail("unshare");
     if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL)) fail("mount /proc");
@@ -100,28 +125,33 @@ static void set_up(uid_t uid, int new_ipc, const char *hex) {
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)) fail("pdeathsig");
     if (chdir("/scratch")) fail("chdir /scratch");
     size_t n = strlen(hex) / 2;
-    unsigned char *filter = malloc(n + 1);
-    if (!filter || n % sizeof(struct sock_filter)) {
-        errno = EINVAL;
-        fail("seccomp filter");
-    }
-    for (size_t i = 0; i < n; i++) sscanf(hex + 2 * i, "%2hhx", &filter[i]);
-    struct sock_fprog prog = {.len = n / sizeof(struct sock_filter), .filter = (struct sock_filter *)filter};
+    struct sock_filter *filter = malloc(n + 1);
+    errno = EINVAL;
+    if (!filter || strlen(hex) % 2 || n % sizeof *filter || n / sizeof *filter > BPF_MAXINSNS) fail("seccomp filter");
+    for (size_t i = 0; i < n; i++)
+        if (sscanf(hex + 2 * i, "%2hhx", (unsigned char *)filter + i) != 1) fail("seccomp filter");
+    struct sock_fprog prog = {.len = (unsigned short)(n / sizeof *filter), .filter = filter};
     if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0)) fail("seccomp");
     if (fcntl(REQUEST, F_SETFD, FD_CLOEXEC) || fcntl(STATUS, F_SETFD, FD_CLOEXEC)) fail("fds");
+    send_namespace();
     close(READY);
 }
 
 /* The request, to EOF; returns the fd that came with it, or -1. */
 static int receive(void) {
-    char control[CMSG_SPACE(sizeof(int))];
+    union one_fd control;
     struct iovec iov = {.iov_base = request, .iov_len = sizeof request};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf, .msg_controllen = sizeof control.buf};
     ssize_t n = recvmsg(REQUEST, &msg, MSG_CMSG_CLOEXEC);
     if (n <= 0) _exit(0);
     int passed = -1;
     struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) memcpy(&passed, CMSG_DATA(c), sizeof passed);
+    if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
+        memcpy(&passed, CMSG_DATA(c), sizeof passed);
+    if (msg.msg_flags & MSG_CTRUNC) {
+        errno = EPROTO;
+        fail("request: more fds than one");
+    }
     length = n;
     while (length < sizeof request && (n = read(REQUEST, request + length, sizeof request - length)) > 0) length += n;
     if (n < 0) fail("read request");
@@ -134,13 +164,29 @@ static int receive(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) {
-        errno = EINVAL;
-        fail("usage: init UID NEW_IPC SECCOMP_HEX");
-    }
-    set_up((uid_t)strtoul(argv[1], NULL, 10), argv[2][0] == '1', argv[3]);
+    errno = EINVAL;
+    if (argc != 4) fail("usage: init UID NEW_IPC SECCOMP_HEX");
+    char *end;
+    unsigned long uid = strtoul(argv[1], &end, 10);
+    if (!*argv[1] || *end || uid == 0 || uid >= (uid_t)-1) fail("uid: not a non-root uid"); /* never root */
+    set_up((uid_t)uid, argv[2][0] == '1', argv[3]);
     int passed = receive();
     uint64_t stdin_kind = word(), nlimits = word(), nargs = word(), nenv = word();
+    if (nlimits > MAX_REQUEST) {
+        errno = EPROTO;
+        fail("request out of step");
+    }
+    size_t limits = at;
+    at += 16 * nlimits; /* the strings first: parsing must not meet the limits (a tiny RLIMIT_AS) */
+    if (at > length) {
+        errno = EPROTO;
+        fail("request cut short");
+    }
+    char **args = strings(nargs), **env = strings(nenv);
+    if (!args[0]) {
+        errno = EPROTO;
+        fail("request: no program");
+    }
     if (stdin_kind == 2 && (passed < 0 || dup2(passed, 0) < 0)) fail("stdin");
     if (stdin_kind == 0) {
         int null = open("/dev/null", O_RDONLY);
@@ -148,15 +194,11 @@ int main(int argc, char **argv) {
         close(null);
     }
     if (passed >= 0) close(passed);
+    at = limits;
     for (uint64_t i = 0; i < nlimits; i++) {
         uint64_t resource = word(), value = word();
         struct rlimit limit = {.rlim_cur = value, .rlim_max = value};
         if (setrlimit((int)resource, &limit)) fail("setrlimit");
-    }
-    char **args = strings(nargs), **env = strings(nenv);
-    if (!args[0]) {
-        errno = EINVAL;
-        fail("no program");
     }
     execve(args[0], args, env);
     char what[256];

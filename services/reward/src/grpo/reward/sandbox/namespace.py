@@ -117,7 +117,7 @@ def _default_interpreter() -> str:
 class Zygote:
     """One launcher process and the pipes to it; used by one thread at a time."""
 
-    def __init__(self, interpreter: str, uid_base: int, init: str | None = None) -> None:
+    def __init__(self, interpreter: str, uid_base: int, init: int | None = None) -> None:
         etc = sorted(str(p) for pattern in ETC_BINDS for p in Path("/etc").glob(pattern) if p.exists())
         # Large stdins go as memfds over a socket beside the pipes (the pipe would copy them twice, slowly).
         self.fd_channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -126,7 +126,7 @@ class Zygote:
             "uid_base": uid_base,
             "check_exists": [interpreter],
             "fd_channel": theirs.fileno(),
-            "init": init,  # the single runs' PID 1 (init.c), or None: they set up in Python
+            "init": init,  # an fd of the single runs' PID 1 (init.c), or None: they set up in Python
         }
         # Empty environment and isolated interpreter: nothing of the service's environment reaches the zygote.
         try:
@@ -136,7 +136,7 @@ class Zygote:
                 stdout=subprocess.PIPE,
                 env={},
                 close_fds=True,
-                pass_fds=(theirs.fileno(),),
+                pass_fds=(theirs.fileno(), *([] if init is None else [init])),
                 cwd="/",
             )
         except OSError as exc:
@@ -349,8 +349,12 @@ class NamespaceSandbox(Sandbox):
         self.acquire_timeout_s = acquire_timeout_s
         self.interpreter = interpreter or _default_interpreter()
         self.languages = available(self.interpreter)
-        self.init = init_program()
-        how = "exec'd from a static C init (init.c)" if self.init else "set up by a forked Python init (no init.c)"
+        self.init = init_program()  # held open while the sandbox lives: every zygote binds this very file
+        how = (
+            "set up by a forked Python init (no init.c)"
+            if self.init is None
+            else "exec'd from a static C init (init.c)"
+        )
         self.isolation = f"{ISOLATION}; single runs {how}"
         self._uid_base = uid_base
         self._idle: queue.Queue[Zygote] = queue.Queue()
@@ -565,3 +569,7 @@ class NamespaceSandbox(Sandbox):
         self._spawns.put(None)
         for zygote in zygotes:
             self._retire(zygote)
+        self._spawner.join(timeout=30)  # a zygote it is starting may still be passed the init's fd
+        if self.init is not None and not self._spawner.is_alive():
+            os.close(self.init)
+            self.init = None

@@ -11,7 +11,7 @@ service reads it), and on the request (length-prefixed JSON on stdin/stdout) han
     zygote ── tmpfs /scratch (size-capped), unshare(NEWPID) + posix_spawn ──▶ init.c = pid 1 of a fresh PID
                                            namespace: unshare(NEWNS); fresh /proc; oom_score_adj 1000; empty
                                            bounding set; no_new_privs; unprivileged uid (unique per zygote);
-                                           seccomp filter; waits
+                                           seccomp filter; sends its mount namespace back; waits
     zygote ── the run's files into /scratch (as the run's uid), its stdin into a memfd the init holds,
               then argv, env and limits ─────────────────────────▶ fds 0-4; rlimits;
                                            execve(argv) with a minimal environment
@@ -76,6 +76,7 @@ def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int
         confine.first_to_die()  # as root: once the uid changes, /proc/self is no longer ours to write
         confine.become(uid)
         confine.install_seccomp(confine.SECCOMP)  # nothing below needs a call the filter denies
+        confine.send_namespace(request)
         # Set up: our mount namespace is our own (the zygote may mount again) and the CPU we used so far is not
         # the program's (`settle`).
         os.close(mounted_w)
@@ -83,13 +84,12 @@ def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int
         if not data:
             os._exit(0)  # discarded, or the zygote is gone
         kind, limits, argv, env = confine.decode_request(data)  # the zygote wrote the files and stdin itself
-        stdin = (
-            passed
-            if kind == confine.STDIN_PASSED and passed is not None
-            else fds[0]
-            if kind == confine.STDIN_OWN
-            else os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-        )
+        if kind == confine.STDIN_PASSED:
+            if passed is None:
+                raise OSError("stdin: the request came without its fd")
+            stdin = passed
+        else:
+            stdin = fds[0] if kind == confine.STDIN_OWN else os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in (stdin, *fds[1:])]  # above every target
         for target, fd in enumerate(high):
             os.dup2(fd, target)  # inheritable: exactly fds 0-4 survive the exec
@@ -177,12 +177,12 @@ def prepare(uid: int, pidns_fd: int, scratch_mb: int, spawn: bool) -> dict:
 def settle(warm: dict) -> None:
     """Wait until the prepared init is set up and waits for its request: until it has its own mount namespace it
     shares ours, and a mount we made (a batch's scratch) would be copied into it; and its set-up's CPU time is
-    not the program's. Hold its mount namespace from then on (`release`)."""
+    not the program's. Take the mount namespace it sends (`release`)."""
     if warm["mounted"] >= 0:
         os.read(warm["mounted"], 1)  # EOF: it closed the pipe, or died
         os.close(warm["mounted"])
         warm["mounted"] = -1
-        warm["namespace"] = confine.mount_namespace(warm["pid"])
+        warm["namespace"] = confine.receive_namespace(warm["request"])
 
 
 def release(run: dict) -> None:
@@ -317,7 +317,7 @@ def main() -> int:
         confine.write_msg(1, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         return 1
     confine.write_msg(1, {"ready": True, "uid": uid, "pid": os.getpid(), "batches": not confine.PER_RUN_IPC})
-    spawn = bool(cfg.get("init"))  # init.c is bound into our root (build_root)
+    spawn = cfg.get("init") is not None  # init.c is bound into our root (build_root)
     held: dict[str, int] = {}  # built programs kept for later requests: the service's key -> a memfd
     warm, scratch_mb = None, 64  # the next run is prepared on the last one's scratch size (at first Limits')
     while True:
@@ -326,7 +326,9 @@ def main() -> int:
                 warm = prepare(uid, pidns_fd, scratch_mb, spawn)
             except Exception:
                 warm = None  # tried again when a run needs it, and then its error is that run's reply
-        req, run = confine.read_msg(0), cast("dict | None", None)
+            else:
+                settle(warm)  # while no request waits: off the next run's path
+        req, done = confine.read_msg(0), cast("dict | None", None)
         if req is None:
             return 0
         # Raw after the JSON: stdin, a batch's stdins, then each binary file sent (not held), in the listed order.
@@ -351,15 +353,16 @@ def main() -> int:
                 warm = None
             run, warm = warm or prepare(uid, pidns_fd, scratch_mb, spawn), None
             reply = run_one(req, run, uid)
-        except Exception as exc:
+            done = run
+        except Exception as exc:  # the service replaces a zygote that answers an error: no clean-up here
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             for data in (req["stdin"], *stdins):
                 if isinstance(data, int):
                     os.close(data)
         confine.write_msg(1, reply)
-        if run is not None:
-            release(run)
+        if done is not None:
+            release(done)
 
 
 if __name__ == "__main__":
