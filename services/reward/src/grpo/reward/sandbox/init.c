@@ -20,8 +20,8 @@
  *   stdin (0: /dev/null, 1: fd 0 as it is, 2: the fd passed), nlimits, argc, envc,
  *   nlimits x (resource, value: soft and hard), argc strings, envc strings.
  * Then: stdin on fd 0, the rlimits (after the request is parsed: a tiny RLIMIT_AS must not fail the parse),
- * execve. Any failure is written to fd 6 (close-on-exec: empty once the exec
- * succeeded) and exits 127; an empty request (discarded, or the zygote is gone) exits 0.
+ * execve. Any failure is written to fd 6 (close-on-exec: empty once the exec succeeded) and exits 127; an empty
+ * request (discarded, or the zygote is gone) exits 0.
  *
  * Usage: init UID NEW_IPC(0|1) SECCOMP_HEX
  */
