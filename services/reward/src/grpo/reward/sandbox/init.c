@@ -94,13 +94,19 @@ union one_fd {
     char buf[CMSG_SPACE(sizeof(int))];
 };
 
+/* A message of `iov` whose control data, one fd at most, goes in `control`. */
+static struct msghdr message(struct iovec *iov, union one_fd *control) {
+    return (struct msghdr){
+        .msg_iov = iov, .msg_iovlen = 1, .msg_control = control->buf, .msg_controllen = sizeof control->buf};
+}
+
 static void send_namespace(void) {
     int ns = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
     if (ns < 0) fail("open /proc/self/ns/mnt");
     union one_fd control = {0};
     char byte = 'n';
     struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf, .msg_controllen = sizeof control.buf};
+    struct msghdr msg = message(&iov, &control);
     struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
@@ -141,7 +147,7 @@ static void set_up(uid_t uid, int new_ipc, const char *hex) {
 static int receive(void) {
     union one_fd control;
     struct iovec iov = {.iov_base = request, .iov_len = sizeof request};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf, .msg_controllen = sizeof control.buf};
+    struct msghdr msg = message(&iov, &control);
     ssize_t n = recvmsg(REQUEST, &msg, MSG_CMSG_CLOEXEC);
     if (n <= 0) _exit(0);
     int passed = -1;

@@ -1,11 +1,11 @@
-"""The sandbox launcher ("zygote"): a single-threaded, stdlib-only root process that starts one isolated run per request.
+"""The sandbox launcher ("zygote"): a single-threaded, stdlib-only root process starting one isolated run a request.
 
 It is started by `namespace.py` as `python3 -I -S zygote.py CONFIG_JSON` with an empty environment and never
 imports anything from the service, only its two siblings: confine.py (the kernel calls) and batch.py (batches).
 At start it enters its own mount, network, IPC and UTS namespaces (no interface is up, not even loopback; SysV
-IPC is disabled), builds a minimal read-only root (the read-only binds listed in the config, a few device nodes, a synthetic /etc) and
-pivots into it, so nothing of the host (/work, /root, /home, /tmp, /proc, /sys, ...) is reachable from it any
-more. Then it prepares each single run before its request arrives (after the last reply is written, while the
+IPC is disabled), builds a minimal read-only root (the read-only binds listed in the config, a few device nodes,
+a synthetic /etc) and pivots into it, so nothing of the host (/work, /root, /home, /tmp, /proc, /sys, ...) is
+reachable from it any more. Then it prepares each single run before its request arrives (after the last reply is written, while the
 service reads it), and on the request (length-prefixed JSON on stdin/stdout) hands it what to run:
 
     zygote ── tmpfs /scratch (size-capped), unshare(NEWPID) + posix_spawn ──▶ init.c = pid 1 of a fresh PID
