@@ -3,7 +3,8 @@ the same built program run bare, each alone and as a batch of 50 (one namespace 
 are judged), and a contest-style problem built once and judged on 50 tests.
 
 The bare reference builds and runs the same source with the same toolchain and flags outside the sandbox, in the
-same process, interleaved with the sandboxed runs; so is an A/B of a single run's PID 1 (`*_python_init_ratio`:
+same process, interleaved with the sandboxed runs, each timed run started on a quiet machine (a zygote prepares
+its next run after each reply). So is an A/B of a single run's PID 1, in a pass of its own (`*_python_init_ratio`:
 a second sandbox whose runs start from the forked Python init, as where init.c cannot be built and as before
 2026-12-04's third change). Writes bench/results/languages.json:
     .venv/bin/python bench/bench_languages.py [--runs 30]
@@ -80,24 +81,33 @@ def python_init_sandbox() -> Sandbox:
         namespace.init_program = found
 
 
+QUIET_S = 0.003  # before each timed run: a zygote prepares its next run after a reply, and that must not load the next
+
+
 def interleaved(
-    runs: int, argv: list[str], folder: Path, boxes: tuple[Sandbox, Sandbox], launch: Launch, stdin: str
-) -> tuple[list[float], list[float], list[float]]:
-    """Bare runs and runs in each of `boxes` (init.c's, the Python init's) in turn, so the machine's noise hits all
-    alike; the bare ones get the sandbox's env."""
+    runs: int, argv: list[str], folder: Path, sandbox: Sandbox, launch: Launch, stdin: str
+) -> tuple[list[float], list[float]]:
+    """Bare runs and runs in `sandbox` in turn, so the machine's noise hits both alike, each started on a quiet
+    machine; the bare ones get the sandbox's env."""
     limits = Limits(timeout_s=10.0, memory_mb=256)
     bare_ms: list[float] = []
-    boxed_ms: tuple[list[float], list[float]] = ([], [])
-    for i in range(runs):
-        for which in (0, 1) if i % 2 else (1, 0):  # each sandboxed run right after a bare one
-            started = time.perf_counter()
-            subprocess.run(argv, cwd=folder, input=stdin, env=RUN_ENV, capture_output=True, text=True, check=True)
-            bare_ms.append((time.perf_counter() - started) * 1000)
-            started = time.perf_counter()
-            result: ExecResult = boxes[which].execute(launch, stdin, limits)
-            boxed_ms[which].append((time.perf_counter() - started) * 1000)
-            assert result.status == "ok", result
-    return bare_ms, *boxed_ms
+    boxed_ms: list[float] = []
+    for _ in range(runs):
+        time.sleep(QUIET_S)
+        started = time.perf_counter()
+        subprocess.run(argv, cwd=folder, input=stdin, env=RUN_ENV, capture_output=True, text=True, check=True)
+        bare_ms.append((time.perf_counter() - started) * 1000)
+        time.sleep(QUIET_S)
+        started = time.perf_counter()
+        result: ExecResult = sandbox.execute(launch, stdin, limits)
+        boxed_ms.append((time.perf_counter() - started) * 1000)
+        assert result.status == "ok", result
+    return bare_ms, boxed_ms
+
+
+def ratio(pair: tuple[list[float], list[float]]) -> float:
+    """Median sandboxed over median bare."""
+    return round(statistics.median(pair[1]) / statistics.median(pair[0]), 3)
 
 
 BATCH = 50
@@ -110,10 +120,12 @@ def batched(
     limits = Limits(timeout_s=10.0, memory_mb=256)
     bare_ms, boxed_ms = [], []
     for _ in range(rounds):
+        time.sleep(QUIET_S)
         started = time.perf_counter()
         for _ in range(BATCH):
             subprocess.run(argv, cwd=folder, input=stdin, env=RUN_ENV, capture_output=True, text=True, check=True)
         bare_ms.append((time.perf_counter() - started) * 1000 / BATCH)
+        time.sleep(QUIET_S)
         started = time.perf_counter()
         results = list(sandbox.execute_many(launch, [stdin] * BATCH, limits))
         boxed_ms.append((time.perf_counter() - started) * 1000 / BATCH)
@@ -145,16 +157,16 @@ def main() -> None:
                 build_ms = timed(lambda: build(sandbox, language, source))  # noqa: B023 - used at once
                 _, built = build(sandbox, language, source)
                 launch = run_launch(language, source, tools, limits.memory_mb, built)
-                bare_ms, boxed_ms, old_ms = interleaved(args.runs, argv, folder, (sandbox, python_init), launch, "")
+                bare_ms, boxed_ms = interleaved(args.runs, argv, folder, sandbox, launch, "")
+                old = interleaved(args.runs, argv, folder, python_init, launch, "")
                 batch_bare, batch_boxed = batched(max(3, args.runs // 6), argv, folder, sandbox, launch, "")
                 (folder / TOOLCHAINS[language].source).write_text(SUM[language])
                 argv = bare_argv(language, folder, tools)
                 _, built = build(sandbox, language, SUM[language])
                 work = run_launch(language, SUM[language], tools, limits.memory_mb, built)
                 big = f"{N}\n" + "\n".join(str(i) for i in range(N)) + "\n"
-                work_bare, work_boxed, work_old = interleaved(
-                    max(5, args.runs // 3), argv, folder, (sandbox, python_init), work, big
-                )
+                work_bare, work_boxed = interleaved(max(5, args.runs // 3), argv, folder, sandbox, work, big)
+                work_old = interleaved(max(5, args.runs // 3), argv, folder, python_init, work, big)
                 small = f"{N // 100}\n" + "\n".join(str(i) for i in range(N // 100)) + "\n"
                 small_bare, small_boxed = batched(max(3, args.runs // 6), argv, folder, sandbox, work, small)
             tests = [{"stdin": f"{k}\n" + "\n".join(str(i) for i in range(k)), "expected_stdout": str(k * (k - 1) // 2)}
@@ -168,7 +180,7 @@ def main() -> None:
                 "hello_sandbox_ms": round(boxed_med, 2),
                 "hello_overhead_ms": round(boxed_med - bare_med, 2),
                 "hello_ratio": round(boxed_med / bare_med, 3),
-                "hello_python_init_ratio": round(statistics.median(old_ms) / bare_med, 3),
+                "hello_python_init_ratio": ratio(old),
                 "hello_batch_bare_ms": round(statistics.median(batch_bare), 3),
                 "hello_batch_sandbox_ms": round(statistics.median(batch_boxed), 3),
                 "hello_batch_ratio": round(statistics.median(batch_boxed) / statistics.median(batch_bare), 3),
@@ -178,7 +190,7 @@ def main() -> None:
                 "work_bare_ms": round(statistics.median(work_bare), 1),
                 "work_sandbox_ms": round(statistics.median(work_boxed), 1),
                 "work_ratio": round(statistics.median(work_boxed) / statistics.median(work_bare), 3),
-                "work_python_init_ratio": round(statistics.median(work_old) / statistics.median(work_bare), 3),
+                "work_python_init_ratio": ratio(work_old),
                 "build_ms": round(build_ms, 1),
                 "build_plus_50_tests_s": round(judge_s, 3),
                 "tests_passed": sum(r.verdict == "pass" for r in results),

@@ -5,7 +5,9 @@ where there is no C compiler."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import threading
 import time
 import uuid
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from grpo.reward.sandbox import Limits, Sandbox
+from grpo.reward.sandbox.languages import Launch
 from tests.unit.reward.conftest import sandbox_with
 from tests.unit.reward.helpers import host_processes_with
 
@@ -104,6 +107,38 @@ def test_cannot_remount_or_mount(sandbox: Sandbox) -> None:
         "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
     )
     assert _probe(sandbox, program).splitlines() == ["-1 1", "-1 1", "0000000000000000"]
+
+
+def test_held_programs_are_read_only_and_cannot_be_listed(sandbox: Sandbox) -> None:
+    """A built program the zygote holds is linked into the run's scratch from /held (confine.mount_held): the run
+    can execute and read its own, but not change it, add to /held, or list /held to find another request's."""
+    bash = sandbox.languages["bash"]["bash"]  # type: ignore[attr-defined]
+    script = (
+        f"#!{bash}\n"
+        'target=$(readlink main); echo "link $target"\n'
+        "ls /held >/dev/null 2>&1 && echo listed || echo 'list denied'\n"
+        "(echo x > /held/new) 2>/dev/null && echo created || echo 'create denied'\n"
+        "(echo x >> \"$target\") 2>/dev/null && echo wrote || echo 'write denied'\n"
+        "chmod 777 \"$target\" 2>/dev/null && echo chmodded || echo 'chmod denied'\n"
+        "md5sum < main | cut -d' ' -f1\n"
+        "#" + "x" * 10_000 + "\n"  # past HELD_MIN_BYTES: held, as a built program is
+    ).encode()
+    launch = Launch(
+        files={}, argv=["./main"], binary_files={"main": script}, memory_kind="as", held=frozenset({"main"})
+    )
+    single = [sandbox.execute(launch, "", FAST) for _ in range(2)]
+    batch = list(sandbox.execute_many(launch, ["", ""], FAST))
+    for result in [*single, *batch]:
+        lines = result.stdout.splitlines()
+        assert result.status == "ok" and len(lines) == 6, result
+        assert re.fullmatch(r"link /held/[0-9a-f]{32}", lines[0]), lines
+        assert lines[1:] == [
+            "list denied",
+            "create denied",
+            "write denied",
+            "chmod denied",
+            hashlib.md5(script).hexdigest(),
+        ]
 
 
 def test_cannot_signal_or_ptrace_the_service_or_the_zygote(sandbox: Sandbox) -> None:

@@ -81,13 +81,11 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
     except BaseException as exc:
         control.send(json.dumps({"setup_error": f"{type(exc).__name__}: {exc}"}).encode())
         os._exit(127)
-    cpu_limit, program, pending = int(req["limits"]["cpu_s"]), set(os.listdir("/scratch")), None
+    cpu_limit, program = int(req["limits"]["cpu_s"]), set(os.listdir("/scratch"))
     try:
+        running = _spawn(req, _next_run(control), null)
         while True:
-            run, pending = pending or _receive(control), None
-            if "run" not in run:
-                continue  # a kill for a run that had already ended
-            reply, pending = _spawn_and_wait(req, run, null, control)
+            reply, pending = _wait(running, control) if "pid" in running else (running, None)
             used = r.getrusage(r.RUSAGE_SELF)
             reply["retire"] = (
                 "status" not in reply  # the spawn failed: the zygote closes this box
@@ -95,9 +93,16 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
                 or _scheduling(ioprio_get) != scheduling
                 or set(os.listdir("/scratch")) != program  # a run left a file: the next must not see it
             )
-            control.send(json.dumps(reply).encode())
             if reply["retire"]:
+                control.send(json.dumps(reply).encode())
                 os._exit(0)  # not the queued run: the zygote starts it in a fresh namespace
+            # The queued run starts before this reply goes: the zygote, woken by it, takes the CPU from us for as
+            # long as it handles it, and that now overlaps the next run instead of delaying it.
+            if pending is not None:
+                running = _spawn(req, pending, null)
+            control.send(json.dumps(reply).encode())
+            if pending is None:
+                running = _spawn(req, _next_run(control), null)
     except BaseException as exc:  # our own failure, never the program's: the run is a sandbox error
         control.send(json.dumps({"setup_error": f"batch supervisor: {type(exc).__name__}: {exc}"}).encode())
     finally:
@@ -119,26 +124,40 @@ def _scheduling(ioprio_get: int) -> tuple:
     return os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), os.sched_getaffinity(0), ioprio
 
 
-def _spawn_and_wait(req: dict, run: dict, null: int, control: socket.socket) -> tuple[dict, dict | None]:
-    """One run: exec the program on fds 0-2 (/dev/null on 3 and 4), wait for it (kill it at the deadline or when
-    the zygote asks), then kill and reap whatever else it left in the namespace. The zygote may queue the next
-    run meanwhile: (this run's reply, the queued run or None)."""
-    fds, queued, started = run["fds"], None, time.monotonic()
+def _next_run(control: socket.socket) -> dict:
+    """The zygote's next run, past any kill for a run that had already ended."""
+    while "run" not in (message := _receive(control)):
+        pass
+    return message
+
+
+def _spawn(req: dict, run: dict, null: int) -> dict:
+    """Start one run: the program exec'd on fds 0-2 (/dev/null on 3 and 4). What `_wait` needs, or, where the
+    spawn failed, its reply."""
+    fds, started = run["fds"], time.monotonic()
     try:
         actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate([*fds, null, null])]
         pid = os.posix_spawn(
             req["argv"][0], req["argv"], req["env"], file_actions=actions, setsigdef=confine.DEFAULT_SIGNALS
         )
     except OSError as exc:
-        return {"setup_error": f"{type(exc).__name__}: {exc}"}, None
+        return {"setup_error": f"{type(exc).__name__}: {exc}"}
     finally:
         for fd in fds:
             os.close(fd)
+    return {"pid": pid, "run": run["run"], "timeout_s": run["timeout_s"], "started": started}
+
+
+def _wait(run: dict, control: socket.socket) -> tuple[dict, dict | None]:
+    """Wait for a run `_spawn` started (kill it at the deadline or when the zygote asks), then kill and reap
+    whatever else it left in the namespace. The zygote may queue the next run meanwhile: (this run's reply, the
+    queued run or None)."""
+    pid, started, queued = run["pid"], run["started"], None
     exited = os.pidfd_open(pid)
     poller = select.poll()
     poller.register(exited, select.POLLIN)
     poller.register(control, select.POLLIN)
-    deadline, why = time.monotonic() + run["timeout_s"], None
+    deadline, why = started + run["timeout_s"], None
     while why is None:
         left = deadline - time.monotonic()
         events = dict(poller.poll(max(1, int(left * 1000) + 1))) if left > 0 else {}

@@ -35,6 +35,7 @@ PROOF_FD, NONCE_FD = 3, 4
 # default, as a shell's child does (else `yes | head` prints "Broken pipe" and a file past RLIMIT_FSIZE is EFBIG).
 DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
 INIT = "/sandbox-init"  # where a copy of init.c's program lies in the read-only sandbox root, when there is one
+HELD = "/held"  # the built programs the service keeps in a zygote (mount_held)
 MAX_MESSAGE_BYTES = 1 << 30  # a length header past this means a broken stream, not a request
 
 BATCH_UID_OFFSET = 1 << 22  # a batch's uid is its zygote's plus this: above every pid, so never another zygote's
@@ -114,7 +115,7 @@ def build_root(cfg: dict, uid: int) -> None:
             os.makedirs(os.path.dirname(new + path), exist_ok=True)
             open(new + path, "w").close()
             bind_ro(path, new + path)
-    for d in ("dev", "etc", "proc", "scratch", ".old"):
+    for d in ("dev", "etc", "proc", "scratch", "held", ".old"):
         os.makedirs(f"{new}/{d}", exist_ok=True)
     if cfg.get("init") is not None:  # a copy of what the service holds open: the file it checked, whatever the
         fd = os.open(new + INIT, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o755)  # path names now
@@ -163,6 +164,17 @@ DENY = {
 CLONE3 = 435
 PRLIMIT64 = {"x86_64": 302, "aarch64": 261}
 NS_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+
+
+def mount_held(size_bytes: int, files: int) -> int:
+    """A tmpfs on /held for the built programs the service keeps in this zygote (zygote.stock), read-only to runs
+    (a read-only bind over it) and writable to us through the fd returned (the tmpfs beneath, which no path
+    reaches any more). Mode 0711: a run may follow a link into it but not list it, and the names are random."""
+    mount("tmpfs", HELD, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size_bytes},nr_inodes={files},mode=0711,uid=0,gid=0")
+    store = os.open(HELD, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    mount(HELD, HELD, None, MS_BIND)
+    mount(None, HELD, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    return store
 
 
 def seccomp_filter(machine: str) -> bytes:
@@ -319,12 +331,29 @@ def become(uid: int) -> None:
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
 
 
+def linked(req: dict, name: str, data: bytes | str) -> bool:
+    """Whether write_files links this file rather than copying it: a held file the run executes."""
+    return isinstance(data, str) and req["argv"][0] == "./" + name
+
+
 def write_files(req: dict, mode: int) -> None:
-    """The program's files into /scratch, created by the caller's filesystem uid."""
+    """The program's files into /scratch, created by the caller's filesystem uid. A held file (its path in /held,
+    zygote.stock) that the run executes is linked, not copied: a megabyte of Go binary costs a symlink. Others
+    are copied, as a runtime may resolve the links of what it reads (node places a linked script in /held)."""
     for name, data in [*((n, t.encode()) for n, t in req["files"].items()), *req["blobs"].items()]:
+        if linked(req, name, data):
+            os.symlink(data, "/scratch/" + name)
+            continue
         fd = os.open("/scratch/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
         try:
-            copy_in(fd, data)
+            if isinstance(data, str):
+                held = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    copy_in(fd, held)
+                finally:
+                    os.close(held)
+            else:
+                copy_in(fd, data)
         finally:
             os.close(fd)
 
@@ -340,8 +369,11 @@ def receive_fds(sock: socket.socket, size: int, most: int) -> tuple[bytes, list[
 
 def send_request(fd: int, data: bytes, passed: int | None) -> None:
     """A prepared init's request on its socket, with the fd `passed` (its stdin) riding on the first bytes."""
+    if passed is None:
+        write_all(fd, data)  # one call: no socket object to build on the run's path
+        return
     with socket.socket(fileno=os.dup(fd)) as sock:
-        socket.send_fds(sock, [data], [] if passed is None else [passed])
+        socket.send_fds(sock, [data], [passed])
 
 
 def receive_request(fd: int) -> tuple[bytes, int | None]:
@@ -394,7 +426,7 @@ def receive_fd(channel: socket.socket) -> int:
     return fds[0]
 
 
-def memfd_holding(data: bytes, name: str = "held") -> int:
+def memfd_holding(data: bytes, name: str) -> int:
     fd = os.memfd_create(name)
     write_all(fd, data)
     return fd

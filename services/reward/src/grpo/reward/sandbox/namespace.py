@@ -51,7 +51,7 @@ ISOLATION = (
 )
 
 
-# Built programs a zygote keeps between requests (memfds there), so that the runs of one submission after the
+# Built programs a zygote keeps between requests (files in its /held tmpfs), so that the runs of one submission after the
 # first send only a name: a 1.2 MB Go binary costs about 3 ms to pass through the pipe. Per zygote; the service
 # holds the same objects meanwhile. Small files cost less to send than to keep.
 HELD_BYTES = 32 << 20
@@ -119,6 +119,7 @@ class Zygote:
 
     def __init__(self, interpreter: str, uid_base: int, init: int | None = None) -> None:
         etc = sorted(str(p) for pattern in ETC_BINDS for p in Path("/etc").glob(pattern) if p.exists())
+        self._ahead, self._spare = bytearray(), bytearray(1 << 16)  # what _read_exact read past its message
         # Large stdins go as memfds over a socket beside the pipes (the pipe would copy them twice, slowly).
         self.fd_channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cfg = {
@@ -127,6 +128,8 @@ class Zygote:
             "check_exists": [interpreter],
             "fd_channel": theirs.fileno(),
             "init": init,  # an fd of the single runs' PID 1 (init.c), or None: they set up in Python
+            "held_bytes": HELD_BYTES + HELD_FILES * 4096,  # each file rounded up to whole pages
+            "held_files": HELD_FILES + 8,
         }
         # Empty environment and isolated interpreter: nothing of the service's environment reaches the zygote.
         try:
@@ -233,17 +236,27 @@ class Zygote:
         return json.loads(self._read_exact(size, deadline))
 
     def _read_exact(self, n: int, deadline: float) -> bytes:
+        """n bytes of the zygote's stream. Each read also takes what follows them, up to 64 KiB (`_ahead`): a
+        small reply costs one read for its length and body, and a batch's held replies one read for all."""
         assert self.proc.stdout is not None
-        fd, buf = self.proc.stdout.fileno(), bytearray(n)
-        view, got = memoryview(buf), 0
+        ahead = self._ahead
+        if len(ahead) >= n:
+            data = bytes(ahead[:n])
+            del ahead[:n]
+            return data
+        fd, buf, got = self.proc.stdout.fileno(), bytearray(n), len(ahead)
+        buf[:got] = ahead
+        ahead.clear()
+        view = memoryview(buf)
         while got < n:  # into one buffer: a large reply arrives in many pipe reads
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
                 raise ZygoteError("zygote did not answer in time")
-            k = os.readv(fd, [view[got:]])
+            k = os.readv(fd, [view[got:], self._spare])
             if not k:
                 raise ZygoteError(f"zygote exited (code {self.proc.poll()})")
-            got += k
+            ahead += self._spare[: max(0, k - (n - got))]
+            got = min(n, got + k)
         return bytes(buf)
 
     def alive(self) -> bool:

@@ -5,8 +5,10 @@ imports anything from the service, only its two siblings: confine.py (the kernel
 At start it enters its own mount, network, IPC and UTS namespaces (no interface is up, not even loopback; SysV
 IPC is disabled), builds a minimal read-only root (the read-only binds listed in the config, a few device nodes,
 a synthetic /etc) and pivots into it, so nothing of the host (/work, /root, /home, /tmp, /proc, /sys, ...) is
-reachable from it any more. Then it prepares each single run before its request arrives (after the last reply is written, while the
-service reads it), and on the request (length-prefixed JSON on stdin/stdout) hands it what to run:
+reachable from it any more. Built programs the service asks it to keep go into /held, a tmpfs the runs see
+read-only and cannot list; a run's program is a link into it (`stock`). Then it prepares each single run before
+its request arrives (after the last reply is written, while the service reads it), and on the request
+(length-prefixed JSON on stdin/stdout) hands it what to run:
 
     zygote ── tmpfs /scratch (size-capped), unshare(NEWPID) + posix_spawn ──▶ init.c = pid 1 of a fresh PID
                                            namespace: unshare(NEWNS); fresh /proc; oom_score_adj 1000; empty
@@ -177,12 +179,13 @@ def prepare(uid: int, pidns_fd: int, scratch_mb: int, spawn: bool) -> dict:
 def settle(warm: dict) -> None:
     """Wait until the prepared init is set up and waits for its request: until it has its own mount namespace it
     shares ours, and a mount we made (a batch's scratch) would be copied into it; and its set-up's CPU time is
-    not the program's. Take the mount namespace it sends (`release`)."""
+    not the program's. Take the mount namespace it sends (`release`) and the CPU time its set-up took."""
     if warm["mounted"] >= 0:
         os.read(warm["mounted"], 1)  # EOF: it closed the pipe, or died
         os.close(warm["mounted"])
         warm["mounted"] = -1
         warm["namespace"] = confine.receive_namespace(warm["request"])
+        warm["setup_cpu_s"] = confine.cpu_time(warm["pid"])
 
 
 def release(run: dict) -> None:
@@ -219,18 +222,18 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
     settle(warm)
     if req["limits"]["scratch_mb"] != warm["scratch_mb"]:
         confine.resize_scratch(req["limits"]["scratch_mb"])
-    confine.as_file_owner(uid)  # the run's files are its own, as if it had written them
-    try:
-        confine.write_files(req, 0o755)
-    finally:
-        confine.as_file_owner(0)
+    if req["files"] or not all(confine.linked(req, name, data) for name, data in req["blobs"].items()):
+        confine.as_file_owner(uid)  # the run's files are its own, as if it had written them
+        try:
+            confine.write_files(req, 0o755)
+        finally:
+            confine.as_file_owner(0)
+    else:
+        confine.write_files(req, 0o755)  # links to held files (all it has) need no owner: its folder is its own
     if passed is None:
         confine.write_all(warm["stdin"], req["stdin"])
         os.lseek(warm["stdin"], 0, os.SEEK_SET)
     os.close(warm["stdin"])
-    # The init's own set-up (mounts, uid, seccomp; a millisecond or two where it is a forked interpreter) is not
-    # the program's CPU time; what it spends from its request on (the exec included) is, as for a bare run.
-    setup_cpu_s = confine.cpu_time(warm["pid"])
     try:
         confine.send_request(warm["request"], go, passed)
     except (BrokenPipeError, ConnectionResetError):
@@ -263,7 +266,9 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
             req["limits"],
             warm["nonce"],
             wait_status,
-            max(0.0, usage.ru_utime + usage.ru_stime - setup_cpu_s),
+            # The init's own set-up (mounts, uid, seccomp; a millisecond or two where it is a forked interpreter)
+            # is not the program's CPU time; what it spends from its request on (the exec included) is.
+            max(0.0, usage.ru_utime + usage.ru_stime - warm["setup_cpu_s"]),
             usage.ru_maxrss / 1024,
         ),
     }
@@ -281,20 +286,28 @@ def read_raw(sizes: list[int | None], channel: socket.socket) -> list[bytes | in
     return raw
 
 
-def stock(held: dict[str, int], listed: list, sent: Iterator[bytes], forget: list[str]) -> dict[str, bytes | int]:
-    """A request's binary files by name: the bytes sent with it, or the memfd of one held under the service's key
-    (namespace.Held). Memfds, not bytes: a forked run does not inherit their pages, so holding them costs a fork
-    and an exec nothing. An unknown key raises: the service replaces a zygote whose reply is an error."""
+def stock(
+    held: dict[str, str], store: int, listed: list, sent: Iterator[bytes], forget: list[str]
+) -> dict[str, bytes | str]:
+    """A request's binary files by name: the bytes sent with it, or the path in /held of one kept under the
+    service's key (namespace.Held), written there once through `store` (confine.mount_held) under a random name.
+    An unknown key raises: the service replaces a zygote whose reply is an error."""
     for key in forget:
-        os.close(held.pop(key))
-    files: dict[str, bytes | int] = {}
+        os.unlink(held.pop(key).removeprefix(confine.HELD + "/"), dir_fd=store)
+    files: dict[str, bytes | str] = {}
     for name, key, size in listed:
         if size is None:
             files[name] = held[key]
         elif key is None:
             files[name] = next(sent)
         else:
-            held[key] = files[name] = confine.memfd_holding(next(sent))
+            random_name = os.urandom(16).hex()
+            fd = os.open(random_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o555, dir_fd=store)
+            try:
+                confine.write_all(fd, next(sent))
+            finally:
+                os.close(fd)
+            held[key] = files[name] = f"{confine.HELD}/{random_name}"
     return files
 
 
@@ -310,6 +323,7 @@ def main() -> int:
         pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY)
         confine.SECCOMP = confine.seccomp_filter(os.uname().machine)
         confine.build_root(cfg, uid)
+        store = confine.mount_held(cfg["held_bytes"], cfg["held_files"])
         for argv0 in cfg.get("check_exists", []):
             if not os.path.exists(argv0):
                 raise FileNotFoundError(f"{argv0} is not visible inside the sandbox root")
@@ -318,7 +332,7 @@ def main() -> int:
         return 1
     confine.write_msg(1, {"ready": True, "uid": uid, "pid": os.getpid(), "batches": not confine.PER_RUN_IPC})
     spawn = cfg.get("init") is not None  # init.c is bound into our root (build_root)
-    held: dict[str, int] = {}  # built programs kept for later requests: the service's key -> a memfd
+    held: dict[str, str] = {}  # built programs kept for later requests: the service's key -> its path in /held
     warm, scratch_mb = None, 64  # the next run is prepared on the last one's scratch size (at first Limits')
     while True:
         if warm is None:
@@ -340,7 +354,7 @@ def main() -> int:
         req["stdin"], stdins = raw[0], raw[1 : 1 + len(runs)]
         sent = iter(cast("list[bytes]", raw[1 + len(runs) :]))  # binary files always come through the pipe
         try:
-            req["blobs"] = stock(held, listed, sent, req.pop("forget", []))
+            req["blobs"] = stock(held, store, listed, sent, req.pop("forget", []))
             if req.get("batch") and stdins:
                 if warm is not None:
                     settle(warm)
