@@ -406,7 +406,7 @@ def receive_namespace(fd: int) -> int:
 
 
 def copy_in(fd: int, data: bytes | int) -> None:
-    """`data` into fd: bytes, or all of the file `data` (a memfd), copied in the kernel, its offset untouched."""
+    """`data` into fd: bytes, or all of the file open at fd `data`, copied in the kernel, its offset untouched."""
     if not isinstance(data, int):
         write_all(fd, data)
         return
