@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -94,7 +96,7 @@ class HFEngine(Engine):
 
         if not prompts:
             return []
-        with torch.inference_mode():
+        with torch.inference_mode(), _without_cudnn_attention():
             rows = self._sample(prompts, params)
         outputs = []
         for i, prompt in enumerate(prompts):
@@ -188,3 +190,14 @@ class HFEngine(Engine):
             return False
         row.text = text[:end]
         return True
+
+
+@contextlib.contextmanager
+def _without_cudnn_attention() -> Iterator[None]:
+    """Scaled-dot-product attention by any kernel but cuDNN's. cuDNN's builds a graph for each new shape, and in
+    decoding the shape changes every step (the keys grow by one): measured on an H200 in bf16 (bench/gpu_check.py,
+    2026-12-04), generation ran 11-14x slower with it. On a CPU this changes nothing."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        yield
