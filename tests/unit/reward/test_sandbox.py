@@ -280,6 +280,10 @@ CONTAINER_PROBE = (
     "r = box.run('import ctypes\\nprint(input(), ctypes.CDLL(None).shmget(0, 4096, 0o600))', stdin='hi\\n')\n"
     "print(r.status, r.stdout.strip(), r.proof)\n"
     "print(box.isolation.split('; ')[-1])\n"
+    "from grpo.reward.sandbox.languages import Launch\n"  # a built program, held and linked into the scratch
+    'main = f\'#!{box.languages["bash"]["bash"]}\\nread a b; echo $((a + b))\\n#{"x" * 9000}\\n\'.encode()\n'
+    "held = Launch(files={}, argv=['./main'], binary_files={'main': main}, memory_kind='as', held=frozenset({'main'}))\n"
+    "print(*(f'{r.status} {r.stdout.strip()}' for r in (box.execute(held, '2 40'), box.execute(held, '1 2'))))\n"
     "print(box._all[0].proc.pid, flush=True)\n"
     "sys.stdin.readline()  # while the test looks at the zygote\n"
     "box.close()\n"
@@ -300,16 +304,17 @@ def test_runs_with_only_the_capabilities_the_deployment_grants() -> None:
     )
     try:
         assert probe.stdout is not None and probe.stdin is not None
-        lines = [probe.stdout.readline().strip() for _ in range(4)]
-        assert lines[:3] == [
+        lines = [probe.stdout.readline().strip() for _ in range(5)]
+        assert lines[:4] == [
             "00000000002000e0",
             "ok hi -1 True",  # SysV shm refused
             "single runs exec'd from a static C init (init.c)",
+            "ok 42 ok 3",  # linked in from /held without CAP_DAC_OVERRIDE: as the run's uid, into its scratch
         ], (lines, probe.stderr.read() if probe.poll() is not None else "")
         # The next run is prepared and its mount namespace held: sent by its init, since opening /proc/PID/ns of
         # another uid would take CAP_SYS_PTRACE, which this deployment does not grant.
         deadline = time.monotonic() + 10
-        while (held := mount_namespaces_held(int(lines[3]))) != 1 and time.monotonic() < deadline:
+        while (held := mount_namespaces_held(int(lines[4]))) != 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert held == 1
         probe.stdin.write("\n")

@@ -331,17 +331,12 @@ def become(uid: int) -> None:
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
 
 
-def linked(req: dict, name: str, data: bytes | str) -> bool:
-    """Whether write_files links this file rather than copying it: a held file the run executes."""
-    return isinstance(data, str) and req["argv"][0] == "./" + name
-
-
 def write_files(req: dict, mode: int) -> None:
     """The program's files into /scratch, created by the caller's filesystem uid. A held file (its path in /held,
     zygote.stock) that the run executes is linked, not copied: a megabyte of Go binary costs a symlink. Others
     are copied, as a runtime may resolve the links of what it reads (node places a linked script in /held)."""
     for name, data in [*((n, t.encode()) for n, t in req["files"].items()), *req["blobs"].items()]:
-        if linked(req, name, data):
+        if isinstance(data, str) and req["argv"][0] == "./" + name:
             os.symlink(data, "/scratch/" + name)
             continue
         fd = os.open("/scratch/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)

@@ -222,14 +222,13 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
     settle(warm)
     if req["limits"]["scratch_mb"] != warm["scratch_mb"]:
         confine.resize_scratch(req["limits"]["scratch_mb"])
-    if req["files"] or not all(confine.linked(req, name, data) for name, data in req["blobs"].items()):
-        confine.as_file_owner(uid)  # the run's files are its own, as if it had written them
-        try:
-            confine.write_files(req, 0o755)
-        finally:
-            confine.as_file_owner(0)
-    else:
-        confine.write_files(req, 0o755)  # links to held files (all it has) need no owner: its folder is its own
+    # The run's files (a link to its program too) are its own, as if it had written them; and its scratch is
+    # writable by it alone, which root without CAP_DAC_OVERRIDE (the deployments) must respect.
+    confine.as_file_owner(uid)
+    try:
+        confine.write_files(req, 0o755)
+    finally:
+        confine.as_file_owner(0)
     if passed is None:
         confine.write_all(warm["stdin"], req["stdin"])
         os.lseek(warm["stdin"], 0, os.SEEK_SET)
