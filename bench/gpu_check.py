@@ -1030,13 +1030,13 @@ def resolve_model_path(arg: str | None) -> str:
     return str(ensure_tiny_model(**MODEL_RECIPE))
 
 
-def print_table(results: dict[str, dict[str, Any]]) -> str:
+def summary_table(results: dict[str, dict[str, Any]]) -> str:
     width = max(len(n) for n in results)
     lines = [f"{'check':<{width}}  {'status':<7} {'time':>6}  key numbers", "-" * 120]
     for name, r in results.items():
         lines.append(f"{name:<{width}}  {r['status']:<7} {r['seconds']:>5.1f}s  {r.get('summary', '')}")
     table = "\n".join(lines)
-    print(table, flush=True)
+    log.info("summary\n%s", table)
     return table
 
 
@@ -1102,7 +1102,7 @@ def main(argv: list[str] | None = None) -> int:
         json_path.write_text(json.dumps(clean(report), indent=1))  # after each check: a crash keeps the rest
     report["total_s"] = time.perf_counter() - start
     report["imported_modules"] = loaded_third_party()
-    table = print_table(results)
+    table = summary_table(results)
     report["summary_table"] = table.splitlines()
     json_path.write_text(json.dumps(clean(report), indent=1))
     log.info("wrote %s (%.1fs)", json_path, report["total_s"])
