@@ -282,7 +282,8 @@ CONTAINER_PROBE = (
     "print(box.isolation.split('; ')[-1])\n"
     "from grpo.reward.sandbox.languages import Launch\n"  # a built program, held and linked into the scratch
     'main = f\'#!{box.languages["bash"]["bash"]}\\nread a b; echo $((a + b))\\n#{"x" * 9000}\\n\'.encode()\n'
-    "held = Launch(files={}, argv=['./main'], binary_files={'main': main}, memory_kind='as', held=frozenset({'main'}))\n"
+    "held = Launch(files={}, argv=['./main'], binary_files={'main': main}, memory_kind='as',\n"
+    "              held=frozenset({'main'}))\n"
     "print(*(f'{r.status} {r.stdout.strip()}' for r in (box.execute(held, '2 40'), box.execute(held, '1 2'))))\n"
     "print(box._all[0].proc.pid, flush=True)\n"
     "sys.stdin.readline()  # while the test looks at the zygote\n"

@@ -170,7 +170,7 @@ def mount_held(size_bytes: int, files: int) -> int:
     """A tmpfs on /held for the built programs the service keeps in this zygote (zygote.stock), read-only to runs
     (a read-only bind over it) and writable to us through the fd returned (the tmpfs beneath, which no path
     reaches any more). Mode 0711: a run may follow a link into it but not list it, and the names are random."""
-    mount("tmpfs", HELD, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size_bytes},nr_inodes={files},mode=0711,uid=0,gid=0")
+    mount("tmpfs", HELD, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size_bytes},nr_inodes={files},mode=0711")
     store = os.open(HELD, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     mount(HELD, HELD, None, MS_BIND)
     mount(None, HELD, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)

@@ -51,9 +51,9 @@ ISOLATION = (
 )
 
 
-# Built programs a zygote keeps between requests (files in its /held tmpfs), so that the runs of one submission after the
-# first send only a name: a 1.2 MB Go binary costs about 3 ms to pass through the pipe. Per zygote; the service
-# holds the same objects meanwhile. Small files cost less to send than to keep.
+# Built programs a zygote keeps between requests (files in its /held tmpfs), so that the runs of one submission
+# after the first send only a name: a 1.2 MB Go binary costs about 3 ms to pass through the pipe. Per zygote; the
+# service holds the same objects meanwhile. Small files cost less to send than to keep.
 HELD_BYTES = 32 << 20
 HELD_FILES = 64
 HELD_MIN_BYTES = 8 << 10
