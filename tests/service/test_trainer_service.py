@@ -401,6 +401,23 @@ def test_a_trainer_started_before_redis_waits_for_it(tmp_path: Path, live_reward
     assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1, 2]
 
 
+def test_sigterm_while_starting_exits_at_once(tmp_path: Path) -> None:
+    """Still starting (here: waiting for Redis), the trainer has nothing to keep: SIGTERM ends it at once, 143."""
+    from grpo.local.redis_server import RedisServer
+
+    server = RedisServer()  # its port is chosen; nothing listens there
+    log = tmp_path / "trainer.log"
+    proc = start_trainer(trainer_config(tmp_path, "early", server.url, steps=2, redis_outage_s=600), log)
+    try:
+        wait_for(lambda: "Redis unavailable" in log.read_text(), 120, "the trainer to wait for Redis", proc, log)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 128 + signal.SIGTERM, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "signal SIGTERM during start-up: exiting" in log.read_text()
+
+
 # ---- a staged run (R1: SFT, then GRPO) ----------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from grpo.common.grpc_server import GrpcServer, server_credentials
 from grpo.common.http_server import HttpServer
 from grpo.common.ports import PortSetting
+from grpo.common.signals import exit_at_once
 from grpo.trainer.checkpoint import checkpoint_step, latest_checkpoint
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
@@ -33,8 +34,7 @@ def install_signal_handlers(control: RunControl) -> None:
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if control.status().phase == "starting" and env_rank() == 0:
-            log.info("signal %d during start-up: exiting", signum)
-            raise SystemExit(128 + signum)
+            exit_at_once(signum, "start-up")
         if control.stopping:
             log.warning("second signal %d: exiting without a final checkpoint", signum)
             os._exit(130)
