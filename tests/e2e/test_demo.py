@@ -36,13 +36,20 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield path
 
 
+# As from a terminal: SIGINT not ignored (a background job of a non-interactive shell, e.g. CI, inherits SIG_IGN
+# for SIGINT, and Python then never installs its KeyboardInterrupt handler). Reset by this trampoline before it
+# execs the demo, not by a preexec_fn: that forks this process, and a fork of a process that has used gRPC can
+# abort before its exec (grpc/grpc#43055; see test_demo_launcher.py).
+SIGINT_AS_IN_A_TERMINAL = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 def _demo(tmp_path: Path, cache: Path, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "GRPO_CACHE_DIR": str(cache)}
     cmd = [sys.executable, "-m", "grpo.cli", "--runs-dir", str(tmp_path / "runs"), "demo", "--no-live", *args]
-    # As from a terminal: SIGINT not ignored (a background job of a non-interactive shell, e.g. CI, inherits
-    # SIG_IGN for SIGINT, and Python then never installs its KeyboardInterrupt handler).
-    return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    return subprocess.Popen([sys.executable, "-c", SIGINT_AS_IN_A_TERMINAL, *cmd], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
 def _leftovers(run_dir: Path, state: dict[str, object] | None) -> list[str]:

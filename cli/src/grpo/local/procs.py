@@ -8,12 +8,12 @@ Supervisor also get PR_SET_PDEATHSIG, so even a SIGKILLed launcher leaves none b
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -23,18 +23,31 @@ from pathlib import Path
 import psutil
 
 log = logging.getLogger(__name__)
-PR_SET_PDEATHSIG = 1
 
 
 class ChildFailed(RuntimeError):
     """A child exited or never became healthy; the message names it and quotes its log."""
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:  # not Linux: stop_all still covers every normal exit
-        pass
+# PR_SET_PDEATHSIG is set by this trampoline, which then execs the command, not by a preexec_fn: subprocess
+# runs a preexec_fn in a fork() of the launcher, and grpcio (1.80 and later) restarts its poller in every
+# fork child, where it aborts on the epoll fd that close_fds has closed (grpc/grpc#43055: 17 of 500 such
+# spawns here while a channel was busy, SIGABRT before exec). Without one, subprocess uses vfork and no fork
+# handler runs. argv: the launcher's pid, then the command.
+DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):  # the launcher died before prctl: nobody will stop us
+    sys.exit(1)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def with_death_signal(cmd: Sequence[str]) -> list[str]:
+    """`cmd` run so that it gets SIGTERM when the calling thread ends (Linux; elsewhere `cmd` as it is)."""
+    if not sys.platform.startswith("linux"):  # stop_all still covers every normal exit
+        return list(cmd)
+    return [sys.executable, "-I", "-S", "-c", DIE_WITH_PARENT, str(os.getpid()), *cmd]
 
 
 def log_tail(path: Path, lines: int = 20) -> str:
@@ -104,13 +117,12 @@ def spawn(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:
         proc = subprocess.Popen(
-            list(cmd),
+            with_death_signal(cmd) if die_with_parent else list(cmd),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
             start_new_session=True,
-            preexec_fn=_die_with_parent if die_with_parent else None,
         )
     log.info("started %s (pid %d), log %s", name, proc.pid, log_path)
     return Child(name, list(cmd), log_path, proc, dict(ports), started_at(proc.pid))
