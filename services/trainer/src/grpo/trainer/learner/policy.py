@@ -34,7 +34,9 @@ def load_causal_lm(name_or_path: str, *, dtype: torch.dtype = torch.float32) -> 
 
     path = resolve_model(name_or_path)
     import_model_code(path)
-    # eager attention: deterministic on CPU and identical to the rollout's HF engine
+    # Eager attention, deterministic on CPU. The rollout's hf engine uses sdpa; in fp32 the two give log-probs
+    # 1e-6 apart. Eager holds each layer's T x T attention weights, which long completions feel on a GPU
+    # (docs/gpu-check.md).
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
 
 
