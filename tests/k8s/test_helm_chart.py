@@ -244,9 +244,12 @@ def test_the_sandbox_isolates_code_inside_the_reward_pod(release: Release) -> No
         assert uid not in (0, 10001), f"generated code ran as uid {uid}"
         assert "reached" not in run["stdout"] and run["stdout"].count("blocked") == 3, run["stdout"]
         c_program = '#include <stdio.h>\nint main(){ int a, b; scanf("%d %d", &a, &b); printf("%d\\n", a + b); }'
-        body = {"language": "c", "code": c_program, "tests": [{"stdin": "2 40", "expected_stdout": "42"}]}
-        verdict = reward.post("/v1/verify/code", headers=headers, json=body).json()
-        assert verdict["passed"] == 1, verdict
+        # One test (a single run), then three (a batch), the second time from the program the worker holds.
+        for tests in ([("2 40", "42")], [("2 40", "42"), ("-1 1", "0"), ("7 8", "15")]):
+            body = {"language": "c", "code": c_program,
+                    "tests": [{"stdin": i, "expected_stdout": o} for i, o in tests]}  # fmt: skip
+            verdict = reward.post("/v1/verify/code", headers=headers, json=body).json()
+            assert (verdict["passed"], verdict["total"]) == (len(tests), len(tests)), verdict
         release.seen["sandbox"] = reward.get("/healthz").json().get("sandbox")
     # The pod runs the chart's securityContext: read-only root, exactly the four capabilities added.
     pod = pods("reward")[0]
