@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -244,6 +245,37 @@ def test_bad_input_is_4xx_with_a_message(live_reward: Any, path: str, body: Any,
         r = post(live_reward, path, body)
     assert r.status_code == status, r.text
     assert needle.lower() in r.text.lower()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "where"),
+    [
+        ("/v1/execute", {"language": "python", "code": 'print("hi")  # \ud800'}, "code at character 15"),
+        (
+            "/v1/verify/code",
+            {"code": "print(input())", "tests": [{"stdin": "\udc80", "expected_stdout": "x"}]},
+            "tests.0.stdin at character 0",
+        ),
+        ("/v1/verify/math", {"answer": "\\boxed{1}\ud800", "gold": "1"}, "answer at character 9"),
+        (
+            "/v1/score",
+            {"items": [{"id": "a", "completion": "ok \udfff", "checks": {"format": {}}}]},
+            "items.0.completion at character 3",
+        ),
+    ],
+)
+def test_a_lone_surrogate_is_422_saying_where(live_reward: Any, path: str, body: Any, where: str) -> None:
+    """JSON can spell "\\ud800", which is no text: a program, stdin or answer holding one cannot be written for
+    a run or echoed back. The caller's to fix, so a 422 that says where, not a sandbox failure that costs a
+    worker (or a 500)."""
+    raw = json.dumps(body).encode()  # ASCII escapes: the surrogate travels as JSON spells it
+    r = httpx.post(
+        f"{live_reward.http_url}{path}", content=raw, headers={"content-type": "application/json"}, timeout=60
+    )
+    assert r.status_code == 422, r.text
+    assert where in r.text and "surrogate" in r.text
+    fine = post(live_reward, "/v1/execute", {"language": "python", "code": 'print("h\u00e9 \U0001f600")'})
+    assert fine.status_code == 200 and fine.json()["stdout"] == "h\u00e9 \U0001f600\n", fine.text
 
 
 def test_too_many_items_and_too_large_body(live_reward: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grpo.reward.sandbox import Limits, Sandbox, SandboxUnavailable, make_sandbox
-from grpo.reward.sandbox.languages import build, run_launch
+from grpo.reward.sandbox.languages import Launch, build, run_launch
 from grpo.reward.sandbox.namespace import NamespaceSandbox, classify
 from tests.unit.reward.helpers import mount_namespaces_held
 
@@ -202,6 +203,27 @@ def test_bad_limits_and_language_are_value_errors(sandbox: Sandbox) -> None:
         sandbox.run("pass", limits=Limits(timeout_s=-1))
     with pytest.raises(ValueError, match="language 'cobol' is not available here"):
         sandbox.run("pass", language="cobol")
+
+
+def test_text_that_is_not_unicode_is_a_value_error_and_costs_no_worker() -> None:
+    """A lone surrogate (JSON's "\\ud800") in a program, a stdin or an argv cannot be written for a run: the
+    caller's error, raised before any worker is used, so none is replaced for it."""
+    box = NamespaceSandbox(workers=1)
+    try:
+        pids = [z.proc.pid for z in box._all]
+        for kwargs, where in (
+            ({"program": "print(1)  # \ud800"}, "files.main.py at character 12"),
+            ({"program": "print(input())", "stdin": "\udc80"}, "stdin.0 at character 0"),
+        ):
+            with pytest.raises(ValueError, match=f"{re.escape(where)} holds a lone UTF-16 surrogate"):
+                box.run(**kwargs)  # type: ignore[arg-type]
+        launch = Launch(files={"main.py": "print(1)"}, argv=["/usr/bin/python3", "main.py"])
+        with pytest.raises(ValueError, match=re.escape("stdin.1 at character 2")):
+            list(box.execute_many(launch, ["1", "ab\ud800", "3"]))
+        assert [z.proc.pid for z in box._all] == pids
+        assert box.run("print('\u00e9')").stdout == "\u00e9\n"
+    finally:
+        box.close()
 
 
 def test_dead_zygote_gives_sandbox_error_then_recovers() -> None:

@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from grpo.reward.sandbox.base import lone_surrogate
+
 Language = Literal["python", "c", "cpp", "java", "javascript", "typescript", "go", "rust", "bash"]
 Timeout = Annotated[float, Field(gt=0, le=3600, description="Seconds; capped by the server's limit.")]
 MemoryMb = Annotated[int, Field(ge=16, le=65536)]
@@ -18,6 +20,20 @@ TagName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_]
 
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Body(Model):
+    """A request body, checked whole once (not again per nested model)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, data: Any) -> Any:
+        """JSON can spell a lone surrogate ("\\ud800"), which no UTF-8 text holds: a program or stdin with one
+        cannot be written for a run, nor an answer echoed back. The caller's to fix, so a 422 that says where."""
+        where = lone_surrogate(data)
+        if where is not None:
+            raise ValueError(f"{where} holds a lone UTF-16 surrogate, which is not text: send valid Unicode")
+        return data
 
 
 # ---- math ------------------------------------------------------------------------------
@@ -48,7 +64,7 @@ class MathOptions(Model):
         return Options(tuple(self.extraction), self.precision, self.strict, self.allow_set_relation_comp)
 
 
-class VerifyMathRequest(MathOptions):
+class VerifyMathRequest(MathOptions, Body):
     answer: str = Field(
         description="The model's answer; a whole completion is fine (its last <answer> block, else all)."
     )
@@ -94,7 +110,7 @@ def code_test_dict(test: CodeTest) -> dict[str, Any]:
 FileName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")]
 
 
-class ExecuteRequest(Model):
+class ExecuteRequest(Body):
     language: Language = "python"
     code: str
     stdin: str = ""
@@ -153,7 +169,7 @@ class JudgeOptions(Model):
         return Judge(self.compare, self.abs_tol, self.rel_tol, self.stop_on_first_failure, checker)
 
 
-class VerifyCodeRequest(JudgeOptions):
+class VerifyCodeRequest(JudgeOptions, Body):
     language: Language = "python"
     code: str = Field(description="Candidate code; a whole completion is fine (the last fenced block is taken).")
     tests: list[CodeTest] = Field(min_length=1)
@@ -321,7 +337,7 @@ class ScoreItem(Model):
         return self
 
 
-class ScoreRequest(Model):
+class ScoreRequest(Body):
     items: list[ScoreItem] = Field(min_length=1)
     timeout_s: Timeout | None = Field(default=None, description="Whole-request deadline.")
 

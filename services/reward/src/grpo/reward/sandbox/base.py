@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Generator
@@ -76,6 +76,33 @@ class Limits:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"limit {name}={getattr(self, name)!r} is out of range")
+
+
+def lone_surrogate(data: Any, path: str = "") -> str | None:
+    """Where the first string in `data` (JSON-shaped) that cannot be UTF-8 is, as "field.0.key at character N"."""
+    if isinstance(data, str):
+        if data.isascii():
+            return None
+        try:
+            data.encode()
+        except UnicodeEncodeError as exc:
+            return f"{path or 'the text'} at character {exc.start}"
+        return None
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list | tuple) else ()
+    for key, value in items:
+        here = f"{path}.{key}" if path else str(key)
+        where = lone_surrogate(key, f"the name {here}") or lone_surrogate(value, here)
+        if where is not None:
+            return where
+    return None
+
+
+def check_text(launch: Launch, stdins: list[str]) -> None:
+    """Raise ValueError where a run's text cannot be written as UTF-8 (`lone_surrogate`): the caller's input to
+    fix, not a sandbox failure (which would also cost a worker)."""
+    where = lone_surrogate({"files": launch.files, "argv": launch.argv, "stdin": stdins})
+    if where is not None:
+        raise ValueError(f"{where} holds a lone UTF-16 surrogate, which is not text")
 
 
 class Sandbox(ABC):

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from grpo.reward.sandbox.base import ExecResult, Limits, Sandbox, SandboxUnavailable
+from grpo.reward.sandbox.base import ExecResult, Limits, Sandbox, SandboxUnavailable, check_text
 from grpo.reward.sandbox.init_program import init_program
 from grpo.reward.sandbox.languages import Launch, available
 
@@ -413,6 +413,7 @@ class NamespaceSandbox(Sandbox):
     def execute(self, launch: Launch, stdin: str = "", limits: Limits | None = None) -> ExecResult:
         limits = limits or Limits()
         limits.validate()
+        check_text(launch, [stdin])
         req = request_for(launch, limits)
         zygote = self._take()
         if zygote is None:
@@ -439,6 +440,7 @@ class NamespaceSandbox(Sandbox):
         order. Closing the iterator early stops the batch; runs not started are not run."""
         limits = limits or Limits()
         limits.validate()
+        check_text(launch, stdins)
         req = {**request_for(launch, limits), "batch": True, "stream": stream}
         # One run costs less as a prepared single run than a batch's set-up and tear-down.
         if req["limits"]["memory_mb"] < BATCH_MIN_MEMORY_MB or launch.collect or len(stdins) <= 1:
