@@ -21,6 +21,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from grpo.reward.sandbox.base import ExecResult, Limits, Sandbox, SandboxUnavailable, check_text
 from grpo.reward.sandbox.init_program import init_program
 from grpo.reward.sandbox.languages import Launch, available
@@ -187,7 +189,7 @@ class Zygote:
         head = {**req, "stdin_bytes": sizes[0], "blobs": listed, "forget": forget}
         if stdins:
             head["batch_stdin_sizes"] = sizes[1:]
-        body = json.dumps(head).encode()
+        body = orjson.dumps(head)  # a single run's request and reply: stdlib json costs ~0.08 ms more here
         # In the order the zygote reads them, each on its own channel: either blocks only until the zygote has
         # read what is ahead of it, so neither fills up while the zygote waits on the other (a socket holds
         # ~280 passed fds; a batch may have more).
@@ -218,7 +220,7 @@ class Zygote:
 
     def control(self, word: str) -> None:
         """A batch's control message: "next" (a stream's next run), "stop" (no more runs), "close" (after the end)."""
-        body = json.dumps({"control": word}).encode()
+        body = orjson.dumps({"control": word})
         self._write(struct.pack(">I", len(body)) + body)
 
     def _write(self, data: bytes) -> None:
@@ -233,7 +235,7 @@ class Zygote:
         size = struct.unpack(">I", self._read_exact(4, deadline))[0]
         if size > MAX_REPLY_BYTES:
             raise ZygoteError(f"a reply of {size} bytes: the zygote's stream is out of step")
-        return json.loads(self._read_exact(size, deadline))
+        return orjson.loads(self._read_exact(size, deadline))
 
     def _read_exact(self, n: int, deadline: float) -> bytes:
         """n bytes of the zygote's stream. Each read also takes what follows them, up to 64 KiB (`_ahead`): a
