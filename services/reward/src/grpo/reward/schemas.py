@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from grpo.reward.sandbox.base import lone_surrogate
+from grpo.reward.sandbox.base import require_text
 
 Language = Literal["python", "c", "cpp", "java", "javascript", "typescript", "go", "rust", "bash"]
 Timeout = Annotated[float, Field(gt=0, le=3600, description="Seconds; capped by the server's limit.")]
@@ -30,9 +30,7 @@ class Body(Model):
     def _text_is_unicode(cls, data: Any) -> Any:
         """JSON can spell a lone surrogate ("\\ud800"), which no UTF-8 text holds: a program or stdin with one
         cannot be written for a run, nor an answer echoed back. The caller's to fix, so a 422 that says where."""
-        where = lone_surrogate(data)
-        if where is not None:
-            raise ValueError(f"{where} holds a lone UTF-16 surrogate, which is not text: send valid Unicode")
+        require_text(data)
         return data
 
 

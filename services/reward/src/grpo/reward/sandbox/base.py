@@ -97,12 +97,17 @@ def lone_surrogate(data: Any, path: str = "") -> str | None:
     return None
 
 
-def check_text(launch: Launch, stdins: list[str]) -> None:
-    """Raise ValueError where a run's text cannot be written as UTF-8 (`lone_surrogate`): the caller's input to
-    fix, not a sandbox failure (which would also cost a worker)."""
-    where = lone_surrogate({"files": launch.files, "argv": launch.argv, "stdin": stdins})
+def require_text(data: Any) -> None:
+    """Raise ValueError where `data` holds a string that cannot be written as UTF-8 (`lone_surrogate`): the
+    caller's input to fix, not a sandbox failure (which would also cost a worker)."""
+    where = lone_surrogate(data)
     if where is not None:
-        raise ValueError(f"{where} holds a lone UTF-16 surrogate, which is not text")
+        raise ValueError(f"{where} holds a lone UTF-16 surrogate, which is not text: send valid Unicode")
+
+
+def check_text(launch: Launch, stdins: list[str]) -> None:
+    """`require_text` for a run's files, argv and stdins."""
+    require_text({"files": launch.files, "argv": launch.argv, "stdin": stdins})
 
 
 class Sandbox(ABC):
