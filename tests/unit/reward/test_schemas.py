@@ -101,3 +101,14 @@ def test_unset_proto_strings_take_the_defaults() -> None:
     req = parse_request(ScoreRequest, pb.ScoreRequest(items=[item]))
     assert req.items[0].checks.language is not None and req.items[0].checks.language.target == "auto"
     assert req.items[0].checks.code is not None and req.items[0].checks.code.language == "python"
+
+
+def test_a_lone_surrogate_is_found_beside_what_orjson_cannot_write() -> None:
+    """The text check asks orjson's encoder first (it refuses a lone surrogate) and walks the body only when it
+    refuses: an integer over 64 bits, which it also refuses, must neither hide a surrogate nor be one."""
+    kwargs = {"big": 1 << 70, "s": "ok \ud800"}
+    item = {**ITEM, "checks": {"plugins": {"len": {"kwargs": kwargs}}}, "weights": {}}
+    with pytest.raises(ValidationError, match=r"items\.0\.checks\.plugins\.len\.kwargs\.s at character 3"):
+        ScoreRequest.model_validate({"items": [item]})
+    kwargs["s"] = "ok \u00e9"
+    assert ScoreRequest.model_validate({"items": [item]}).items[0].checks.plugins["len"].kwargs == kwargs

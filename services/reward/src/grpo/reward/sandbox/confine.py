@@ -472,10 +472,11 @@ def encode_request(stdin: int, limits: list[tuple[int, int]], argv: list[str], e
     """A prepared init's request, as init.c reads it: little-endian u64 words (stdin, the counts, the rlimits),
     then argv and env as NUL-terminated strings."""
     strings = [*argv, *(f"{k}={v}" for k, v in env.items())]
-    if any("\0" in s for s in strings):
+    text = "\0".join(strings) + "\0"
+    if text.count("\0") != len(strings):
         raise ValueError("a NUL byte in a program's arguments or environment")
     words = [stdin, len(limits), len(argv), len(env), *(x for pair in limits for x in pair)]
-    return struct.pack(f"<{len(words)}Q", *words) + b"".join(s.encode() + b"\0" for s in strings)
+    return struct.pack(f"<{len(words)}Q", *words) + text.encode()
 
 
 def decode_request(data: bytes) -> tuple[int, list[tuple[int, int]], list[str], dict[str, str]]:

@@ -229,7 +229,7 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
         confine.write_files(req, 0o755)
     finally:
         confine.as_file_owner(0)
-    if passed is None:
+    if kind == confine.STDIN_OWN:
         confine.write_all(warm["stdin"], req["stdin"])
         os.lseek(warm["stdin"], 0, os.SEEK_SET)
     os.close(warm["stdin"])
