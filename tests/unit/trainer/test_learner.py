@@ -155,6 +155,19 @@ def test_truncated_completions_do_not_contribute() -> None:
     assert make().step(batch + cut)["truncation_rate"] == pytest.approx(2 / 6)
 
 
+def test_an_all_masked_batch_makes_no_update() -> None:
+    learner = make(mask_truncated=True, lr=1e-2)
+    learner.step(synthetic_groups())  # AdamW's momentum would now move the weights even on zero gradients
+    before, version = params(learner), learner.version
+    cut = [TrainableSample(s.prompt_token_ids, s.completion_token_ids, s.advantage, truncated=True)
+           for s in synthetic_groups(seed=3)]  # fmt: skip
+    metrics = learner.step(cut)
+    assert (metrics["skipped"], metrics["tokens"], metrics["truncation_rate"]) == (1.0, 0.0, 1.0)
+    assert learner.version == version
+    moved = [n for n, p in params(learner).items() if not torch.equal(p, before[n])]
+    assert not moved, f"an update on no token moved {moved[:3]}"
+
+
 def test_push_names_match_the_hf_checkpoint() -> None:
     path = ensure_tiny_model()
     with safe_open(str(path / "model.safetensors"), "pt") as f:

@@ -72,6 +72,13 @@ def test_lora_step_changes_only_adapters_and_pushes_merged_base_names() -> None:
     assert torch.equal(pushed["model.layers.0.mlp.up_proj.weight"], pushed_before["model.layers.0.mlp.up_proj.weight"])
 
 
+def test_lora_dropout_is_refused() -> None:
+    """The learner trains without dropout (test_learner: the ratio compares one function); adapters too."""
+    with pytest.raises(ValueError, match=r"LoRA dropout=0.1: must be 0"):
+        LoraOptions(r=4, dropout=0.1)
+    assert LoraOptions(r=4).dropout == 0.0
+
+
 def test_lora_checkpoint_round_trip(tmp_path: Path) -> None:
     from grpo.trainer.checkpoint import resume, save_checkpoint
 

@@ -113,6 +113,15 @@ def test_every_algorithm_knob_is_a_setting_defaulting_to_the_preset(data: Path) 
         parse_settings(["--train-data", str(data), "--zero-variance-on", "format"])
 
 
+def test_refills_without_the_skip_are_refused(data: Path) -> None:
+    """A refill replaces a group the skip drops: with the skip off none is dropped, so none would ever come."""
+    dapo = ["--train-data", str(data), "--preset", "dapo"]
+    assert resolve_algo(parse_settings(dapo)).refill_zero_variance
+    with pytest.raises(ValidationError, match="refill_zero_variance .preset dapo. needs skip_zero_variance"):
+        parse_settings([*dapo, "--skip-zero-variance", "false"])
+    parse_settings([*dapo, "--skip-zero-variance", "false", "--refill-zero-variance", "false"])
+
+
 def test_precedence_file_env_cli(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "t.yaml"
     cfg.write_text(f"train_data: {data}\nsteps: 5\nlr: 0.001\nbeta: 0.5\n")

@@ -328,6 +328,12 @@ class TrainerSettings(ServiceSettings):
 
             algo = get_preset(self.preset).with_overrides(**self.algo_overrides())
             check_kl_loss(algo.kl_kind, algo.beta)
+            if algo.refill_zero_variance and not algo.skip_zero_variance:
+                raise ValueError(
+                    f"refill_zero_variance (preset {self.preset}) needs skip_zero_variance: a refill replaces a group "
+                    "the skip drops, and kept groups are never replaced; set skip_zero_variance true, or "
+                    "refill_zero_variance false"
+                )
         for i, stage in enumerate(self.stages, 1):
             stage_settings(self, stage, i)  # a bad stage fails at start-up, naming it
         return self

@@ -88,6 +88,12 @@ class Learner:
         the metrics are those of one process training on the whole batch.
         """
         cfg = self.config
+        if not any(counted_tokens(s, cfg.mask_truncated) for s in samples):
+            # A zero loss would still step: AdamW's momentum moves the weights, the schedule advances and a new
+            # version is pushed, all on no data. Every rank holds the whole batch, so all skip alike.
+            log.warning("no token in the loss (every completion truncated and masked): no update, version %d stays",
+                        self.version)  # fmt: skip
+            return {**batch_stats(samples), "tokens": 0.0, "skipped": 1.0, "version": float(self.version)}
         start = time.perf_counter()
         source, mbs, old, ref = self._prepare(samples)
         grad_norms: list[float] = []

@@ -25,6 +25,13 @@ class LoraOptions:
     dropout: float = 0.0
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
+    def __post_init__(self) -> None:
+        if self.dropout != 0:  # the learner runs without dropout (disable_dropout), adapters included
+            raise ValueError(
+                f"LoRA dropout={self.dropout}: must be 0; the learner trains without dropout, since it makes the "
+                "ratio π_θ/π_old and the KL random (each pass draws its own mask) and clipping fire on noise"
+            )
+
 
 def load_causal_lm(name_or_path: str, *, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """The HF model from a local folder or hub id ("tiny"/None → the built-in tiny model)."""
