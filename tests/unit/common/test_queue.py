@@ -134,6 +134,19 @@ def test_trim_acked_keeps_pending_and_undelivered_entries(queue: RunQueue) -> No
     assert [e.message.task_id for e in queue.read_tasks("a", 10, 100) if e.message] == ["t3", "t4", "t5"]
 
 
+def test_a_publish_that_went_through_is_not_reported_failed_when_its_trim_fails(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The trim after a write is housekeeping: its error must not make the caller publish every task again."""
+    with RedisServer() as server:
+        queue = RunQueue(connect(server.url), "trim")
+        queue.ensure_groups()
+        queue.client.acl_setuser("default", enabled=True, nopass=True, commands=["+@all", "-xinfo"])  # trim's first call
+        ids = queue.publish_tasks(tasks(2))
+        assert len(ids) == 2 and queue.client.xlen(queue.tasks_key) == 2
+        assert "could not trim" in caplog.text and "xinfo" in caplog.text.lower()
+
+
 def test_unreachable_redis_raises_queue_unavailable_fast() -> None:
     q = RunQueue(connect(f"redis://127.0.0.1:{free_port()}/0", connect_timeout_s=0.5), "test")
     start = time.monotonic()

@@ -1,10 +1,13 @@
-"""Group records → triage facts, trainable samples and rollout metrics (pure conversions)."""
+"""Group records → triage facts, trainable samples and rollout metrics (pure conversions); the reader's acks
+against a real Redis."""
 
 from __future__ import annotations
 
 import pytest
 
-from grpo.trainer.consumer import correctness, facts_of, group_metrics, to_samples
+from grpo.common.queue import QueueUnavailable, RunQueue, connect, encode
+from grpo.local.redis_server import RedisServer
+from grpo.trainer.consumer import GroupReader, correctness, facts_of, group_metrics, to_samples
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
 
 
@@ -128,3 +131,28 @@ def test_step_credit_triage_needs_judged_steps_and_sees_their_variance() -> None
     all_flat = stepped([1.0, 1.0], [[1.0, 1.0], [1.0]], [[1, 2], [1]])
     signal = facts_of(all_flat, steps=True).signal
     assert max(signal) == min(signal)
+
+
+def test_an_ack_lost_at_one_checkpoint_is_made_at_the_next() -> None:
+    """Dropped, a failed ack's ids would stay pending for the trainer's life and hold the groups stream's trim
+    floor: Redis would keep every later group (80-160 KiB each) until a restart."""
+    with RedisServer(appendonly=True) as server:  # its streams and pending lists outlive a restart
+        queue = RunQueue(connect(server.url, connect_timeout_s=0.5), "acks")
+        queue.ensure_groups()
+        for i in range(3):
+            queue.client.xadd(queue.groups_key, encode(queue_pb2.GroupRecord(group_id=f"g{i}")))
+        reader = GroupReader(queue, "trainer")
+        for _ in range(3):
+            entry = reader.next(block_ms=100)
+            assert entry is not None
+            reader.defer_ack(entry.entry_id)
+        server.stop()  # down at the checkpoint: the ack never reaches it
+        with pytest.raises(QueueUnavailable, match="ack_groups"):
+            reader.ack_deferred()
+        assert len(reader.deferred) == 3
+        server.start()
+        assert queue.stats()["groups"].pending == 3
+        assert reader.ack_deferred() == 3 and reader.deferred == []
+        assert queue.stats()["groups"].pending == 0
+        queue.trim_acked(queue.groups_key, approximate=False)  # the ack's own trim is approximate
+        assert queue.client.xlen(queue.groups_key) == 0

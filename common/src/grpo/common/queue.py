@@ -236,7 +236,7 @@ class RunQueue:
         for task in tasks:
             pipe.xadd(self.tasks_key, encode(task))
         ids = [_str(i) for i in pipe.execute()]
-        self.trim_acked(self.tasks_key)
+        self._tidy(self.tasks_key)
         return ids
 
     @unavailable_on_error
@@ -324,12 +324,20 @@ class RunQueue:
         if not entry_ids:
             return 0
         acked = int(self.client.xack(self.groups_key, GROUPS_GROUP, *entry_ids))
-        self.trim_acked(self.groups_key)
+        self._tidy(self.groups_key)
         return acked
 
     # ---- shared -----------------------------------------------------------------------------
 
     @unavailable_on_error
+    def _tidy(self, key: str) -> None:
+        """trim_acked after a write that went through. Best-effort: an error here would make the caller repeat
+        the write (a publish: every task generated twice), and the next write trims again."""
+        try:
+            self.trim_acked(key)
+        except redis.RedisError as exc:
+            log.warning("could not trim %s after a write (the next write tries again): %s", key, exc)
+
     def trim_acked(self, key: str, *, approximate: bool = True) -> int:
         """Remove entries every consumer group has acked (XTRIM MINID); never un-acked work. Returns the count."""
         groups = self.client.xinfo_groups(key) if self.client.exists(key) else []

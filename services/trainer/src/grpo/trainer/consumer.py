@@ -209,5 +209,10 @@ class GroupReader:
         self.deferred.append(entry_id)
 
     def ack_deferred(self) -> int:
-        ids, self.deferred = self.deferred, []
-        return self.queue.ack_groups(ids) if ids else 0
+        """Ack the deferred ids. They stay deferred until an ack goes through (XACK is idempotent): one lost
+        would stay pending for the trainer's life and hold the groups stream's trim floor."""
+        if not self.deferred:
+            return 0
+        acked = self.queue.ack_groups(self.deferred)
+        self.deferred = []
+        return acked

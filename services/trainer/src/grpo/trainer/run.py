@@ -443,8 +443,8 @@ class GrpoRun:
             self.ckpt_root, step=self.step, data_cursor=self.publisher.cursor.to_state(),
             inflight=self.acct.to_state(time.monotonic()), keep_last=self.s.keep_checkpoints,
         )  # fmt: skip
-        # Only now is every consumed group's outcome durable: release them in Redis. A failed ack only means
-        # a restarted trainer re-reads those groups and counts them as duplicates.
+        # Only now is every consumed group's outcome durable: release them in Redis. A failed ack is tried
+        # again at the next checkpoint; a trainer restarted before that re-reads them as duplicates.
         try:
             self.reader.ack_deferred()
         except QueueUnavailable as exc:
