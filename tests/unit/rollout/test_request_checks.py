@@ -27,7 +27,9 @@ def test_valid_request_converts() -> None:
     [
         ({"n": 0}, r"sampling\.n must be >= 1"),
         ({"n": 9}, r"sampling\.n = 9 is over this replica's limit of 8"),
-        ({"temperature": -0.1}, r"temperature must be >= 0"),
+        ({"temperature": -0.1}, r"temperature must be a finite number >= 0"),
+        ({"temperature": float("nan")}, r"temperature must be a finite number >= 0 \(got nan\)"),
+        ({"temperature": float("inf")}, r"temperature must be a finite number >= 0 \(got inf\)"),
         ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
         ({"top_p": -0.5}, r"top_p must be in \(0, 1\]"),
         ({"top_k": -1}, r"top_k must be >= 0"),

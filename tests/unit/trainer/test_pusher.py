@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import selectors
+import socket
+import threading
 import time
 from typing import Literal
 
@@ -9,7 +12,7 @@ import pytest
 import torch
 
 from grpo.common.net import free_port
-from grpo.trainer.pusher import ReplicaTarget, push_mode, push_to_replicas
+from grpo.trainer.pusher import MAX_STREAMS, ReplicaTarget, push_mode, push_to_replicas
 
 PushSetting = Literal["auto", "direct", "relay"]
 
@@ -83,3 +86,41 @@ def test_replicas_a_broadcast_missed_are_relayed_to() -> None:
     assert [r.replica_id for r in results] == ["r0", "r1", "r2"]
     assert all(not r.ok and r.attempts == 2 for r in results), results
     assert [r.route.split(" (")[0] for r in results] == ["direct, after the relay failed"] * 3
+
+
+def test_direct_pushes_keep_to_their_stream_limit() -> None:
+    """Replicas that accept the connection and never answer (hung): the pusher has as many open at once as its
+    limit, no more. Counted at the replicas' end, by the connections they hold."""
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(MAX_STREAMS + 4)]
+    open_now, peak, stop = 0, 0, threading.Event()
+
+    def serve() -> None:
+        nonlocal open_now, peak
+        with selectors.DefaultSelector() as sel:
+            for listener in listeners:
+                sel.register(listener, selectors.EVENT_READ)
+            while not stop.is_set():
+                for key, _ in sel.select(0.05):
+                    sock = key.fileobj
+                    assert isinstance(sock, socket.socket)
+                    if sock in listeners:
+                        sel.register(sock.accept()[0], selectors.EVENT_READ)
+                        open_now += 1
+                        peak = max(peak, open_now)
+                    elif not sock.recv(65536):  # read and drop what it sends; b"": it hung up
+                        sel.unregister(sock)
+                        sock.close()
+                        open_now -= 1
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        targets = [ReplicaTarget(f"r{i}", f"127.0.0.1:{s.getsockname()[1]}") for i, s in enumerate(listeners)]
+        results = push_to_replicas(targets, {"w": torch.zeros(4)}, 1, timeout_s=2, retries=0, mode="direct")
+    finally:
+        stop.set()
+        server.join()
+        for listener in listeners:
+            listener.close()
+    assert not any(r.ok for r in results) and len(results) == len(targets)
+    assert peak == MAX_STREAMS, f"{peak} pushes at once"

@@ -145,6 +145,8 @@ def test_precedence_file_env_cli(data: Path, tmp_path: Path, monkeypatch: pytest
         (["--max-staleness", "-1"], "max_staleness"),
         (["--weight-push", "broadcast"], "weight_push"),
         (["--relay-fanout", "0"], "relay_fanout"),
+        (["--temperature", "inf"], "temperature"),
+        (["--eval-temperature", "nan"], "eval_temperature"),
     ],
 )
 def test_bad_values_name_the_field(data: Path, argv: list[str], field: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -71,8 +72,8 @@ def sampling_params(msg: rollout_pb2.SamplingParams, limits: Limits) -> Sampling
         raise BadRequest(f"sampling.n must be >= 1 (got {msg.n})")
     if msg.n > limits.max_n:
         raise BadRequest(f"sampling.n = {msg.n} is over this replica's limit of {limits.max_n}")
-    if msg.temperature < 0:
-        raise BadRequest(f"sampling.temperature must be >= 0 (got {msg.temperature}); 0 means greedy")
+    if not (math.isfinite(msg.temperature) and msg.temperature >= 0):  # NaN passes `< 0`, and fails in sampling
+        raise BadRequest(f"sampling.temperature must be a finite number >= 0 (got {msg.temperature}); 0 means greedy")
     if not 0 <= msg.top_p <= 1:
         raise BadRequest(f"sampling.top_p must be in (0, 1] (got {msg.top_p}); 0 means 1")
     if msg.top_k < 0:

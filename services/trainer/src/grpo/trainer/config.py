@@ -87,7 +87,7 @@ class TrainerSettings(ServiceSettings):
     group_timeout_s: float = Field(600.0, gt=0)
     """A task whose group has not arrived this long after publishing is dropped (reason `timeout`)."""
 
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
     """Sampling temperature for training rollouts."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass."""
@@ -203,7 +203,7 @@ class TrainerSettings(ServiceSettings):
     """Evaluate on eval_data every N steps (0 = only at the end when eval_data is set)."""
     eval_size: int = Field(64, ge=1)
     """Held-out prompts per evaluation."""
-    eval_temperature: float = Field(0.0, ge=0)
+    eval_temperature: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Sampling temperature for evaluation (0 = greedy)."""
     eval_timeout_s: float = Field(300.0, gt=0)
     """Deadline for one evaluation's groups."""

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+MAX_STREAMS = 16  # direct pushes at once (docs/scaling.md sizes t_push by it)
+
+
 @dataclass(frozen=True)
 class ReplicaTarget:
     """A rollout replica to push to (from the Redis registry)."""
@@ -145,8 +148,12 @@ def push_to_replicas(
     if not targets:
         return []
     deadline = time.monotonic() + timeout_s
-    with ThreadPoolExecutor(max_workers=min(len(targets), 16) + 1, thread_name_prefix="push") as pool:
-        checksum = pool.submit(weights_checksum, tensors)
+    # The checksum on a thread of its own: in the pushers' pool, its thread would take up a 17th stream.
+    with (
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="push-checksum") as hashing,
+        ThreadPoolExecutor(max_workers=min(len(targets), MAX_STREAMS), thread_name_prefix="push") as pool,
+    ):
+        checksum = hashing.submit(weights_checksum, tensors)
         push = _Round(tensors, version, checksum, token, deadline, ca_file, send_rate(send_rate_mb_s))
         done = _broadcast(push, broadcaster, targets) if broadcaster is not None else {}
         left = [t for i, t in enumerate(targets) if i not in done]
