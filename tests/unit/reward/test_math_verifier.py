@@ -109,6 +109,20 @@ def test_malformed_gold_cannot_be_judged_whatever_the_answer() -> None:
             assert "malformed" in verdict.detail
 
 
+def test_a_gold_that_divides_by_zero_cannot_be_judged_but_text_still_matches() -> None:
+    """math-verify raises comparing nan or zoo and calls the pair unequal: a typo'd gold was a column of 0s."""
+    for gold, answer in (("\\frac{0}{0}", "\\boxed{7}"), ("\\frac{1}{0}", "\\infty"), ("1/0", "5")):
+        verdict = verify_math(answer, gold)
+        assert (verdict.status, verdict.correct) == ("unparseable_gold", None), (gold, answer, verdict)
+        assert "division by zero" in verdict.detail
+    assert verify_math("\\boxed{\\frac{1}{0}}", "\\frac{1}{0}").correct is True  # the same text
+    # Times read as ratios (math-verify's own suite): both sides undefined, the texts decide.
+    assert (verify_math("$1:00$", "$12:00$").status, verify_math("$12:00$", "$12:00$").status) == (
+        "incorrect",
+        "correct",
+    )
+
+
 def test_guard_only_checks_closed_numbers() -> None:
     import sympy
 

@@ -171,6 +171,15 @@ def _pair_correct(gold: Any, answer: Any, options: MathOptions) -> bool:
     return bool(same) and not numerically_different(gold, answer, options.precision)
 
 
+def undefined_number(parsed: list[Any]) -> bool:
+    """Read only as a number that does not exist (0/0, 1/0: sympy's nan and zoo), besides its text.
+
+    math-verify raises comparing such a number and counts the pair unequal; only text can then match it.
+    """
+    exprs = [p for p in parsed if isinstance(p, sympy.Basic | sympy.MatrixBase)]
+    return bool(exprs) and all(e.has(sympy.nan, sympy.zoo) for e in exprs)
+
+
 def _extracted(parsed: list[Any], region: str) -> str:
     """What was read as the answer: math-verify's matched string, else the start of the region."""
     return next((p for p in reversed(parsed) if isinstance(p, str)), region[:200])
@@ -195,7 +204,13 @@ def verify_math(answer: str, gold: str, options: MathOptions | None = None) -> M
         if not answer_parsed:
             return MathVerdict("unparseable_answer", False, region[:200], "no final answer could be parsed")
         correct = any(_pair_correct(g, a, options) for g in gold_parsed for a in answer_parsed)
-        return MathVerdict("correct" if correct else "incorrect", correct, _extracted(answer_parsed, region))
+        extracted = _extracted(answer_parsed, region)
+        # A gold of 1/0 against a real answer: no answer could be judged right, so it is the data's fault, not
+        # the answer's. Both undefined (`12:00` against `1:00`, read as ratios) their texts decide, as above.
+        if not correct and undefined_number(gold_parsed) and not undefined_number(answer_parsed):
+            return MathVerdict("unparseable_gold", None, extracted,
+                               f"gold {gold[:200]!r} reads as an undefined number (a division by zero)")  # fmt: skip
+        return MathVerdict("correct" if correct else "incorrect", correct, extracted)
     except Exception as exc:  # a verifier bug is an error verdict, never "incorrect"
         log.debug("math verification failed", exc_info=True)
         return MathVerdict("error", None, detail=f"{type(exc).__name__}: {exc}"[:500])
