@@ -59,6 +59,38 @@ def test_full_queue_gets_429_and_resource_exhausted(start_reward: Callable[..., 
     assert 'grpo_reward_rejected_total{reason="overloaded"}' in httpx.get(f"{service.http_url}/metrics").text
 
 
+def _powers(n: int) -> list[dict[str, Any]]:
+    """Items of a few tens of ms each (sympy expands a 20th power), all wrong: x^20 + k is not (x + k)^20."""
+    return [{"id": str(k), "completion": f"\\boxed{{(x+{k})^{{20}}}}", "checks": {"math": {"gold": f"x^{{20}}+{k}"}}}
+            for k in range(1000, 1000 + n)]  # fmt: skip
+
+
+def test_a_backlog_spends_the_requests_deadline_not_each_items_own(start_reward: Callable[..., Any]) -> None:
+    """math_timeout_s counts from an item's start: items waiting behind others were once \"timeout\" (cannot
+    judge, as for a sympy blow-up) and got their healthy workers killed. Past the request's own deadline they
+    are `error`: the service's capacity, not the answer."""
+    service = start_reward("--math-timeout-s", "1", workers=1)
+    kills = 'grpo_reward_sandbox_kills_total{kind="math_worker"}'
+
+    def killed() -> float:
+        lines = httpx.get(f"{service.http_url}/metrics", timeout=10).text.splitlines()
+        return float(next((line.split()[-1] for line in lines if line.startswith(kills)), 0))
+
+    started = time.monotonic()
+    body = {"items": _powers(200), "timeout_s": 120}
+    results = httpx.post(f"{service.http_url}/v1/score", json=body, timeout=130).json()["results"]
+    took = time.monotonic() - started
+    assert {(r["status"], r["components"]["math"]["status"]) for r in results} == {("ok", "incorrect")}
+    assert took > 1.5, f"200 items in {took:.1f}s: too fast to build a backlog past math_timeout_s"
+    assert killed() == 0
+    body = {"items": _powers(400), "timeout_s": 1}
+    results = httpx.post(f"{service.http_url}/v1/score", json=body, timeout=30).json()["results"]
+    late = [r for r in results if r["reward"] is None]
+    assert late and all(r["status"] == "error" and "waiting for 1 workers" in r["error"] for r in late), late[:1]
+    assert not any(r["components"]["math"]["status"] == "timeout" for r in results)
+    assert killed() <= 1  # at most the one running at the deadline
+
+
 def test_bearer_token_on_http_and_grpc(start_reward: Callable[..., Any]) -> None:
     service = start_reward(workers=1, env={"GRPO_REWARD_TOKEN": "s3cret"})
     body = {"answer": "\\boxed{2}", "gold": "2"}

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from grpo.reward.pool import PoolFull, TaskFailed, TaskTimeout, WorkerCrashed, WorkerPool
+from grpo.reward.pool import DeadlinePassed, PoolFull, TaskFailed, TaskTimeout, WorkerCrashed, WorkerPool
 from grpo.reward.verifiers.math import verify_math
 
 BLOWUP = "\\boxed{\\dfrac{5^{(5^{(5^{(5^5)})}-4)}-5}{16}}"
@@ -78,3 +78,24 @@ def test_batches_run_per_item_deadlines() -> None:
         with pytest.raises(TaskTimeout):
             slow.result(10)
         assert after.result(10) == 49
+
+
+def test_waiting_for_a_worker_spends_the_callers_deadline_not_the_tasks_own_limit() -> None:
+    """A backlog once turned queued items into "timeout" (a verdict on the answer) and killed healthy workers."""
+    with WorkerPool(1, max_queue=16, max_batch=4) as one:
+        busy = one.submit(time.sleep, 1.0, timeout_s=5)
+        time.sleep(0.2)  # the slot has taken it
+        queued = [one.submit(pow, i, 2, timeout_s=0.5, deadline=time.monotonic() + 10) for i in range(3)]
+        late = one.submit(pow, 9, 2, timeout_s=0.5, deadline=time.monotonic() + 0.3)
+        assert busy.result(10) is None
+        assert [f.result(10) for f in queued] == [0, 1, 4]  # waited ~0.8 s, each ran in far less than 0.5 s
+        with pytest.raises(DeadlinePassed, match="before a worker was free"):
+            late.result(10)
+        assert one.kills == 0
+        # Running, the caller's deadline before the task's own limit: the pool's doing, told apart from a timeout.
+        cut = one.submit(time.sleep, 5, timeout_s=3, deadline=time.monotonic() + 0.5)
+        with pytest.raises(DeadlinePassed, match="into the task"):
+            cut.result(10)
+        with pytest.raises(TaskTimeout):
+            one.submit(time.sleep, 5, timeout_s=0.5, deadline=time.monotonic() + 10).result(10)
+        assert one.kills == 2

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from grpo.reward import metrics
-from grpo.reward.pool import PoolFull, TaskTimeout, WorkerPool
+from grpo.reward.pool import DeadlinePassed, PoolFull, TaskTimeout, WorkerPool
 from grpo.reward.schemas import (
     CodeTestResult,
     ExecuteRequest,
@@ -78,14 +78,20 @@ class ComponentRunner:
         """One verification in a worker process, killed at min(math_timeout_s, deadline)."""
         started = time.monotonic()
         # A kill and its answer take a few ms: leave them inside the request deadline.
-        timeout = min(self.settings.math_timeout_s, deadline - started - 0.05)
+        last = deadline - 0.05
+        timeout = min(self.settings.math_timeout_s, last - started)
         if timeout <= 0:
             return VerifyMathResponse(correct=None, status="timeout", detail="no time left before the deadline")
-        try:
-            verdict = await asyncio.wrap_future(self.pool.submit(verify_math, answer, gold, options, timeout_s=timeout))
-        except TaskTimeout as exc:
+        try:  # math_timeout_s is the verification's own, from its start; waiting for a worker spends the request's
+            future = self.pool.submit(verify_math, answer, gold, options, timeout_s=timeout, deadline=last)
+            verdict = await asyncio.wrap_future(future)
+        except TaskTimeout as exc:  # the verification itself ran out (a sympy blow-up)
             wall = _observe("math", "timeout", started)
             return VerifyMathResponse(correct=None, status="timeout", detail=str(exc), wall_s=wall)
+        except DeadlinePassed as exc:  # the service ran out: too little capacity for the request's items in time
+            wall = _observe("math", "error", started)
+            detail = f"{exc} ({self.pool.queue_depth()} math items waiting for {self.pool.size} workers)"
+            return VerifyMathResponse(correct=None, status="error", detail=detail, wall_s=wall)
         except (PoolFull, Exception) as exc:  # worker crash, pool closed, full queue: infrastructure
             wall = _observe("math", "error", started)
             log.warning("math verification failed: %s", exc)

@@ -30,7 +30,12 @@ class PoolFull(Exception):
 
 
 class TaskTimeout(Exception):
-    """The task did not finish before its deadline; its worker was killed."""
+    """The task ran for its whole `timeout_s` without finishing; its worker was killed."""
+
+
+class DeadlinePassed(Exception):
+    """The caller's deadline passed before the task had its `timeout_s` (waiting for a worker, mostly): the
+    pool was short of time, not the task."""
 
 
 class WorkerCrashed(Exception):
@@ -45,8 +50,9 @@ class TaskFailed(Exception):
 class _Task:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
-    timeout_s: float
-    deadline: float  # absolute (monotonic): queueing time counts against the request
+    timeout_s: float  # the task's own budget, from when its worker starts it
+    deadline: float  # absolute (monotonic), the caller's: waiting for a worker counts against it
+    callers: bool  # the deadline is the caller's own; else `timeout_s` from submitting, and its expiry a timeout
     future: Future[Any] = field(default_factory=Future)
 
 
@@ -136,11 +142,18 @@ class WorkerPool:
     def queue_depth(self) -> int:
         return self._queue.qsize()
 
-    def submit(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Future[Any]:
-        """Queue `fn(*args)` (both picklable) to finish within `timeout_s`; raises PoolFull."""
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, timeout_s: float, deadline: float | None = None
+    ) -> Future[Any]:
+        """Queue `fn(*args)` (both picklable) to run for at most `timeout_s` once a worker starts it, and to be
+        answered by `deadline` (monotonic; default: `timeout_s` from now, queueing included); raises PoolFull.
+
+        A backlog must not spend the task's own budget: that turned items waiting behind others into
+        "timeout" (a verdict on the answer) and killed the healthy workers running them."""
         if self._closed.is_set():
             raise RuntimeError("pool is closed")
-        task = _Task(fn, args, timeout_s, time.monotonic() + timeout_s)
+        task = _Task(fn, args, timeout_s, time.monotonic() + timeout_s if deadline is None else deadline,
+                     callers=deadline is not None)  # fmt: skip
         try:
             self._queue.put_nowait(task)
         except queue.Full:
@@ -171,18 +184,18 @@ class WorkerPool:
             batch = self._take_batch()
             if batch is None:
                 return
-            live = [t for t in batch if self._start_or_expire(t)]
-            while live:
-                live = self._run(index, live)
+            live = [t for t in batch if t.future.set_running_or_notify_cancel() and self._in_time(t)]
+            while live:  # what a kill left of the batch goes to the fresh worker, unless it is late by now
+                live = [t for t in self._run(index, live) if self._in_time(t)]
 
     @staticmethod
-    def _start_or_expire(task: _Task) -> bool:
-        if not task.future.set_running_or_notify_cancel():
-            return False
-        if time.monotonic() >= task.deadline:
-            task.future.set_exception(TaskTimeout(f"deadline of {task.timeout_s}s passed while queued"))
-            return False
-        return True
+    def _in_time(task: _Task) -> bool:
+        """False, and the task answered, when its deadline passed before it started."""
+        if time.monotonic() < task.deadline:
+            return True
+        late = DeadlinePassed if task.callers else TaskTimeout
+        task.future.set_exception(late(f"the deadline passed before a worker was free (limit {task.timeout_s:g}s)"))
+        return False
 
     def _discard(self, index: int) -> None:
         old = self._workers[index]
@@ -233,14 +246,20 @@ class WorkerPool:
                     self._replace(index)
                 return [pending[k] for k in sorted(pending)]
             if message is None:
+                ran = time.monotonic() - started
+                own_limit = not task.callers or started + task.timeout_s <= task.deadline
                 self.kills += 1
                 if self._on_kill is not None:
                     self._on_kill()
-                log.warning(
-                    "task over its %.2fs deadline: killing worker %d (pid %s)", task.timeout_s, index, worker.proc.pid
-                )
+                log.warning("task over its %s after %.2fs: killing worker %d (pid %s)",
+                            "limit" if own_limit else "caller's deadline", ran, index, worker.proc.pid)  # fmt: skip
                 self._discard(index)
-                task.future.set_exception(TaskTimeout(f"no result within {task.timeout_s:g}s; worker killed"))
+                limit = f"its own limit: {task.timeout_s:g}s"
+                task.future.set_exception(
+                    TaskTimeout(f"no result within {task.timeout_s:g}s; worker killed")
+                    if own_limit
+                    else DeadlinePassed(f"the deadline passed {ran:.2f}s into the task ({limit}); worker killed")
+                )
                 del pending[current]
                 if not self._closed.is_set():
                     self._replace(index)
