@@ -117,7 +117,7 @@ def test_refills_without_the_skip_are_refused(data: Path) -> None:
     """A refill replaces a group the skip drops: with the skip off none is dropped, so none would ever come."""
     dapo = ["--train-data", str(data), "--preset", "dapo"]
     assert resolve_algo(parse_settings(dapo)).refill_zero_variance
-    with pytest.raises(ValidationError, match="refill_zero_variance .preset dapo. needs skip_zero_variance"):
+    with pytest.raises(ValidationError, match=r"refill_zero_variance \(preset dapo\) needs skip_zero_variance"):
         parse_settings([*dapo, "--skip-zero-variance", "false"])
     parse_settings([*dapo, "--skip-zero-variance", "false", "--refill-zero-variance", "false"])
 
