@@ -18,6 +18,13 @@ from grpo.v1 import reward_pb2 as pb
 from grpo.v1 import reward_pb2_grpc
 
 BLOWUP = "\\boxed{\\dfrac{5^{(5^{(5^{(5^5)})}-4)}-5}{16}}"
+# Two weights of 1e308 on an item that passes both checks summed to infinity, which the answer could not carry.
+HUGE_WEIGHTS = pb.ScoreItem(
+    id="a",
+    completion="<think>t</think><answer>4</answer>",
+    checks=pb.Checks(math=pb.MathCheck(gold="4"), format=pb.FormatCheck()),
+    weights={"math": 1e308, "format": 1e308},
+)
 
 
 @pytest.fixture
@@ -118,6 +125,12 @@ def test_score_and_stream_return_every_item(stub: reward_pb2_grpc.RewardServiceS
             "target",
         ),
         ("Score", pb.ScoreRequest(), "items"),
+        (  # *.class is Java's build output: the file would replace the program
+            "Execute",
+            pb.ExecuteRequest(language="java", code="class Main {}", files={"Main.class": "junk"}),
+            "['Main.class'] are the program's own file names in java",
+        ),
+        ("Score", pb.ScoreRequest(items=[HUGE_WEIGHTS]), "items.0.weights.math: Input should be less than or equal"),
         ("ScoreStream", pb.ScoreRequest(items=_items(1025)), "limit per request is 1024"),
     ],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -11,6 +12,13 @@ import pytest
 from tests.support.readme_examples import mismatches, verifier_examples
 
 BLOWUP = "\\boxed{\\dfrac{5^{(5^{(5^{(5^5)})}-4)}-5}{16}}"
+# Two weights of 1e308 on an item that passes both checks summed to infinity: a null reward with no reason.
+HUGE_WEIGHTS = {
+    "id": "a",
+    "completion": "<think>t</think><answer>4</answer>",
+    "checks": {"math": {"gold": "4"}, "format": {}},
+    "weights": {"math": 1e308, "format": 1e308},
+}
 
 
 def post(service: Any, path: str, body: Any, **kwargs: Any) -> httpx.Response:
@@ -139,6 +147,16 @@ def test_files_in_and_out(live_reward: Any) -> None:
     assert bad.status_code == 422
 
 
+def test_a_file_named_like_a_build_artifact_is_400(live_reward: Any) -> None:
+    """Java's build leaves *.class files: a user file matching that pattern would replace the built program."""
+    body = {"language": "java", "code": "public class Main { public static void main(String[] a) {} }"}
+    clash = post(live_reward, "/v1/execute", {**body, "files": {"Main.class": "junk", "data.txt": "1"}})
+    assert clash.status_code == 400, clash.text
+    assert "['Main.class'] are the program's own file names in java (*.class, Main.java)" in clash.text
+    fine = post(live_reward, "/v1/execute", {**body, "files": {"Main.txt": "1"}})
+    assert fine.status_code == 200 and fine.json()["status"] == "ok", fine.text
+
+
 def test_a_tests_own_limits_are_capped_by_the_server(live_reward: Any) -> None:
     spin = {"code": "while True: pass", "tests": [{"stdin": "", "expected_stdout": "", "timeout_s": 0.5}]}
     r = post(live_reward, "/v1/verify/code", spin)
@@ -236,6 +254,7 @@ def test_score_combines_components(live_reward: Any) -> None:
             "unknown plug-in",
         ),
         ("/v1/score", "not json at all", 422, "JSON"),
+        ("/v1/score", {"items": [HUGE_WEIGHTS]}, 422, "less than or equal to 1000000"),
     ],
 )
 def test_bad_input_is_4xx_with_a_message(live_reward: Any, path: str, body: Any, status: int, needle: str) -> None:
@@ -289,6 +308,33 @@ def test_too_many_items_and_too_large_body(live_reward: Any) -> None:
         timeout=60,
     )
     assert huge.status_code == 413
+
+
+def _too_large_count(service: Any) -> float:
+    text = httpx.get(f"{service.http_url}/metrics", timeout=5).text
+    line = 'grpo_reward_rejected_total{reason="too_large"} '
+    return sum(float(row.removeprefix(line)) for row in text.splitlines() if row.startswith(line))
+
+
+def test_a_chunked_body_over_the_limit_is_413(start_reward: Callable[..., Any]) -> None:
+    """Without a Content-Length the body is counted as it streams in; over the limit is the documented 413 (FastAPI's
+    body reader used to turn the refusal into 400 "There was an error parsing the body") and counted as too_large."""
+    service = start_reward("--max-body-bytes", "65536")
+
+    def chunks(size: int) -> Iterator[bytes]:  # a generator body: httpx sends it chunked
+        yield b'{"code": "print(1)  # '
+        for _ in range(size // 8192):
+            yield b"x" * 8192
+        yield b'"}'
+
+    before = _too_large_count(service)
+    url = f"{service.http_url}/v1/execute"
+    huge = httpx.post(url, content=chunks(1 << 20), headers={"content-type": "application/json"}, timeout=60)
+    assert huge.status_code == 413, huge.text
+    assert huge.json() == {"detail": "request body exceeds 65536 bytes"}
+    assert _too_large_count(service) == before + 1
+    small = httpx.post(url, content=chunks(16384), headers={"content-type": "application/json"}, timeout=60)
+    assert small.status_code == 200 and small.json()["stdout"] == "1\n", small.text
 
 
 def test_metrics_count_requests_and_verdicts(live_reward: Any) -> None:

@@ -43,6 +43,7 @@ def test_config_flag(tmp_path: Path) -> None:
         (["--workers", "0"], "workers"),
         (["--grpc-port", "70000"], "grpc_port"),
         (["--math-timeout-s", "-1"], "math_timeout_s"),
+        (["--languages", "python,pyhton"], r"languages: \['pyhton'\] given; choose from \['bash', 'c', "),
     ],
 )
 def test_bad_value_names_field(argv: list[str], field: str) -> None:

@@ -192,6 +192,22 @@ def test_a_prepared_run_killed_while_it_waits_is_replaced_not_judged() -> None:
         sandbox.close()
 
 
+def test_a_runs_peak_memory_is_its_own_not_raised_by_what_an_earlier_run_read_back() -> None:
+    """A run's peak (ru_maxrss) starts at the high-water mark of the zygote it was spawned from: one 16 MB file
+    read back made every later run of that zygote report ~100 MB, and a small program's crash a memory_limit."""
+    sandbox = NamespaceSandbox(workers=1)
+    try:
+        small, limits = Launch(files={}, argv=["/bin/true"]), Limits(timeout_s=5.0)
+        before = sandbox.execute(small, "", limits).peak_memory_mb
+        write = Launch(files={}, argv=["/bin/sh", "-c", "head -c 16000000 /dev/zero > big"], collect=("big",))
+        big = sandbox.execute(write, "", limits)
+        assert big.status == "ok" and len(big.files["big"]) == 16_000_000, big
+        after = [sandbox.execute(small, "", limits).peak_memory_mb for _ in range(2)]
+        assert max(after) < before + 4, (before, after)
+    finally:
+        sandbox.close()
+
+
 def test_scratch_is_fresh_each_run(sandbox: Sandbox) -> None:
     sandbox.run("open('left.txt', 'w').write('x')")
     result = sandbox.run("import os\nprint(sorted(os.listdir('.')))")

@@ -54,6 +54,8 @@ def test_code_tests_are_either_shape() -> None:
         ({"checks": {"code": {"tests": []}}}, "at least 1"),
         ({"completion": 5}, "completion"),
         ({"weights": {"math": float("nan")}}, "finite"),
+        ({"weights": {"math": 1e308}}, "less than or equal to 1000000"),  # two of them sum to infinity
+        ({"weights": {"math": -2e6}}, "greater than or equal to -1000000"),
     ],
 )
 def test_bad_items_name_the_problem(change: dict[str, Any], message: str) -> None:

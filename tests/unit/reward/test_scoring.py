@@ -49,6 +49,15 @@ def test_combine_reports_reason() -> None:
     assert "sandbox_error" in failed.error and "zygote died" in failed.error
 
 
+def test_a_sum_that_is_not_finite_is_an_error_that_says_so() -> None:
+    """Weights are bounded, but a plug-in may return 1e308: the sum is then no reward, and must not go out as a
+    bare null (JSON) or fail to serialize (protobuf)."""
+    huge = Judgement(1e308, "ok")
+    result = combine("x", {"p": huge, "q": huge}, {"p": 1e6})
+    assert result.reward is None and result.status == "error"
+    assert "weighted sum is inf" in result.error and "'p': 1000000.0" in result.error
+
+
 @pytest.mark.parametrize(
     ("status", "score", "component_status"),
     [

@@ -8,6 +8,7 @@ the math worker processes and the sandbox threads.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import logging
 import threading
 import time
@@ -20,8 +21,9 @@ from grpo.reward import metrics
 from grpo.reward.components import ComponentRunner
 from grpo.reward.errors import DeadlineExceeded, InputError, Overloaded
 from grpo.reward.pool import WorkerPool
-from grpo.reward.sandbox.languages import program_files
+from grpo.reward.sandbox.languages import TOOLCHAINS, program_files
 from grpo.reward.schemas import (
+    CheckerProgram,
     CodeTestResult,
     ExecuteRequest,
     ExecuteResponse,
@@ -71,7 +73,9 @@ class RewardCore:
             return None, "off (the sandbox setting)"
         try:
             sandbox = make_sandbox(
-                self.settings.sandbox, workers=self.settings.sandbox_workers or self.settings.workers
+                self.settings.sandbox,
+                workers=self.settings.sandbox_workers or self.settings.workers,
+                languages=self.settings.languages,
             )
         except (SandboxUnavailable, OSError, ValueError) as exc:
             # The service still verifies math; code requests answer sandbox_error (never a 0).
@@ -156,13 +160,24 @@ class RewardCore:
     def languages(self) -> list[str]:
         return sorted(self.components.sandbox.languages) if self.components.sandbox is not None else []
 
-    def _check_language(self, where: str, language: str, tests: Sequence[Any]) -> None:
-        """A language whose toolchain this server has; assert tests only for Python (they are Python code)."""
+    def _check_installed(self, where: str, language: str) -> None:
+        """A language this server serves: installed, and in its `languages` setting (without a sandbox, code
+        answers sandbox_error instead)."""
         if self.components.sandbox is not None and language not in self.components.sandbox.languages:
             metrics.REJECTED.labels("invalid").inc()
-            raise InputError(f"{where}: {language!r} is not installed on this server; available: {self.languages()}")
+            raise InputError(f"{where}: {language!r} is not served here; available: {self.languages()}")
+
+    def _check_language(self, where: str, language: str, tests: Sequence[Any]) -> None:
+        """A language whose toolchain this server has; assert tests only for Python (they are Python code)."""
+        self._check_installed(where, language)
         if language != "python" and any(getattr(t, "assert_", None) is not None for t in tests):
             raise InputError(f"{where}: assert tests are Python code; give {language} stdin/expected_stdout tests")
+
+    def _check_checker(self, where: str, checker: CheckerProgram | None) -> None:
+        """A checker's language must be installed too: it defaults to cpp, which a Python-only server lacks,
+        and the verifier would otherwise answer sandbox_error for every test."""
+        if checker is not None:
+            self._check_installed(where, checker.language)
 
     def check_score(self, req: ScoreRequest) -> None:
         """Server-side limits and names a schema cannot know (raises InputError)."""
@@ -179,6 +194,7 @@ class RewardCore:
             if checks.code is not None:
                 self._check_tests(f"items[{i}].checks.code.tests", checks.code.tests)
                 self._check_language(f"items[{i}].checks.code.language", checks.code.language, checks.code.tests)
+                self._check_checker(f"items[{i}].checks.code.checker.language", checks.code.checker)
             if checks.reward_model is not None and self.components.reward_model is None:
                 raise InputError(f"items[{i}]: the reward_model component is not enabled on this server")
             if checks.steps is not None and checks.steps.source == "prm" and self.components.prm is None:
@@ -201,9 +217,12 @@ class RewardCore:
     async def execute(self, req: ExecuteRequest, remaining_s: float | None = None) -> ExecuteResponse:
         self._check_text("code", req.code, self.settings.max_code_chars)
         self._check_language("language", req.language, [])
-        reserved = sorted(set(req.files) & program_files(req.language))
+        own = _own_file_names(req.language)
+        reserved = sorted(n for n in req.files if any(fnmatch.fnmatchcase(n, p) for p in own))
         if reserved:
-            raise InputError(f"files: {reserved} are the program's own file names in {req.language}; rename them")
+            raise InputError(
+                f"files: {reserved} are the program's own file names in {req.language} ({', '.join(own)}); rename them"
+            )
         for name, text in req.files.items():
             self._check_text(f"files[{name!r}]", text, self.settings.max_text_chars)
         self._check_text("stdin", req.stdin, self.settings.max_text_chars)
@@ -217,6 +236,7 @@ class RewardCore:
         self._check_text("code", req.code, self.settings.max_code_chars)
         self._check_tests("tests", req.tests)
         self._check_language("language", req.language, req.tests)
+        self._check_checker("checker.language", req.checker)
         deadline = self.deadline(None, remaining_s)
         with self.admit(len(req.tests)):
             tests = await self._within(
@@ -291,6 +311,14 @@ class RewardCore:
                 log.exception("sandbox close failed")
         self._code_threads.shutdown(wait=False, cancel_futures=True)
         self._aux_threads.shutdown(wait=False, cancel_futures=True)
+
+
+def _own_file_names(language: str) -> list[str]:
+    """The names (fnmatch patterns) a run of `language` writes itself: its source and what its build leaves,
+    patterns included (Java's *.class, whose clash the sandbox would find only after the build)."""
+    chain = TOOLCHAINS.get(language)
+    patterns = {a for a in chain.artifacts if "*" in a} if chain else set()
+    return sorted(program_files(language) | patterns)
 
 
 def _code_response(tests: list[CodeTestResult]) -> VerifyCodeResponse:

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 class BodyLimit:
-    """ASGI middleware: 413 for bodies over `max_bytes`, declared or streamed."""
+    """ASGI middleware: 413 for bodies over `max_bytes`, declared (Content-Length) or streamed (chunked)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -44,23 +44,34 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        if declared is not None and declared.isdigit():
+            # The server reads exactly the declared length, so that is the only check a declared body needs.
+            if int(declared) > self.max_bytes:
+                await self._reject(send)
+            else:
+                await self.app(scope, receive, send)
+            return
+        # A chunked body is read here, up to the limit, before the app sees it: FastAPI's body reader turns any
+        # exception from `receive` into its own 400 ("There was an error parsing the body").
+        read = await self._read_within_limit(receive)
+        if read is None:
             await self._reject(send)
             return
-        seen = 0
+        await self.app(scope, _replay(read, receive), send)
 
-        async def counting_receive() -> Message:
-            nonlocal seen
+    async def _read_within_limit(self, receive: Receive) -> list[Message] | None:
+        """The request's body messages (and a disconnect, if one came), or None when the body is over the limit."""
+        messages, seen = [], 0
+        while True:
             message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                return messages
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:
-                raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, counting_receive, send)
-        except _TooLarge:
-            await self._reject(send)
+                return None
+            if not message.get("more_body", False):
+                return messages
 
     async def _reject(self, send: Send) -> None:
         metrics.REJECTED.labels("too_large").inc()
@@ -69,8 +80,14 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-class _TooLarge(Exception):
-    pass
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """`receive` that hands out `messages` first, then waits on the connection again (for a disconnect)."""
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replayed
 
 
 def create_app(core: RewardCore, token: str | None = None) -> FastAPI:

@@ -16,6 +16,9 @@ Language = Literal["python", "c", "cpp", "java", "javascript", "typescript", "go
 Timeout = Annotated[float, Field(gt=0, le=3600, description="Seconds; capped by the server's limit.")]
 MemoryMb = Annotated[int, Field(ge=16, le=65536)]
 TagName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][\w\-]*$")]
+# Bounded so a weighted sum stays finite: 1e308 times a score of 1 is fine alone, and two of them are infinity.
+MAX_WEIGHT = 1e6
+Weight = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_WEIGHT, le=MAX_WEIGHT)]
 
 
 class Model(BaseModel):
@@ -316,8 +319,9 @@ class ScoreItem(Model):
     prompt: str = ""
     completion: str
     checks: Checks
-    weights: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(
-        default_factory=dict, description="Weights by component name; 1 when absent; 0 makes a component optional."
+    weights: dict[str, Weight] = Field(
+        default_factory=dict,
+        description="Weights by component name, within ±1e6; 1 when absent; 0 makes a component optional.",
     )
 
     @model_validator(mode="after")

@@ -25,11 +25,13 @@ Step scores (checks.steps) are reported beside the reward, never folded into it:
 probability from a PRM, null when a step cannot be judged; a step scorer that failed makes the item an error.
 
 A component with weight 0 is informational: its result is reported, but it cannot null
-the reward. Components without a weight count 1.
+the reward. Components without a weight count 1. Weights are bounded (±1e6) so the sum stays
+finite; a sum that is not finite anyway is an error with the weights named, never a bare null.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from grpo.reward.schemas import CodeTestResult, ComponentResult, ScoreResult, StepScore, VerifyMathResponse
@@ -115,6 +117,10 @@ def _combine(
     if unjudged:
         error = "cannot judge: " + "; ".join(unjudged)
         return ScoreResult(id=item_id, reward=None, status="ok", error=error, components=reported, wall_s=wall_s)
+    if not math.isfinite(reward):
+        # Bounded weights keep this from happening; were it to, JSON would show a bare null and protobuf refuse it.
+        error = f"the weighted sum is {reward} (weights {dict(weights)}): not a reward; use smaller weights"
+        return ScoreResult(id=item_id, reward=None, status="error", error=error, components=reported, wall_s=wall_s)
     return ScoreResult(id=item_id, reward=reward, status="ok", components=reported, wall_s=wall_s)
 
 

@@ -35,6 +35,10 @@ class RewardSettings(ServiceSettings):
     waits for a working sandbox unless it is off; without one, code requests answer sandbox_error."""
     sandbox_workers: int | None = Field(default=None, ge=1, le=512)
     """Concurrent sandbox runs; defaults to workers."""
+    languages: list[str] | None = None
+    """Languages code may be in: a subset of the toolchains installed (the image's LANGUAGES build argument
+    decides those); unset: all of them. `/healthz` lists what is served; any other is a 400. Naming one that is
+    not installed leaves code verification off, with the reason in /healthz."""
     token: str | None = None
     """Bearer token required on /v1/* and on every gRPC method but health and reflection; off when unset."""
     tls_cert_file: str | None = None
@@ -102,6 +106,13 @@ class RewardSettings(ServiceSettings):
             raise ValueError(f"plugins: names {clash} clash with built-in components")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ValueError("tls_cert_file and tls_key_file must be set together")
+        if self.languages is not None:
+            from grpo.reward.sandbox.languages import TOOLCHAINS
+
+            known = {"python", *TOOLCHAINS}
+            unknown = sorted(set(self.languages) - known)
+            if unknown or not self.languages:
+                raise ValueError(f"languages: {unknown or 'none'} given; choose from {sorted(known)}")
         return self
 
 

@@ -42,6 +42,7 @@ BATCH_UID_OFFSET = 1 << 22  # a batch's uid is its zygote's plus this: above eve
 SECCOMP = b""  # built once at start-up
 CAP_LAST_CAP = 63  # read at start-up from /proc/sys/kernel/cap_last_cap
 PER_RUN_IPC = False  # set at start-up when SysV IPC cannot be disabled for the zygote's IPC namespace
+CLEAR_REFS = -1  # the zygote's /proc/self/clear_refs, opened at start-up (forget_peak)
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
 
@@ -438,6 +439,18 @@ def stdin_fd(data: bytes | int) -> int:
     stdin = memfd_holding(data, "stdin")
     os.lseek(stdin, 0, os.SEEK_SET)
     return stdin
+
+
+def forget_peak() -> None:
+    """Reset this process's peak resident size to its current size, before a run's init is spawned from it.
+
+    A run's reported peak (ru_maxrss) starts at the high-water mark of the memory its init was spawned from:
+    the kernel keeps the old memory's peak at an exec, and a vfork'ed child's old memory is ours. Without
+    this, one request that read back a 50 MB file made every later run report 98 MB, and a crash of a small
+    program at a 100 MB limit a memory_limit. What stays is our current size, ~12 MB: a floor on the peaks.
+    """
+    if CLEAR_REFS >= 0:
+        os.write(CLEAR_REFS, b"5")
 
 
 def rlimits(limits: dict) -> list[tuple[int, int]]:

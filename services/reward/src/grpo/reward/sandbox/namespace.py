@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Generator
+from collections.abc import Collection, Generator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -357,6 +357,7 @@ class NamespaceSandbox(Sandbox):
         interpreter: str | None = None,
         uid_base: int = 200_000,
         acquire_timeout_s: float = 600.0,
+        languages: Collection[str] | None = None,
     ) -> None:
         if os.geteuid() != 0:
             raise SandboxUnavailable(f"running as uid {os.geteuid()}, not root: {REMEDY}")
@@ -364,6 +365,12 @@ class NamespaceSandbox(Sandbox):
         self.acquire_timeout_s = acquire_timeout_s
         self.interpreter = interpreter or _default_interpreter()
         self.languages = available(self.interpreter)
+        if languages is not None:  # the operator's subset (settings.languages)
+            missing = sorted(set(languages) - set(self.languages))
+            if missing:
+                raise SandboxUnavailable(f"languages {missing} are not installed here (installed: "
+                                         f"{sorted(self.languages)})")  # fmt: skip
+            self.languages = {name: tools for name, tools in self.languages.items() if name in languages}
         self.init = init_program()  # held open while the sandbox lives: every zygote binds this very file
         how = (
             "set up by a forked Python init (no init.c)"

@@ -188,7 +188,9 @@ def run_code_tests(
         raise ValueError(f"assert tests are Python programs; give {language} stdin/expected_stdout tests")
     checker = judge.checker
     if checker is not None and checker.language not in sandbox.languages:
-        raise ValueError(f"checker language {checker.language!r} is not available here")
+        raise ValueError(
+            f"checker language {checker.language!r} is not available here; available: {sorted(sandbox.languages)}"
+        )
     failed, built = build(sandbox, language, code)
     if failed is not None:
         verdict = "compile_error" if failed.status == "compile_error" else failed.status
