@@ -112,6 +112,7 @@ def test_tasks_come_back_as_scored_groups(
         (replica,) = registry.live_replicas()
     assert (replica.replica_id, replica.weight_version, replica.weight_checksum) == ("w1", 0, service.checksum)
     assert registry.live_replicas() == []  # a graceful stop deregisters at once
+    assert queue.client.xinfo_consumers(queue.tasks_key, "rollout") == []  # and leaves the tasks group
     for task in tasks:
         (group,) = groups[task.task_id]
         assert (group.status, group.error, group.task_id) == ("ok", "", task.task_id)
@@ -340,6 +341,8 @@ def test_stop_finishes_the_batch_in_hand_and_releases_the_rest(
     written = set(first) | {e.message.group_id for e in later if e.message}
     pending = queue.client.xpending_range(queue.tasks_key, "rollout", "-", "+", 10)
     assert len(written) + len(pending) == 3 and pending  # nothing acked without its group
+    consumers = queue.client.xinfo_consumers(queue.tasks_key, "rollout")
+    assert [c["name"] for c in consumers] == [b"w1"]  # it holds the released tasks: its consumer stays
     released = queue.reclaim_tasks("other", min_idle_ms=60_000, count=10)  # no waiting for the idle threshold
     assert sorted(e.message.task_id for e in released if e.message) == sorted({"s0", "s1", "s2"} - written)
 

@@ -141,7 +141,8 @@ def test_a_publish_that_went_through_is_not_reported_failed_when_its_trim_fails(
     with RedisServer() as server:
         queue = RunQueue(connect(server.url), "trim")
         queue.ensure_groups()
-        queue.client.acl_setuser("default", enabled=True, nopass=True, commands=["+@all", "-xinfo"])  # trim's first call
+        # refuse XINFO, the trim's first call
+        queue.client.acl_setuser("default", enabled=True, nopass=True, commands=["+@all", "-xinfo"])
         ids = queue.publish_tasks(tasks(2))
         assert len(ids) == 2 and queue.client.xlen(queue.tasks_key) == 2
         assert "could not trim" in caplog.text and "xinfo" in caplog.text.lower()
@@ -199,3 +200,22 @@ def test_released_tasks_are_reclaimable_at_once(queue: RunQueue) -> None:
     assert queue.release_tasks("stopping", [first.entry_id]) == 1
     reclaimed = queue.reclaim_tasks("b", min_idle_ms=60_000, count=10)
     assert [e.entry_id for e in reclaimed] == [first.entry_id]
+
+
+def _consumers(queue: RunQueue) -> list[str]:
+    return sorted(c["name"].decode() for c in queue.client.xinfo_consumers(queue.tasks_key, "rollout"))
+
+
+def test_a_stopped_consumer_leaves_the_group_only_when_it_holds_no_task(queue: RunQueue) -> None:
+    queue.publish_tasks(tasks(2))
+    (done,) = queue.read_tasks("done", count=1, block_ms=100)
+    (busy,) = queue.read_tasks("busy", count=1, block_ms=100)
+    queue.ack_tasks([done.entry_id])
+    assert queue.release_tasks("busy", [busy.entry_id]) == 1  # released, but still pending under "busy"
+    assert _consumers(queue) == ["busy", "done"]
+    assert queue.remove_consumer("done") and _consumers(queue) == ["busy"]
+    assert not queue.remove_consumer("busy") and _consumers(queue) == ["busy"]  # its pending task stays reclaimable
+    assert [e.entry_id for e in queue.reclaim_tasks("other", min_idle_ms=60_000, count=10)] == [busy.entry_id]
+    assert queue.remove_consumer("busy") and _consumers(queue) == ["other"]  # once reclaimed, it holds nothing
+    assert queue.remove_consumer("never-read")  # no such consumer: nothing to do
+    assert RunQueue(queue.client, "no-groups-yet").remove_consumer("x")  # no stream or group at all

@@ -162,6 +162,45 @@ def test_at_most_max_waiting_connections_are_held(port: wdp.WeightDataPort) -> N
         conn.close()
 
 
+def _trickle(conn: socket.socket, every_s: float, stop: threading.Event) -> None:
+    """A slow client: a good-looking greeting one byte every `every_s` (under the hello timeout) until dropped."""
+    greeting = wdp.MAGIC + wdp.new_token().encode("ascii") + b"0" * wdp.SIZE_CHARS
+    for i in range(len(greeting)):
+        try:
+            conn.send(greeting[i : i + 1])
+        except OSError:
+            return  # the server closed it: the next send after its FIN is refused
+        if stop.wait(every_s):
+            return
+
+
+def test_slow_greetings_lose_their_slots_at_the_hello_timeout(port: wdp.WeightDataPort) -> None:
+    stop = threading.Event()
+    slow = [socket.create_connection(("127.0.0.1", port.port)) for _ in range(2)]  # every slot
+    trickles = [threading.Thread(target=_trickle, args=(conn, 0.25, stop), daemon=True) for conn in slow]
+    started = time.monotonic()
+    try:
+        for t in trickles:
+            t.start()
+        for t in trickles:
+            t.join(timeout=5)
+        assert not any(t.is_alive() for t in trickles), "a byte now and then keeps a greeting going"
+        assert time.monotonic() - started < 2.5, "dropped about the hello timeout (1s) after they connected"
+        tensors, token = _tensors(), wdp.new_token()
+        conn = _connect(port.port, token)  # the slots are free again: a real transfer goes through
+        assert conn is not None
+        with conn:
+            sender = threading.Thread(target=_send, args=(conn, _payload(tensors)))
+            sender.start()
+            _, checksum, _ = _receive(port, tensors, token).finish()
+            sender.join()
+        assert checksum == weights_checksum(tensors)
+    finally:
+        stop.set()
+        for conn in slow:
+            conn.close()
+
+
 def test_a_discarded_token_is_dropped_before_and_after_it_arrives(port: wdp.WeightDataPort) -> None:
     early = wdp.new_token()
     port.discard(early)  # the header was rejected before its connection came

@@ -185,6 +185,15 @@ end
 return n
 """
 
+# Delete the caller's consumer only while it holds no pending entry: XGROUP DELCONSUMER drops a consumer's
+# pending entries from the PEL, so they would never be reclaimed. One script, so nothing (another process
+# with the same replica id) can take a task under this name between the check and the delete.
+_DELETE_IDLE_CONSUMER = """
+if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) > 0 then return 0 end
+redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+
 APPENDED, ALREADY_DONE, TAKEN_OVER, WRITTEN_BEFORE = 1, 0, -1, 2
 WRITTEN_MARKER_MS = 2 * 60 * 1000  # how long a retried append can still recognise its own earlier write
 RELEASED_IDLE_MS = 10 * 365 * 24 * 3600 * 1000  # idle "forever": past any reclaim threshold
@@ -203,6 +212,7 @@ class RunQueue:
         self.tasks_key, self.groups_key = stream_keys(run)
         self._append_script = client.register_script(_APPEND_GROUP)
         self._idle_script = client.register_script(_SET_IDLE)
+        self._delete_consumer_script = client.register_script(_DELETE_IDLE_CONSUMER)
 
     # ---- set-up -------------------------------------------------------------------------
 
@@ -292,6 +302,18 @@ class RunQueue:
         if not entry_ids:
             return 0
         return int(self._idle_script(keys=[self.tasks_key], args=[TASKS_GROUP, consumer, idle_ms, *entry_ids]))
+
+    @unavailable_on_error
+    def remove_consumer(self, consumer: str) -> bool:
+        """Take `consumer` out of the tasks group (a stopped replica: ids like hostname-pid are never reused, so
+        the group would otherwise grow by one consumer per start). Only when it holds no pending task: True
+        when it is gone, False when it keeps tasks (released ones too, until someone reclaims them)."""
+        try:
+            return bool(self._delete_consumer_script(keys=[self.tasks_key], args=[TASKS_GROUP, consumer]))
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            return True  # no group (Redis lost it): no consumer either
 
     @unavailable_on_error
     def ack_tasks(self, entry_ids: Sequence[str]) -> int:

@@ -6,7 +6,8 @@ receive buffer. So an update keeps its control path on gRPC (authenticated, vali
 answered there) and sends the bytes here, on a connection that opens with a one-time token the
 UpdateWeights call names in its metadata (`DATA_TOKEN_KEY`). A connection is only read once an
 authenticated call claims its token, so the port needs no credentials of its own; when gRPC
-runs TLS, so does this port, with the same certificate. A pusher that cannot connect sends the
+runs TLS, so does this port, with the same certificate. A pusher that cannot connect, or whose
+connection the replica reports never reached it (the port full or the greeting lost), sends the
 bytes in the gRPC stream instead. `DataPortSender` and `DataPortSource` are this transport's two sides
 (grpo.common.weight_transport).
 
@@ -34,6 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import grpc
+
 from grpo.common.send_rate import SendRate, paced
 from grpo.common.weight_receiver import StreamMessage, WeightAssembler
 from grpo.common.weight_transport import Push, StreamSender, WeightSender, WeightSource, remaining, resolve
@@ -50,7 +53,11 @@ TOKEN_CHARS = 64
 SIZE_CHARS = 16
 HELLO_BYTES = len(MAGIC) + TOKEN_CHARS + SIZE_CHARS
 DATA_TOKEN_KEY = "grpo-data-token"  # UpdateWeights call metadata
+# How a replica says its update's connection never reached it (so none of the bytes did): the pusher then
+# sends them in the stream instead.
+NOT_ARRIVED = "no connection with this update's data token reached the weights data port"
 READ_BYTES = 8 * 1024 * 1024
+MAX_WAITING = 8  # connections a port holds at once, in their greeting or waiting for their claim
 
 
 def new_token() -> str:
@@ -79,9 +86,14 @@ def server_ssl_context(cert_file: str | None, key_file: str | None) -> ssl.SSLCo
     return context
 
 
-def _read_exactly(conn: socket.socket, size: int) -> bytes:
+def _read_exactly(conn: socket.socket, size: int, deadline: float) -> bytes:
+    """`size` bytes, or fewer when the peer ends first; TimeoutError at `deadline`, however the bytes trickle in."""
     data = b""
     while len(data) < size:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the greeting did not arrive in time")
+        conn.settimeout(left)  # each recv gets what is left, so one byte at a time cannot hold the slot
         more = conn.recv(size - len(data))
         if not more:
             break
@@ -92,9 +104,10 @@ def _read_exactly(conn: socket.socket, size: int) -> bytes:
 class WeightDataPort:
     """The replica's listener: accepts connections, reads their token, hands them to the update that claims it.
 
-    A connection and its claim may come in either order. One whose token nobody claims within
-    `hello_timeout_s` is closed, and at most `max_waiting` connections are held at once, so a
-    stranger can neither pile up sockets nor hold one for long.
+    A connection and its claim may come in either order. One whose greeting takes longer than
+    `hello_timeout_s` in all, or whose token nobody claims within `hello_timeout_s` after it, is
+    closed, and at most `max_waiting` connections are held at once, so a stranger can neither pile
+    up sockets nor hold one for long.
     """
 
     def __init__(
@@ -103,7 +116,7 @@ class WeightDataPort:
         port: int,
         ssl_context: ssl.SSLContext | None = None,
         hello_timeout_s: float = 30.0,
-        max_waiting: int = 8,
+        max_waiting: int = MAX_WAITING,
     ) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, port), family=family, backlog=16)
@@ -138,11 +151,12 @@ class WeightDataPort:
             threading.Thread(target=self._hello, args=(conn, peer), name="weights-data-hello", daemon=True).start()
 
     def _hello(self, conn: socket.socket, peer: object) -> None:
+        deadline = time.monotonic() + self.hello_timeout_s  # for the whole greeting, TLS handshake included
         try:
-            conn.settimeout(self.hello_timeout_s)
+            conn.settimeout(self.hello_timeout_s)  # the handshake keeps to it as a whole
             if self._ssl is not None:
                 conn = self._ssl.wrap_socket(conn, server_side=True)
-            hello = _read_exactly(conn, HELLO_BYTES)
+            hello = _read_exactly(conn, HELLO_BYTES, deadline)
             token = hello[len(MAGIC) : len(MAGIC) + TOKEN_CHARS].decode("ascii", "replace")
             size_hex = hello[len(MAGIC) + TOKEN_CHARS :].decode("ascii", "replace")
             if not hello.startswith(MAGIC) or not valid_token(token) or not _is_hex(size_hex, SIZE_CHARS):
@@ -175,8 +189,7 @@ class WeightDataPort:
         with self._cond:
             if not self._cond.wait_for(lambda: token in self._arrived or self._closed, timeout_s):
                 raise WeightUpdateError(
-                    f"no connection with this update's data token reached the weights data port {self.port} "
-                    f"within {timeout_s:.0f}s (is the port reachable from the pusher?)"
+                    f"{NOT_ARRIVED} {self.port} within {timeout_s:.0f}s (is the port reachable from the pusher?)"
                 )
             if self._closed:
                 raise WeightUpdateError("the weights data port is shutting down")
@@ -261,7 +274,7 @@ def connect(
 
 class DataPortSender(WeightSender):
     """The bytes on the replica's data port `port` while the header, once hashed, goes in the call; the gRPC
-    stream when the port cannot be reached."""
+    stream when the port cannot be reached or the replica says the connection never reached it."""
 
     via = "data_port"
 
@@ -270,13 +283,31 @@ class DataPortSender(WeightSender):
         self.port = port
 
     def send(self, push: Push) -> rollout_pb2.UpdateWeightsResponse:
-        tensors, version, address = push.tensors, push.version, push.address
-        token = new_token()
-        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        token, address = new_token(), push.address
+        size = sum(t.numel() * t.element_size() for t in push.tensors.values())
         conn = connect(split_host(address), self.port, token, size, push.ca_file)
         if conn is None:  # logged: the bytes go in the stream instead
-            fallback = StreamSender(self.chunk_bytes, self.rate)
+            return self._over_stream(push)
+        try:
+            return self._over_port(push, conn, token)
+        except grpc.RpcError as exc:
+            # A connection the port refused (all its slots held) or dropped before its greeting was read: the
+            # replica claimed nothing, so the update was never applied and the stream can carry it whole.
+            if exc.code() != grpc.StatusCode.INVALID_ARGUMENT or NOT_ARRIVED not in (exc.details() or ""):
+                raise
+            host = split_host(address)
+            log.warning("weights data port %s:%d took none of the data; sending the weights over gRPC", host, self.port)
+            return self._over_stream(push)
+
+    def _over_stream(self, push: Push) -> rollout_pb2.UpdateWeightsResponse:
+        fallback = StreamSender(self.chunk_bytes, self.rate)
+        try:
             return fallback.send(push)
+        finally:
+            self.bytes_sent += fallback.bytes_sent  # the pusher's egress, whichever way the bytes went
+
+    def _over_port(self, push: Push, conn: socket.socket, token: str) -> rollout_pb2.UpdateWeightsResponse:
+        tensors, version, address = push.tensors, push.version, push.address
         with conn, ThreadPoolExecutor(1, thread_name_prefix="weights-sha256") as hasher:
             # The bytes go out while the header's sha256 is computed (hashlib releases the GIL).
             header = hasher.submit(lambda: make_header(tensors, version, resolve(push.checksum)))
