@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from grpo.common.net import free_port
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.common.weight_data_port import DATA_TOKEN_KEY, connect, new_token
+from grpo.common.weight_data_port import DATA_TOKEN_KEY, MAX_WAITING, connect, new_token
 from grpo.common.weights import iter_weight_chunks, make_header, push_weights, tensor_bytes, weights_checksum
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
@@ -114,7 +115,7 @@ def test_generate_continues_a_begun_answer(stub: pb_grpc.RolloutServiceStub) -> 
         ([pb.Prompt(text="")], GREEDY, "prompts[0] is empty"),
         ([pb.Prompt(text="1 2 3 " * 200)], GREEDY, "exceeds the model context of 512 tokens"),
         (PROMPTS, pb.SamplingParams(n=1, top_p=2, max_new_tokens=4), "top_p must be in (0, 1]"),
-        (PROMPTS, pb.SamplingParams(n=1, temperature=-1, max_new_tokens=4), "temperature must be >= 0"),
+        (PROMPTS, pb.SamplingParams(n=1, temperature=-1, max_new_tokens=4), "temperature must be a finite number >= 0"),
         (PROMPTS, pb.SamplingParams(n=1, max_new_tokens=0), "max_new_tokens must be >= 1"),
         (PROMPTS, pb.SamplingParams(n=1000, max_new_tokens=4), "over this replica's limit"),
     ],
@@ -348,3 +349,20 @@ def test_weights_token_guards_only_update_weights(tmp_path: Path, weights: dict[
             assert _version(stub) == 1
     finally:
         assert proc.stop() == 0, proc.log_text()[-2000:]
+
+
+@pytest.mark.slow  # the replica waits out its 30 s hello timeout before it says the connection never came
+def test_a_push_the_full_data_port_refuses_goes_over_the_stream(
+    rollout: RolloutProc, stub: pb_grpc.RolloutServiceStub, weights: dict[str, torch.Tensor]
+) -> None:
+    loaded = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+    silent = [socket.create_connection(("127.0.0.1", rollout.data_port)) for _ in range(MAX_WAITING)]  # every slot
+    new, streamed = perturbed(weights, seed=3000), update_bytes(rollout, "stream")
+    try:
+        time.sleep(0.3)  # all accepted: the pusher's connection is accepted, then closed
+        reply = push_weights(rollout.address, new, loaded.weight_version + 1, timeout_s=90, data_port=rollout.data_port)
+    finally:
+        for conn in silent:
+            conn.close()
+    assert reply.checksum == weights_checksum(new)
+    assert update_bytes(rollout, "stream") - streamed == sum(t.numel() * t.element_size() for t in new.values())

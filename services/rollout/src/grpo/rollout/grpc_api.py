@@ -17,7 +17,7 @@ from grpo.common.weight_receiver import StreamMessage, decode_chunk
 from grpo.common.weight_relay import Relayer, ReplicaRelay, plan_in, relayed_trailer
 from grpo.common.weights import WeightUpdateError
 from grpo.rollout.engines.base import PromptOutput, SamplingParams
-from grpo.rollout.service import Limits, RolloutService
+from grpo.rollout.service import Limits, RolloutService, WeightsBroken
 from grpo.rollout.weight_updates import UpdateBusy
 from grpo.v1 import rollout_pb2, rollout_pb2_grpc
 
@@ -60,6 +60,12 @@ class StreamLimit:
         with self._lock:
             self._done = True
         self._timer.cancel()
+
+
+def caller_waits(context: grpc.ServicerContext) -> bool:
+    """Whether the caller still waits for this call's answer: not cancelled, and its deadline not passed."""
+    left = context.time_remaining()
+    return context.is_active() and (left is None or left > 0)
 
 
 class BadRequest(ValueError):
@@ -171,7 +177,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             prompts = encode_prompts(self.service, list(request.prompts), params.max_new_tokens)
         except BadRequest as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        outputs, version, checksum = self.service.generate(prompts, params)
+        try:
+            outputs, version, checksum = self.service.generate(prompts, params)
+        except WeightsBroken as exc:  # until a complete update: another replica, or a retry then, can serve it
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         return to_response(outputs, version, checksum, time.monotonic() - start)
 
     def UpdateWeights(
@@ -198,11 +207,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 lock_timeout_s=limit.limit_s,
                 data_timeout_s=limit.limit_s,
                 relay=relay,
+                wanted=lambda: caller_waits(context),
             )
         except WeightUpdateError as exc:
             code = grpc.StatusCode.FAILED_PRECONDITION if exc.precondition else grpc.StatusCode.INVALID_ARGUMENT
             self._reject(context, relay, code, f"weight update rejected, version {self.service.version} keeps "
                          f"serving: {exc}")  # fmt: skip
+        except WeightsBroken as exc:
+            self._reject(context, relay, grpc.StatusCode.INTERNAL, f"weight update failed: {exc}")
         except UpdateBusy as exc:
             self._reject(
                 context, relay, grpc.StatusCode.ABORTED, f"{exc}; version {self.service.version} keeps serving"

@@ -20,11 +20,14 @@ def http_routes(service: RolloutService, readiness: Readiness | None = None) -> 
                 # `weight_*`: the reward service's `version` is its package version; these are the loaded weights.
                 "weight_version": service.version,
                 "weight_checksum": service.checksum,
+                "weights_broken": service.broken,  # null unless a copy failed part-way (then /readyz is 503)
             }
         )
 
     def readyz() -> Response:
         missing = readiness.problems()
+        if service.broken is not None:  # mixed weights: no generation until a complete update
+            missing.insert(0, f"weights: {service.broken}")
         body = {"ready": not missing, "missing": missing, "weight_version": service.version}
         return json_response(body, 503 if missing else 200)
 

@@ -2,7 +2,8 @@
 
 The gRPC servicer and the Redis worker (grpo.rollout.worker) both call this object in-process. Weight
 updates are received and checked by `updates` (grpo.rollout.weight_updates), which swaps them in through
-`load_weights`; counters live in `stats` and `metrics` (grpo.rollout.stats).
+`load_weights`; counters live in `stats` and `metrics` (grpo.rollout.stats). An engine copy that fails
+part-way leaves the replica `broken` (mixed weights): it refuses to generate until a complete update.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class Status:
     weights_data_port: int
 
 
+class WeightsBroken(RuntimeError):
+    """The live weights are a mix of two versions (a copy failed part-way): nothing is generated from them."""
+
+
 class RolloutService:
     """Owns the engine; `generate` and `load_weights` never overlap, so no sample mixes two versions."""
 
@@ -54,11 +59,16 @@ class RolloutService:
         self.limits = limits or Limits()
         self.version = 0
         self.checksum = engine.weights_checksum()
+        self.broken: str | None = None  # why the live weights are mixed, after a copy failed part-way
         self.metrics = Metrics()
         self.stats = GenerationStats(self.metrics)
-        self.updates = WeightUpdates(engine.weight_specs(), lambda: self.version, self.load_weights, self.metrics)
+        # Engine calls: generate / load_weights. Reentrant: an update waits for it (giving up when its caller
+        # does) before calling load_weights, which takes it again.
+        self._gen_lock = threading.RLock()
+        self.updates = WeightUpdates(
+            engine.weight_specs(), lambda: self.version, self.load_weights, self.metrics, engine_lock=self._gen_lock
+        )
         self.grpc_port = 0  # set by __main__ once bound: the worker registers it
-        self._gen_lock = threading.Lock()  # engine calls: generate / load_weights
         log.info("rollout service: model %s, engine %s, checksum %s", model, engine.name, self.checksum[:12])
 
     @property
@@ -90,6 +100,8 @@ class RolloutService:
         self.stats.started()
         try:
             with self._gen_lock:
+                if self.broken is not None:
+                    raise WeightsBroken(f"replica {self.replica_id} is not serving: {self.broken}")
                 outputs = self.engine.generate(prompts, params)
                 version, checksum = self.version, self.checksum
         finally:
@@ -99,10 +111,26 @@ class RolloutService:
         return outputs, version, checksum
 
     def load_weights(self, version: int, checksum: str, tensors: dict[str, Any]) -> None:
-        """Swap checked weights in between generation calls (WeightUpdates calls this, in version order)."""
+        """Swap checked weights in between generation calls (WeightUpdates calls this, in version order).
+
+        Raises WeightsBroken when the engine's copy fails: it copies tensor by tensor, so some may already hold
+        the new version. The replica then refuses to generate until a complete update succeeds."""
         with self._gen_lock:
-            self.engine.load_weights(tensors)
+            try:
+                self.engine.load_weights(tensors)
+            except Exception as exc:
+                self.broken = (
+                    f"the copy of weight version {version} failed part-way ({type(exc).__name__}: {exc}); the "
+                    f"weights may mix it with version {self.version} until a complete update is applied"
+                )
+                self.metrics.weights_broken.set(1)
+                log.error("weights broken: %s", self.broken)
+                raise WeightsBroken(self.broken) from exc
             self.version, self.checksum = version, checksum
+            if self.broken is not None:
+                log.info("weights whole again at version %d", version)
+            self.broken = None
+            self.metrics.weights_broken.set(0)
 
     def record_task(self, ok: bool) -> None:
         """Called by the worker loop after each task."""
@@ -129,4 +157,4 @@ class RolloutService:
         self.engine.close()
 
 
-__all__ = ["Limits", "RolloutService", "Status", "UpdateBusy", "UpdateResult", "WeightUpdateError"]
+__all__ = ["Limits", "RolloutService", "Status", "UpdateBusy", "UpdateResult", "WeightUpdateError", "WeightsBroken"]

@@ -35,6 +35,14 @@ class Metrics:
             "grpo_rollout_weight_relay_bytes", "Bytes of weight updates this replica passed on (relay fan-out)",
             registry=r,
         )  # fmt: skip
+        self.updates_in_hand = Gauge(
+            "grpo_rollout_weight_updates_in_hand",
+            "Weight updates being received or waiting to apply, each holding a model-sized buffer",
+            registry=r,
+        )
+        self.weights_broken = Gauge(
+            "grpo_rollout_weights_broken", "1 while a weight copy that failed part-way leaves mixed weights", registry=r
+        )
         self.update_seconds = Histogram("grpo_rollout_weight_update_seconds", "Receive + apply time", registry=r)
         self.version = Gauge("grpo_rollout_weight_version", "Loaded weight version", registry=r)
         self.tasks = Counter("grpo_rollout_tasks", "Worker tasks", ["result"], registry=r)

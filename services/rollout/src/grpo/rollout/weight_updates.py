@@ -4,7 +4,8 @@ Whatever transport carries the bytes (grpo.common.weight_transport), an update i
 staging buffer without any lock, checked whole (specs, size, sha256) by a WeightAssembler, and only
 then applied, under the update lock (one at a time, newer versions only) through the `load` callback,
 which holds the generation lock for the copy: no sample mixes two versions, and a bad update leaves
-the old weights serving.
+the old weights serving. An update holds its buffer until it is applied or given up, so at most
+MAX_WEIGHT_STREAMS buffers exist at once; one waiting for the engine gives up as soon as its caller has.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -26,12 +28,32 @@ from grpo.rollout.stats import Metrics
 
 log = logging.getLogger(__name__)
 
-# Weight streams received at once: a stalled one must not block the next push, and memory stays bounded.
+# Updates in hand at once (being received, or received and waiting to apply): a stalled one must not block the
+# next push, and each holds a model-sized buffer, so memory stays bounded.
 MAX_WEIGHT_STREAMS = 2
+# How often an update waiting for a lock checks that its caller still wants it.
+WAIT_POLL_S = 0.1
 
 
 class UpdateBusy(RuntimeError):
     """The update could not start or apply now (another one holds the slot or the lock); retrying may work."""
+
+
+class UpdateAbandoned(UpdateBusy):
+    """The caller went away (cancelled, or past its deadline) before the update could be applied."""
+
+
+def _always() -> bool:
+    return True
+
+
+def acquire(lock: Any, timeout_s: float, wanted: Callable[[], bool]) -> bool:
+    """`lock.acquire(timeout=timeout_s)`, given up early (False) once `wanted()` is false."""
+    deadline = time.monotonic() + timeout_s
+    while not lock.acquire(timeout=max(0.0, min(WAIT_POLL_S, deadline - time.monotonic()))):
+        if not wanted() or time.monotonic() >= deadline:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -64,16 +86,24 @@ class WeightUpdates:
         loaded: Callable[[], int],
         load: Callable[[int, str, dict[str, Any]], None],
         metrics: Metrics,
+        engine_lock: Any = None,
     ) -> None:
         self.specs = specs
         self._loaded = loaded
         self._load = load
         self.metrics = metrics
+        # The (reentrant) lock `load` takes for the copy, when it has one: waited for here, where the wait can
+        # be given up when the caller goes away, so that `load` then takes it at once.
+        self._engine_lock = engine_lock
         self.data_port: WeightDataPort | None = None  # set by __main__ unless turned off
         self._update_lock = threading.Lock()  # version check + apply, one update at a time
-        # Each update being received holds a model-sized buffer: a few at once, never unbounded.
-        self._receive_slots = threading.BoundedSemaphore(MAX_WEIGHT_STREAMS)
-        self._staging = StagingBuffers(keep=MAX_WEIGHT_STREAMS)
+        # Each update in hand holds a model-sized buffer from its first byte until it is applied or given up.
+        self._slots = threading.BoundedSemaphore(MAX_WEIGHT_STREAMS)
+        # One buffer is kept between updates (the README's "one copy of the weights as sent"); a second update
+        # in hand at the same time gets a fresh one, freed when it is done.
+        self._staging = StagingBuffers(keep=1)
+        self._pending: list[int] = []  # versions received and waiting to apply
+        self._pending_lock = threading.Lock()
         self.broadcast = BroadcastMember()  # the trainer's broadcast group, once an update invites us
 
     def source(self, data_token: str | None, broadcast: str | None = None) -> WeightSource:
@@ -90,6 +120,7 @@ class WeightUpdates:
         lock_timeout_s: float = 60.0,
         data_timeout_s: float = 300.0,
         relay: ReplicaRelay | None = None,
+        wanted: Callable[[], bool] = _always,
     ) -> UpdateResult:
         """Receive a whole update from `source` (the call's `messages` hold the header, and the bytes when they
         come in the stream), check it, then swap it in between generation calls.
@@ -97,31 +128,37 @@ class WeightUpdates:
         The bytes are received without the update lock, so a stalled pusher cannot block the next one (the
         caller bounds the stream; `data_timeout_s` bounds a side channel); only the version check and the
         apply are serialised. Raises WeightUpdateError (the old weights keep serving) when the update is bad,
-        UpdateBusy when another update keeps the lock past `lock_timeout_s` or too many are being received.
+        UpdateBusy when another update keeps the lock past `lock_timeout_s` or too many are in hand, and
+        UpdateAbandoned when `wanted()` turns false (the caller went away) before the apply began.
 
         With a `relay` the buffer is forwarded to the relay's hops as it fills, whatever becomes of this
         replica's own apply, and kept until they have all answered.
         """
         start = time.monotonic()
-        if not self._receive_slots.acquire(blocking=False):
+        if not self._slots.acquire(blocking=False):
             self.metrics.updates.labels("busy").inc()
             source.abandon()
             if relay is not None:
                 relay.join()  # nothing to forward: the sender sees no subtree results and re-routes
-            raise UpdateBusy(f"{MAX_WEIGHT_STREAMS} weight streams are already being received; retry later")
-        with self._staging.borrow() as allocate:  # the received tensors are views into its buffer until applied
-            try:
+            raise UpdateBusy(
+                f"{MAX_WEIGHT_STREAMS} weight updates are already being received or waiting to apply; retry later"
+            )
+        self.metrics.updates_in_hand.inc()
+        try:
+            # The slot is held until the buffer is given back: an update waiting for the engine holds one too.
+            with self._staging.borrow() as allocate:  # the received tensors are views into its buffer until applied
                 try:
                     got = self._receive(messages, source, allocate, start + data_timeout_s, relay)
+                    received = time.monotonic()
+                    version, checksum, size = got.version, got.checksum, got.size
+                    self._apply(version, checksum, got.tensors, lock_timeout_s, wanted)
+                    del got  # its tensors are views into the buffer: dropped before it goes back for the next update
                 finally:
-                    self._receive_slots.release()
-                received = time.monotonic()
-                version, checksum, size = got.version, got.checksum, got.size
-                self._apply(version, checksum, got.tensors, lock_timeout_s)
-                del got  # its tensors are views into the buffer: dropped before it goes back for the next update
-            finally:
-                if relay is not None:
-                    relay.join()
+                    if relay is not None:
+                        relay.join()
+        finally:
+            self.metrics.updates_in_hand.dec()
+            self._slots.release()
         applied = time.monotonic()
         self.metrics.updates.labels("ok").inc()
         self.metrics.update_bytes.labels(source.via).inc(size)
@@ -165,21 +202,53 @@ class WeightUpdates:
             if relay is not None:
                 relay.payload.end()
 
-    def _apply(self, version: int, checksum: str, tensors: dict[str, Any], lock_timeout_s: float) -> None:
-        if not self._update_lock.acquire(timeout=lock_timeout_s):
-            self.metrics.updates.labels("busy").inc()
-            raise UpdateBusy(f"another weight update is in progress (waited {lock_timeout_s:.0f}s); retry later")
+    def _apply(
+        self, version: int, checksum: str, tensors: dict[str, Any], lock_timeout_s: float, wanted: Callable[[], bool]
+    ) -> None:
+        self._check_newer(version)  # before any wait: an update that cannot apply gives its buffer back at once
+        with self._pending_lock:
+            self._pending.append(version)
         try:
-            # Checked again under the lock: a concurrent update may have applied this version or a newer one.
-            loaded = self._loaded()
-            if version <= loaded:
-                self.metrics.updates.labels("rejected").inc()
-                raise WeightUpdateError(
-                    f"version {version} is not newer than the loaded version {loaded}", precondition=True
-                )
-            self._load(version, checksum, tensors)
+            with self._locked(self._update_lock, lock_timeout_s, wanted, "another weight update is in progress"):
+                # Checked again under the lock: a concurrent update may have applied this version or a newer one.
+                self._check_newer(version)
+                with self._locked(self._engine_lock, lock_timeout_s, wanted, "a generation call holds the engine"):
+                    try:
+                        self._load(version, checksum, tensors)
+                    except Exception:
+                        self.metrics.updates.labels("failed").inc()
+                        raise
         finally:
-            self._update_lock.release()
+            with self._pending_lock:
+                self._pending.remove(version)
+
+    def _check_newer(self, version: int) -> None:
+        """WeightUpdateError (FAILED_PRECONDITION) unless `version` is newer than the loaded one and than any
+        update waiting to apply (which would make this one stale the moment it landed)."""
+        loaded = self._loaded()
+        with self._pending_lock:
+            waiting = max(self._pending, default=-1)
+        if version <= loaded or version < waiting:
+            self.metrics.updates.labels("rejected").inc()
+            newer = f"the loaded version {loaded}" if version <= loaded else f"version {waiting}, waiting to apply"
+            raise WeightUpdateError(f"version {version} is not newer than {newer}", precondition=True)
+
+    @contextmanager
+    def _locked(self, lock: Any, timeout_s: float, wanted: Callable[[], bool], holder: str) -> Iterator[None]:
+        """Hold `lock` (nothing when None), waiting at most `timeout_s` and only while `wanted()`."""
+        if lock is None:
+            yield
+            return
+        if not acquire(lock, timeout_s, wanted):
+            if not wanted():
+                self.metrics.updates.labels("abandoned").inc()
+                raise UpdateAbandoned(f"the caller went away while {holder}; the update is dropped")
+            self.metrics.updates.labels("busy").inc()
+            raise UpdateBusy(f"{holder} (waited {timeout_s:.0f}s); retry later")
+        try:
+            yield
+        finally:
+            lock.release()
 
     def close(self) -> None:
         if self.data_port is not None:

@@ -178,11 +178,23 @@ class RolloutWorker:
         finally:
             hb_stop.set()
             hb.join(timeout=5)
+            self._leave_group()
             try:
                 self.registry.deregister(self.replica_id)
             except QueueUnavailable as exc:
                 log.warning("could not deregister (the TTL will expire it): %s", exc)
             log.info("worker %s stopped: %s", self.replica_id, self.stats.counts)
+
+    def _leave_group(self) -> None:
+        """Remove our consumer from the tasks group once our tasks are done or released: a replica id is new at
+        each start (hostname-pid), so the group would keep one idle consumer per start forever."""
+        try:
+            if not self.queue.remove_consumer(self.replica_id):
+                log.info("consumer %s stays in the tasks group: tasks are still pending under it", self.replica_id)
+        except QueueUnavailable as exc:
+            log.warning("could not remove consumer %s from the tasks group: %s", self.replica_id, exc)
+        except Exception:  # best effort: the stop goes on to deregister
+            log.exception("could not remove consumer %s from the tasks group", self.replica_id)
 
     def _next_entries(self, own_pending: bool) -> list[Entry[queue_pb2.PromptTask]]:
         """Our own unacked tasks after a restart, then dead replicas' tasks, then new ones."""
