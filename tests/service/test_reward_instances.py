@@ -91,6 +91,26 @@ def test_a_backlog_spends_the_requests_deadline_not_each_items_own(start_reward:
     assert killed() <= 1  # at most the one running at the deadline
 
 
+def test_deadlines_name_who_ran_out(start_reward: Callable[..., Any]) -> None:
+    """A program stopped by the call's deadline is DEADLINE_EXCEEDED, not a `timeout` blamed on a limit it never
+    reached; verify_code's own deadline fits its tests' limits (seven tests of 9 s once hit a fixed 60 s)."""
+    service = start_reward("--default-timeout-s", "2", workers=1)
+    sleepy = {"code": "import time\ntime.sleep(5)", "timeout_s": 4}
+    cut = httpx.post(f"{service.http_url}/v1/execute", json=sleepy, timeout=30)
+    assert cut.status_code == 504 and "short of its own 4s limit" in cut.text, cut.text
+    own = httpx.post(f"{service.http_url}/v1/execute", json={**sleepy, "timeout_s": 1}, timeout=30)
+    assert own.status_code == 200 and own.json()["status"] == "timeout", own.text
+    with grpc.insecure_channel(service.grpc_addr) as ch:
+        stub = reward_pb2_grpc.RewardServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Execute(pb.ExecuteRequest(code=sleepy["code"], timeout_s=4), timeout=10)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err.value.details()
+    tests = [{"stdin": "", "expected_stdout": "ok"}] * 3
+    slow = {"code": "import time\ntime.sleep(1.2)\nprint('ok')", "tests": tests, "timeout_s": 3}
+    judged = httpx.post(f"{service.http_url}/v1/verify/code", json=slow, timeout=60)
+    assert judged.status_code == 200 and judged.json()["passed"] == 3, judged.text  # 3.6 s of tests, default 2 s
+
+
 def test_bearer_token_on_http_and_grpc(start_reward: Callable[..., Any]) -> None:
     service = start_reward(workers=1, env={"GRPO_REWARD_TOKEN": "s3cret"})
     body = {"answer": "\\boxed{2}", "gold": "2"}

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from grpo.reward import metrics
+from grpo.reward.errors import DeadlineExceeded
 from grpo.reward.pool import DeadlinePassed, PoolFull, TaskTimeout, WorkerPool
 from grpo.reward.schemas import (
     CodeTestResult,
@@ -140,6 +141,13 @@ class ComponentRunner:
             return ExecuteResponse(status="sandbox_error", stderr=f"{type(exc).__name__}: {exc}")
         if res.status == "timeout":
             metrics.SANDBOX_KILLS.labels("sandbox").inc()
+            asked = self._limits(req.timeout_s, req.memory_mb).timeout_s
+            if limits.timeout_s < asked:  # the request's deadline stopped it, not its own limit
+                _observe("execute", "deadline", started)
+                raise DeadlineExceeded(
+                    f"request deadline exceeded: the program was stopped after {limits.timeout_s:.2f}s, the time "
+                    f"left before the call's deadline, short of its own {asked:g}s limit"
+                )
         _observe("execute", res.status, started)
         return ExecuteResponse(
             status=res.status, exit_code=res.exit_code, stdout=res.stdout, stderr=res.stderr, wall_s=res.wall_s,

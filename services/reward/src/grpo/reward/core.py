@@ -21,7 +21,7 @@ from grpo.reward import metrics
 from grpo.reward.components import ComponentRunner
 from grpo.reward.errors import DeadlineExceeded, InputError, Overloaded
 from grpo.reward.pool import WorkerPool
-from grpo.reward.sandbox.languages import TOOLCHAINS, program_files
+from grpo.reward.sandbox.languages import BUILD_LIMITS, TOOLCHAINS, program_files
 from grpo.reward.schemas import (
     CheckerProgram,
     CodeTestResult,
@@ -237,7 +237,7 @@ class RewardCore:
         self._check_tests("tests", req.tests)
         self._check_language("language", req.language, req.tests)
         self._check_checker("checker.language", req.checker)
-        deadline = self.deadline(None, remaining_s)
+        deadline = self.deadline(self._code_budget_s(req), remaining_s)
         with self.admit(len(req.tests)):
             tests = await self._within(
                 self.components.code_tests(
@@ -251,6 +251,15 @@ class RewardCore:
                 deadline,
             )
         return _code_response(tests)
+
+    def _code_budget_s(self, req: VerifyCodeRequest) -> float:
+        """verify_code's deadline before the cap: default_timeout_s, or what its builds and its tests' own limits
+        add up to when that is more (seven tests of 9 s at a 10 s limit once hit a 60 s deadline no field moved)."""
+        s = self.settings
+        per_test = min(req.timeout_s or s.code_timeout_s, s.max_code_timeout_s)
+        runs = sum(min(code_test_dict(t).get("timeout_s", per_test), s.max_code_timeout_s) for t in req.tests)
+        builds = BUILD_LIMITS.timeout_s * (2 if req.checker is not None else 1)
+        return max(s.default_timeout_s, builds + runs * (2 if req.checker is not None else 1))
 
     async def score_iter(self, req: ScoreRequest, remaining_s: float | None = None) -> AsyncIterator[ScoreResult]:
         """Yield each item's result as soon as it is done (any order)."""
