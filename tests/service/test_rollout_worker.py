@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import torch
 
 from grpo.common.net import free_port
 from grpo.common.queue import Entry, RunQueue, connect
@@ -23,7 +24,7 @@ from grpo.local.redis_server import RedisServer
 from grpo.rollout.engines.base import Sample
 from grpo.rollout.engines.hf import HFEngine
 from grpo.rollout.records import Generated, batches, score_items
-from grpo.rollout.service import RolloutService
+from grpo.rollout.service import RolloutService, WeightsBroken
 from grpo.rollout.settings import RolloutSettings
 from grpo.rollout.worker import RolloutWorker, run_worker
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
@@ -345,6 +346,38 @@ def test_stop_finishes_the_batch_in_hand_and_releases_the_rest(
     assert [c["name"] for c in consumers] == [b"w1"]  # it holds the released tasks: its consumer stays
     released = queue.reclaim_tasks("other", min_idle_ms=60_000, count=10)  # no waiting for the idle threshold
     assert sorted(e.message.task_id for e in released if e.message) == sorted({"s0", "s1", "s2"} - written)
+
+
+def test_a_replica_with_mixed_weights_takes_no_task_until_a_complete_update(
+    queue: RunQueue, redis_url: str, live_reward: Any
+) -> None:
+    """A copy that failed part-way leaves some tensors at the new version: the worker must not sample from that
+    mix (nor fail the tasks it holds); it takes no task until a complete update, and stays registered for it."""
+    model = str(ensure_tiny_model())
+    svc = RolloutService(HFEngine(model, torch_threads=1), model, "inproc")
+    try:
+        assert isinstance(svc.engine, HFEngine)
+        live = svc.engine.weights()
+        new = {k: v + 0.01 for k, v in live.items()}
+        last = live[list(live)[-1]]
+        own = last.detach()
+        with torch.no_grad():  # a fault in the live memory: torch refuses the last copy, after the others
+            last.set_(torch.zeros(1, dtype=last.dtype).untyped_storage(), 0, last.shape, (0,) * last.dim())
+        with pytest.raises(WeightsBroken):
+            svc.load_weights(1, "v1", new)
+        queue.publish_tasks([math_task("b1", 1, 1)])
+        registry = ReplicaRegistry(connect(redis_url), RUN)
+        with worker(svc, redis_url, live_reward.grpc_addr, replica_id="broken"):
+            time.sleep(2.0)
+            assert [r.replica_id for r in registry.live_replicas()] == ["broken"]  # reachable for the repair
+            assert queue.stats()["tasks"].lag == 1 and queue.stats()["tasks"].pending == 0  # not taken
+            with torch.no_grad():
+                last.set_(own.untyped_storage(), own.storage_offset(), own.shape, own.stride())
+            svc.load_weights(2, "v2", new)  # the trainer's next push, complete
+            (group,) = wait_groups(queue, {"b1"})["b1"]
+        assert (group.status, group.weight_version) == ("ok", 2)
+    finally:
+        svc.close()
 
 
 def test_worker_survives_a_redis_restart(service: RolloutService, live_reward: Any) -> None:

@@ -34,7 +34,7 @@ from grpo.common.retry import Backoff, RetryPolicy
 from grpo.common.reward_client import RewardClient
 from grpo.rollout.grpc_api import encode_prompts, sampling_params
 from grpo.rollout.records import Generated, batches, failed_record, group_records, score_items
-from grpo.rollout.service import RolloutService
+from grpo.rollout.service import RolloutService, WeightsBroken
 from grpo.rollout.settings import RolloutSettings
 from grpo.v1 import queue_pb2, reward_pb2
 
@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 LOOP_RETRY = RetryPolicy(base_s=0.5, cap_s=10.0)  # the read loop: forever, reset after each batch
 BATCH_RETRY = RetryPolicy(base_s=0.5, cap_s=5.0)  # one task that failed to generate (attempts from settings)
 WRITE_RETRY = RetryPolicy(base_s=0.5, cap_s=5.0, attempts=5)  # append + ack through a short Redis outage
+BROKEN_WAIT_S = 1.0  # how often a replica with mixed weights looks again (a complete push repairs it)
 
 Scorer = Callable[[list[reward_pb2.ScoreItem]], list[reward_pb2.ScoreResult]]
 OUTCOMES = ("done", "failed", "reclaimed", "dropped", "invalid", "redis_errors")
@@ -96,8 +97,10 @@ class RolloutWorker:
         data_port: int = 0,
         stats: WorkerStats | None = None,
         on_written: Callable[[bool], None] | None = None,
+        broken: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.generate, self.weight_info, self.score = generate, weight_info, score
+        self.broken = broken  # why this replica cannot generate now (mixed weights), or None
         self.queue, self.registry = queue, registry
         self.replica_id, self.address, self.options = replica_id, address, options
         self.data_port = data_port
@@ -166,6 +169,8 @@ class RolloutWorker:
                 try:
                     if first:
                         self.queue.ensure_groups()
+                    if self._paused(stop_event):
+                        continue
                     entries = self._next_entries(own_pending=first)
                     first = False
                     self._handle(entries, stop_event)
@@ -173,6 +178,8 @@ class RolloutWorker:
                 except QueueUnavailable as exc:
                     self.stats.add("redis_errors")
                     backoff.wait(f"redis unavailable: {exc}")
+                except WeightsBroken:  # mid-batch: _handle released the batch to other replicas
+                    continue
                 except Exception as exc:  # a bug or an unexpected Redis reply: keep serving, loudly
                     backoff.wait(f"{type(exc).__name__}: {exc}", exc_info=True)
         finally:
@@ -195,6 +202,16 @@ class RolloutWorker:
             log.warning("could not remove consumer %s from the tasks group: %s", self.replica_id, exc)
         except Exception:  # best effort: the stop goes on to deregister
             log.exception("could not remove consumer %s from the tasks group", self.replica_id)
+
+    def _paused(self, stop_event: threading.Event) -> bool:
+        """While the weights are mixed (a copy failed part-way) take no task: other replicas do them, and the
+        heartbeat keeps us in the registry, where the trainer's next push repairs us."""
+        why = self.broken()
+        if why is None:
+            return False
+        log.warning("not taking tasks: %s", why)
+        stop_event.wait(BROKEN_WAIT_S)
+        return True
 
     def _next_entries(self, own_pending: bool) -> list[Entry[queue_pb2.PromptTask]]:
         """Our own unacked tasks after a restart, then dead replicas' tasks, then new ones."""
@@ -250,6 +267,8 @@ class RolloutWorker:
                 raise
             except Stopping:
                 return  # released by _handle
+            except WeightsBroken:
+                raise  # _handle releases the batch to other replicas: not the task's fault
             except ValueError as exc:  # a bad task (e.g. prompt too long): retrying cannot help
                 error, retry = f"invalid task: {exc}", False
             except Exception as exc:
@@ -385,6 +404,7 @@ def run_worker(service: RolloutService, settings: RolloutSettings, stop_event: t
         data_port=service.data_port.port if service.data_port is not None else 0,
         stats=WorkerStats(service.metrics.registry),
         on_written=service.record_task,
+        broken=lambda: service.broken,
     )
     log.info(
         "worker %s: run %s on %s, reward service %s",
