@@ -170,6 +170,22 @@ def test_runtime_error_timeout_and_memory_limit(sandbox: Sandbox, language: str)
     assert hog.status == "memory_limit", (hog.status, hog.exit_code, hog.peak_memory_mb, hog.stderr[-500:])
 
 
+SHARED_HOG = (  # 256 MiB in a shared mapping, every page touched, then a clean exit
+    "#define _GNU_SOURCE\n#include <stdio.h>\n#include <string.h>\n#include <sys/mman.h>\n"
+    "int main(){ size_t n = 256u << 20; char *p = mmap(0, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,"
+    ' -1, 0); if (p == MAP_FAILED) { puts("refused"); return 0; } memset(p, 1, n); puts("held"); return 0; }'
+)
+
+
+def test_memory_outside_the_rlimits_is_still_a_memory_limit(sandbox: Sandbox) -> None:
+    """RLIMIT_DATA (native code, the JVM, V8) does not count shared mappings, and no rlimit counts a memfd: a
+    C program held 1 GiB under a 128 MiB limit and passed, Python 960 MiB in memfds under 64 MiB."""
+    shared = sandbox.run(SHARED_HOG, limits=Limits(timeout_s=10.0, memory_mb=64), language="c")
+    assert shared.status == "memory_limit" and shared.peak_memory_mb > 256, shared
+    memfd = sandbox.run("import os\nos.memfd_create('x')", limits=FAST)
+    assert memfd.status == "runtime_error" and "PermissionError" in memfd.stderr, memfd
+
+
 @pytest.mark.parametrize("language", LANGUAGES)
 def test_attacks_are_contained(sandbox: Sandbox, language: str, listener: int) -> None:
     for program, expected in (

@@ -156,11 +156,13 @@ def build_root(cfg: dict, uid: int) -> None:
 # blocks the same ones. clone3 answers ENOSYS so libc falls back to clone, whose flags can be checked.
 # prlimit64 works on the caller only (pid 0, which is how libc's setrlimit calls it): in a batch the runs share
 # their uid with the supervisor, whose limits they must not change.
+# memfd_create too: a memfd's pages are charged to no rlimit of the process (16 MiB each by RLIMIT_FSIZE, 256
+# of them per process), so sixty of them held 960 MiB under a 64 MiB limit.
 DENY = {
     "x86_64": (0xC000003E, 56, (272, 308, 165, 166, 155, 101, 321, 298, 323, 250, 248, 249, 425, 310, 311, 246,
-               175, 313, 176, 161, 304, 303, 428, 429, 430, 431, 432, 442, 163, 167, 168, 169, 103, 179)),
+               175, 313, 176, 161, 304, 303, 428, 429, 430, 431, 432, 442, 163, 167, 168, 169, 103, 179, 319)),
     "aarch64": (0xC00000B7, 220, (97, 268, 40, 39, 41, 117, 280, 241, 282, 219, 217, 218, 425, 270, 271, 104,
-                105, 273, 106, 51, 265, 264, 428, 429, 430, 431, 432, 442, 89, 224, 225, 142, 116, 60)),
+                105, 273, 106, 51, 265, 264, 428, 429, 430, 431, 432, 442, 89, 224, 225, 142, 116, 60, 279)),
 }  # fmt: skip
 CLONE3 = 435
 PRLIMIT64 = {"x86_64": 302, "aarch64": 261}

@@ -286,7 +286,10 @@ def classify(reply: dict[str, Any]) -> tuple[str, int | None]:
     if reply["verdict"] is not None:  # killed by us (deadline or output limit): no exit code of its own
         return reply["verdict"], None
     if exit_code == 0:
-        return "ok", 0
+        # Shared mappings escape RLIMIT_DATA (native code, the JVM, V8): a run that held more than its limit that
+        # way and exited 0 still broke it. Its resident peak counts them.
+        over = reply.get("peak_mb", 0.0) > reply.get("memory_limit_mb", float("inf"))
+        return ("memory_limit", 0) if over else ("ok", 0)
     # A SIGKILL we did not send, with the CPU time used up, came from the kernel: the CPU-time rlimit, a deadline
     # too. (A single run is its namespace's init, which nothing inside can SIGKILL; a batch's run could kill
     # itself, and then it failed either way.) wait4's user+system time falls short
