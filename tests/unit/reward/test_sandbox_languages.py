@@ -240,6 +240,26 @@ def test_checker_programs_decide(sandbox: Sandbox, checker_language: str) -> Non
     assert result.verdict == "checker_error"  # the judge failed: never a verdict on the program
 
 
+CRASHING_CHECKERS = {  # each dies of an uncaught error, with its runtime's reject-looking exit code (1 or 2)
+    "javascript": 'const fs = require("fs"); JSON.parse(fs.readFileSync(process.argv[3], "utf8"));',
+    "java": "public class Main { public static void main(String[] a) { Object o = null; o.hashCode(); } }",
+    "go": 'package main\nimport "os"\nfunc main() { var xs []int; _ = os.Args; println(xs[5]) }',
+    "python": "import json, sys\njson.loads(open(sys.argv[2]).read())",
+}
+
+
+@pytest.mark.parametrize("checker_language", sorted(CRASHING_CHECKERS))
+def test_a_checker_that_crashes_is_a_checker_error_not_a_rejection(sandbox: Sandbox, checker_language: str) -> None:
+    """node and Java exit 1 on an uncaught error, Go 2 on a panic: testlib's reject codes. Read as rejections,
+    a broken judge failed right answers."""
+    from grpo.reward.verifiers.code import Checker, Judge
+
+    judge = Judge(checker=Checker(checker_language, CRASHING_CHECKERS[checker_language]))
+    tests = [{"stdin": "hello\n", "expected_stdout": '{"v": 1}'}]
+    [result] = run_code_tests(sandbox, "print(input())", tests, "python", timeout_s=10.0, judge=judge)
+    assert result.verdict == "checker_error", (result.verdict, result.detail)
+
+
 # The same judge written the Codeforces way: testlib's streams, ranges and verdicts (testlib.h ships with the sandbox).
 TESTLIB_CHECKER = """#include "testlib.h"
 int main(int argc, char* argv[]) {

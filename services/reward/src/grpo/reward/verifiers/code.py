@@ -16,6 +16,21 @@ VERDICTS = ("pass", "fail", "compile_error", "timeout", "runtime_error", "memory
             "checker_error", "sandbox_error")  # fmt: skip
 COMPARES = ("lines", "exact", "tokens", "case_insensitive", "float")
 CHECKER_REJECTS = frozenset({1, 2, 4, 7, 8})  # testlib's _wa, _pe, _dirt, _points, _unexpected_eof
+# How each runtime reports an uncaught error on stderr (C and C++ die of a signal instead, never a reject code).
+CRASH_MARKS = {
+    "python": re.compile(r"^Traceback \(most recent call last\):", re.MULTILINE),
+    "javascript": re.compile(r"^\s+at .+:\d+:\d+\)?$|^\S*Error: |^Uncaught ", re.MULTILINE),
+    "typescript": re.compile(r"^\s+at .+:\d+:\d+\)?$|^\S*Error: |^Uncaught ", re.MULTILINE),
+    "java": re.compile(r"^Exception in thread ", re.MULTILINE),
+    "go": re.compile(r"^panic: |^goroutine \d+ \[", re.MULTILINE),
+    "rust": re.compile(r"^thread '.*' panicked at ", re.MULTILINE),
+}
+
+
+def checker_crashed(language: str, stderr: str) -> bool:
+    """Whether a checker's stderr shows its runtime's crash report (then its exit code is no verdict)."""
+    mark = CRASH_MARKS.get(language)
+    return mark is not None and mark.search(stderr) is not None
 
 
 @dataclass(frozen=True)
@@ -219,8 +234,9 @@ def run_code_tests(
         message = (said.stderr or said.stdout).strip()[:500]
         if said.status == "ok":
             return "pass", ""
-        # A Python checker that raises also exits 1: its traceback marks a crash, not a rejection.
-        crashed = checker.language == "python" and "Traceback (most recent call last)" in said.stderr
+        # A runtime's crash exits with a reject's code too (Python, node, Java: 1; Go's panic: 2): its last words
+        # mark a crash, not a rejection.
+        crashed = checker_crashed(checker.language, said.stderr)
         if said.status == "runtime_error" and said.exit_code in CHECKER_REJECTS and not crashed:
             return "fail", f"the checker rejected the output: {message}"
         return "checker_error", f"the checker failed ({said.status}, exit code {said.exit_code}): {message}"
