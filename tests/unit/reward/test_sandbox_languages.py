@@ -152,6 +152,18 @@ def test_pass_and_wrong_answer(sandbox: Sandbox, language: str) -> None:
     assert [r.verdict for r in wrong] == ["fail", "fail"], [r.stderr for r in wrong]
 
 
+def test_a_build_output_too_large_to_keep_is_a_compile_error(sandbox: Sandbox) -> None:
+    """40 MB of initialised data in the binary: it once filled each run's scratch (ENOSPC in the worker: every
+    test a sandbox_error, a worker restarted), and at 200 MB timed the worker out copying it back."""
+    big = 'char data[40 << 20] = {1};\n#include <stdio.h>\nint main(){ puts("hi"); return data[0] - 1; }'
+    tests = [{"stdin": "", "expected_stdout": "hi"}] * 2
+    results = run_code_tests(sandbox, big, tests, "c", timeout_s=10.0)
+    assert [r.verdict for r in results] == ["compile_error"] * 2, [(r.verdict, r.stderr[-200:]) for r in results]
+    assert "the build's output is over 32 MiB" in results[0].stderr
+    small = run_code_tests(sandbox, big.replace("40 << 20", "1 << 20"), tests, "c", timeout_s=10.0)
+    assert [r.verdict for r in small] == ["pass", "pass"], [r.stderr for r in small]
+
+
 @pytest.mark.parametrize("language", sorted(SYNTAX_ERROR))
 def test_compile_error_carries_the_compilers_message(sandbox: Sandbox, language: str) -> None:
     tests = [{"stdin": "", "expected_stdout": ""}] * 3

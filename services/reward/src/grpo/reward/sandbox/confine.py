@@ -277,17 +277,19 @@ def collect_files(patterns: list[str], max_bytes: int) -> tuple[dict[str, str], 
         except OSError:
             continue  # a symlink or something else that is not the run's own file
         try:
-            if os.fstat(fd).st_mode & 0o170000 != 0o100000:  # not S_IFREG
+            st = os.fstat(fd)
+            if st.st_mode & 0o170000 != 0o100000:  # not S_IFREG
                 continue
-            data = b""
-            while len(data) <= max_bytes - total and (chunk := os.read(fd, 1 << 20)):
-                data += chunk
+            total += st.st_size  # every process of the run is gone: the size no longer changes
+            if total > max_bytes:
+                return out, f"output files exceed {max_bytes} bytes"
+            data = bytearray(st.st_size)  # one buffer: appending chunks copied 100 MiB in 7 s
+            view, got = memoryview(data), 0
+            while got < len(data) and (n := os.readv(fd, [view[got:]])):
+                got += n
         finally:
             os.close(fd)
-        total += len(data)
-        if total > max_bytes:
-            return out, f"output files exceed {max_bytes} bytes"
-        out[name] = base64.b64encode(data).decode()
+        out[name] = base64.b64encode(view[:got]).decode()
     return out, ""
 
 

@@ -57,6 +57,7 @@ class Launch:
     memory_kind: str = "as"  # "as": RLIMIT_AS; "data": RLIMIT_DATA, for runtimes that reserve address space
     stack_mb: int | None = None
     extra_memory_mb: int = 0  # the runtime's own needs, on top of the program's limit
+    collect_max_bytes: int | None = None  # what `collect` may bring back in all; None: the run's scratch size
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ def build_launch(language: str, program: str, tools: dict[str, str]) -> Launch |
     return Launch(
         files={chain.source: program}, argv=argv_for(chain.compile, tools, 0), collect=chain.artifacts,
         memory_kind="data", binary_files={name: header(name) for name in chain.headers}, held=frozenset(chain.headers),
+        collect_max_bytes=MAX_BUILD_OUTPUT_BYTES,
     )  # fmt: skip
 
 
@@ -190,6 +192,10 @@ def run_launch(
     )  # fmt: skip
 
 
+# A build's outputs are kept by the worker for the runs (32 MiB of held programs) or written into each run's
+# scratch: past this, a program (a C file with 200 MB of initialised data, say) is a compile_error, not a
+# worker that fills its scratch or times out copying it.
+MAX_BUILD_OUTPUT_BYTES = 32 << 20
 BUILD_LIMITS = Limits(timeout_s=30.0, memory_mb=2048, max_processes=64, max_file_bytes=256 << 20, scratch_mb=512)
 
 
@@ -203,7 +209,10 @@ def build(sandbox: Sandbox, language: str, program: str) -> tuple[ExecResult | N
         return None, result.files
     if result.status == "sandbox_error":
         return result, {}
-    why = {"ok": "the build produced nothing", "runtime_error": ""}.get(result.status, f"the build hit {result.status}")
+    too_big = f"the build's output is over {MAX_BUILD_OUTPUT_BYTES >> 20} MiB"
+    why = {"ok": "the build produced nothing", "runtime_error": "", "output_limit": too_big}.get(
+        result.status, f"the build hit {result.status}"
+    )
     stderr = f"{result.stderr}\n{why}".strip() if why else result.stderr
     return ExecResult("compile_error", result.exit_code, result.stdout, stderr, result.wall_s), {}
 

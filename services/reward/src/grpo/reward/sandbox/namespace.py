@@ -331,7 +331,7 @@ def request_for(launch: Launch, limits: Limits) -> dict[str, Any]:
             "memory_mb": limits.memory_mb + launch.extra_memory_mb,
             "memory_kind": launch.memory_kind,
             "stack_mb": launch.stack_mb,
-            "collect_max_bytes": limits.scratch_mb << 20,
+            "collect_max_bytes": launch.collect_max_bytes or limits.scratch_mb << 20,
             "max_output_bytes": limits.max_output_bytes,
             "max_processes": limits.max_processes,
             "max_file_bytes": limits.max_file_bytes,
