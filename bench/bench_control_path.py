@@ -228,10 +228,23 @@ class StandInLearner:
         self.version += 1
         return {"samples": float(len(samples))}
 
-    def save(self, root: Path, *, step: int, data_cursor: Any, inflight: Any, keep_last: int) -> Path:
+    def save(
+        self,
+        root: Path,
+        *,
+        step: int,
+        data_cursor: Any,
+        inflight: Any,
+        keep_last: int,
+        outcomes: Any,
+        ledger_root: Path,
+    ) -> Path:
+        from grpo.trainer.ledger import write_segment
+
         path = root / f"step-{step:08d}"
         path.mkdir(parents=True, exist_ok=True)
         (path / "state.json").write_text(json.dumps({"data_cursor": data_cursor, "inflight": inflight}))
+        write_segment(ledger_root, step, outcomes)  # as save_checkpoint: the step's segment after its checkpoint
         return path
 
     def save_final(self, folder: Path) -> None:

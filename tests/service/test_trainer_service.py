@@ -299,6 +299,33 @@ def test_a_group_of_discarded_weights_gets_its_task_regenerated(
     assert replica_status(rollout.address).weight_version == 9
 
 
+def test_after_a_full_restart_the_next_version_is_above_every_version_ever_pushed(
+    tmp_path: Path, redis_url: str, rollout_for: Any
+) -> None:
+    """Trainer and replicas restarted together (a node lost, `docker compose up` after a crash): the replicas
+    report 0, and numbering from them and the checkpoint alone reused the lost lineage's first version, whose
+    groups then trained as on-policy. The output dir remembers the highest version pushed."""
+    from grpo.trainer.config import TrainerSettings
+    from grpo.trainer.control import RunControl
+    from grpo.trainer.pusher import highest_pushed, record_pushed, replica_status
+    from grpo.trainer.run import GrpoRun
+
+    rollout = rollout_for("restart")
+    config = json.loads(trainer_config(tmp_path, "restart", redis_url, prompts_per_step=1).read_text())
+    settings = TrainerSettings(**config)
+    record_pushed(settings.output_dir, 6)  # the crashed trainer pushed 6 after its checkpoint at 5
+    run = GrpoRun(settings, RunControl())
+    try:
+        run.learner.set_version(5)  # the books as restored from that checkpoint
+        run.resumed_version = 5
+        assert replica_status(rollout.address).weight_version == 0  # restarted too
+        run._start_replicas()
+    finally:
+        run.close()
+    assert run.version == 7 and run.acct.version_aliases == [(5, 7)]  # 6 belongs to the lost lineage
+    assert replica_status(rollout.address).weight_version == 7 and highest_pushed(settings.output_dir) == 7
+
+
 def test_dapo_dynamic_sampling_one_step_off_policy(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
     rollout_for("dapo")
     config = trainer_config(tmp_path, "dapo", redis_url, steps=4, preset="dapo", max_staleness=1, max_refill_per_step=3)

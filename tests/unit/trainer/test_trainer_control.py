@@ -95,7 +95,8 @@ def test_verify_reply() -> None:
 
 def test_ledger_segments_and_resume_truncation(tmp_path: Path) -> None:
     write_segment(tmp_path, 2, [("a", "trained"), ("b", "stale")])
-    write_segment(tmp_path, 2, [("c", "trained")])  # a second checkpoint of the same step extends it
+    # A second checkpoint of the same step rewrites the step's whole segment (the checkpoint carries it).
+    write_segment(tmp_path, 2, [("a", "trained"), ("b", "stale"), ("c", "trained")])
     write_segment(tmp_path, 4, [("d", "zero_variance")])
     assert [e["task_id"] for e in read_ledger(tmp_path)] == ["a", "b", "c", "d"]
     assert drop_after(tmp_path, 2) == 1  # resuming from step 2 discards step 4's outcomes

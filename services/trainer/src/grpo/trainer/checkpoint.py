@@ -2,7 +2,10 @@
 
 Layout: <root>/step-00000042/{model/ (HF save_pretrained), optimizer.pt, scheduler.pt, rng_rank<r>.pt,
 trainer_state.json}. A checkpoint is written under <root>/.tmp-step-…, fsynced, then renamed: a crash
-leaves either the previous checkpoints or a temp dir that `latest_checkpoint` never picks.
+leaves either the previous checkpoints or a temp dir that `latest_checkpoint` never picks. Re-saving a step
+first renames the old copy to .old-step-…, which stands for the step until the new copy has its name, so a
+crash never leaves a step without a complete copy. The checkpoint also carries its step's ledger segment,
+written to the ledger only after the rename, so the ledger never runs ahead of the checkpoints (`rewind`).
 """
 
 from __future__ import annotations
@@ -20,10 +23,15 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from grpo.trainer.ledger import drop_after, write_segment
+
 log = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
 _NAME = re.compile(r"^step-(\d{8,})$")
+_SIDE = re.compile(r"^\.old-step-(\d{8,})$")  # the old copy of a step being re-saved
+ABANDONED = "abandoned-"  # prefix of checkpoints a resume from an earlier step set aside
+Outcomes = list[tuple[str, str]]
 
 
 class Checkpointable(Protocol):
@@ -42,6 +50,7 @@ class CheckpointInfo:
     step: int
     data_cursor: Any
     inflight: dict[str, Any]
+    outcomes: Outcomes | None = None  # the step's ledger segment (None: a checkpoint from before it was kept)
 
 
 def checkpoint_name(step: int) -> str:
@@ -49,12 +58,23 @@ def checkpoint_name(step: int) -> str:
 
 
 def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints under `root`, oldest first (temp dirs and foreign folders ignored)."""
-    root = Path(root)
+    """Complete checkpoints under `root`, oldest first (temp dirs, set-aside and foreign folders ignored).
+
+    A step whose step-… folder is missing but whose .old-step-… copy is complete (a crash in the middle of
+    a re-save) is that copy.
+    """
+    return [p for _, p in _complete(Path(root))]
+
+
+def _complete(root: Path) -> list[tuple[int, Path]]:
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and (p / STATE_FILE).is_file()]
-    return [p for _, p in sorted(found)]
+    found: dict[int, Path] = {}
+    for p in sorted(root.iterdir(), key=lambda p: p.name.startswith(".")):  # step-N before .old-step-N
+        m = _NAME.match(p.name) or _SIDE.match(p.name)
+        if m and (p / STATE_FILE).is_file():
+            found.setdefault(int(m.group(1)), p)
+    return sorted(found.items())
 
 
 def checkpoint_step(path: Path | str) -> int:
@@ -76,11 +96,15 @@ def save_checkpoint(
     data_cursor: Any = None,
     inflight: dict[str, Any] | None = None,
     keep_last: int = 3,
+    outcomes: Outcomes | None = None,
+    ledger_root: Path | None = None,
 ) -> Path:
     """Write a checkpoint of `learner` for `step` atomically and prune all but the newest `keep_last`.
 
     Every rank calls this (DeepSpeed writes per-rank shards); rank 0 owns the folder operations.
     `data_cursor` and `inflight` must be JSON-able: they come back unchanged from `load_checkpoint`.
+    `outcomes` is the whole ledger segment of `step`: it goes into the checkpoint and, once the checkpoint
+    is in place, to `ledger_root`; a crash in between is repaired by `rewind` from the checkpoint.
     """
     root = Path(root)
     rank, backend = learner.backend.rank, learner.backend
@@ -96,12 +120,13 @@ def save_checkpoint(
     backend.barrier()
     if rank == 0:
         state = {"step": step, "data_cursor": data_cursor, "inflight": inflight or {}, "learner": learner_state}
+        if outcomes is not None:
+            state["outcomes"] = outcomes
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
         _fsync_tree(tmp)
-        if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
-            shutil.rmtree(final)
-        tmp.rename(final)
-        _fsync_dir(root)
+        _publish(tmp, final)
+        if ledger_root is not None and outcomes is not None:
+            write_segment(ledger_root, step, outcomes)
         prune_checkpoints(root, keep_last)
         log.info("checkpoint saved: %s", final)
     backend.barrier()
@@ -122,9 +147,11 @@ def load_checkpoint(path: Path | str, learner: Checkpointable) -> CheckpointInfo
         rng_file = path / "rng_rank0.pt"  # resumed with more ranks than saved: rank 0's stream
     set_rng_state(torch.load(rng_file, weights_only=False))
     log.info("resumed from %s (step %d)", path, state["step"])
+    outcomes = state.get("outcomes")
     return CheckpointInfo(
-        path=path, step=int(state["step"]), data_cursor=state["data_cursor"], inflight=state["inflight"]
-    )
+        path=path, step=int(state["step"]), data_cursor=state["data_cursor"], inflight=state["inflight"],
+        outcomes=None if outcomes is None else [(t, o) for t, o in outcomes],
+    )  # fmt: skip
 
 
 def resume(root: Path | str, learner: Checkpointable, mode: str = "auto") -> CheckpointInfo | None:
@@ -135,12 +162,57 @@ def resume(root: Path | str, learner: Checkpointable, mode: str = "auto") -> Che
     return load_checkpoint(path, learner) if path is not None else None
 
 
+def rewind(root: Path, ledger_root: Path, info: CheckpointInfo | None) -> list[Path]:
+    """Make a run's checkpoints and ledger agree with the checkpoint it resumes from (None: a fresh start).
+
+    The ledger loses the segments after its step and gets its step's segment as the checkpoint holds it
+    (the segment is written after the checkpoint, so a crash can leave it behind). Later checkpoints are
+    that lost lineage too, but they are the user's: renamed to abandoned-step-… (which `latest_checkpoint`
+    never picks), not deleted. Returns their new paths.
+    """
+    step = -1 if info is None else info.step
+    drop_after(ledger_root, step)
+    if info is not None and info.outcomes is not None:
+        write_segment(ledger_root, step, info.outcomes)
+    moved = [_set_aside(path) for s, path in _complete(Path(root)) if s > step]
+    if moved:
+        log.warning("resuming from step %d: later checkpoints set aside as %s", step, [p.name for p in moved])
+    return moved
+
+
 def prune_checkpoints(root: Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` complete checkpoints (keep_last ≤ 0 keeps everything)."""
+    for side in root.glob(".old-step-*"):  # a re-save's old copy, left by a crash after the new one's rename
+        if (root / side.name.removeprefix(".old-")).joinpath(STATE_FILE).is_file():
+            shutil.rmtree(side, ignore_errors=True)
     if keep_last <= 0:
         return
     for old in list_checkpoints(root)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename the finished `tmp` to `final`. A complete `final` (a re-save of its step) is renamed aside first
+    and deleted last, so at every instant one complete copy of the step has a name `list_checkpoints` reads."""
+    side = final.with_name(f".old-{final.name}")
+    if (final / STATE_FILE).is_file():
+        shutil.rmtree(side, ignore_errors=True)  # an earlier crash's old copy: `final` is newer
+        final.rename(side)
+    else:
+        shutil.rmtree(final, ignore_errors=True)  # not a checkpoint (no state file): nothing to keep
+    tmp.rename(final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(side, ignore_errors=True)
+
+
+def _set_aside(path: Path) -> Path:
+    name = ABANDONED + path.name.removeprefix(".old-")
+    target, n = path.with_name(name), 1
+    while target.exists():  # set aside before, by an earlier resume
+        n += 1
+        target = path.with_name(f"{name}-{n}")
+    path.rename(target)
+    return target
 
 
 def rng_state() -> dict[str, Any]:

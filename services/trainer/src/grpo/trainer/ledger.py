@@ -1,9 +1,11 @@
 """The outcome ledger: every task's fate (trained or the drop reason), one segment per checkpoint.
 
-A segment `ledger/step-XXXXXXXX.jsonl` holds the outcomes resolved since the previous checkpoint and is
-written (atomically) just before the checkpoint of that step. On resume from step S, segments after S
-belong to the lost lineage and are deleted, so the union of the segments is exactly the outcomes the
-restored model reflects: an auditable "each task once" record that stays small per file.
+A segment `ledger/step-XXXXXXXX.jsonl` holds the outcomes resolved since the previous step's checkpoint.
+The checkpoint of that step carries the same list and the segment is written (atomically, whole) just after
+it: a crash in between leaves a segment behind its checkpoint, never ahead of it. On resume from step S,
+segments after S belong to the lost lineage and are deleted and segment S is rewritten from the checkpoint
+(checkpoint.rewind), so the union of the segments is exactly the outcomes the restored model reflects: an
+auditable "each task once" record that stays small per file.
 """
 
 from __future__ import annotations
@@ -22,13 +24,11 @@ def segment_path(root: Path, step: int) -> Path:
 
 
 def write_segment(root: Path, step: int, outcomes: Iterable[tuple[str, str]]) -> Path:
+    """Replace the segment of `step` with `outcomes`: all of the step's, a re-save's earlier ones included."""
     root.mkdir(parents=True, exist_ok=True)
     final = segment_path(root, step)
     tmp = final.with_suffix(".tmp")
-    # A second checkpoint of the same step (an API request, then the periodic one) extends the segment.
-    previous = final.read_text() if final.exists() else ""
     with tmp.open("w") as f:
-        f.write(previous)
         for task_id, outcome in outcomes:
             f.write(json.dumps({"task_id": task_id, "outcome": outcome, "step": step}) + "\n")
         f.flush()
@@ -48,6 +48,14 @@ def drop_after(root: Path, step: int) -> int:
             path.unlink()
             gone += 1
     return gone
+
+
+def read_segment(root: Path, step: int) -> list[tuple[str, str]]:
+    """The outcomes of one segment (none if it does not exist)."""
+    path = segment_path(root, step)
+    if not path.is_file():
+        return []
+    return [(e["task_id"], e["outcome"]) for e in map(json.loads, path.read_text().splitlines()) if e]
 
 
 def read_ledger(root: Path) -> list[dict[str, object]]:

@@ -8,10 +8,12 @@ trainer's egress grows with the replicas; `relay` sends one copy into a tree of 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import grpc
@@ -33,6 +35,29 @@ log = logging.getLogger(__name__)
 
 
 MAX_STREAMS = 16  # direct pushes at once (docs/scaling.md sizes t_push by it)
+PUSHED_FILE = "pushed_version"  # in the run's output dir: the highest version ever pushed from it
+
+
+def highest_pushed(output_dir: Path) -> int:
+    """The highest policy version ever pushed from `output_dir` (0 when none): a restarted trainer numbers its
+    next version above it, whatever the replicas report (restarted too, they report 0)."""
+    try:
+        return int((output_dir / PUSHED_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def record_pushed(output_dir: Path, version: int) -> None:
+    """Durably raise the high-water mark to `version` before it is pushed (temp file, fsync, rename)."""
+    if version <= highest_pushed(output_dir):
+        return
+    output_dir.mkdir(parents=True, exist_ok=True)
+    tmp = output_dir / f".{PUSHED_FILE}.tmp"
+    with tmp.open("w") as f:
+        f.write(str(version))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(output_dir / PUSHED_FILE)
 
 
 @dataclass(frozen=True)

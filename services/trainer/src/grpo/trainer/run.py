@@ -25,16 +25,16 @@ from grpo.common.retry import RetryPolicy, retry
 from grpo.common.weight_broadcast import WeightBroadcaster
 from grpo.trainer.accounting import Accounting, StepQuota, batches_to_publish, lineage_staleness, triage
 from grpo.trainer.assemble import build_learner, check_step_credit, resolve_algo, task_spec
-from grpo.trainer.checkpoint import latest_checkpoint
+from grpo.trainer.checkpoint import Outcomes, latest_checkpoint, rewind
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.consumer import GroupReader, facts_of, group_metrics, process_credit, step_metrics, to_samples
 from grpo.trainer.control import ReplicaView, RunControl
 from grpo.trainer.data import DataCursor, load_rows
 from grpo.trainer.evaluation import eval_rows, evaluate
-from grpo.trainer.ledger import drop_after, write_segment
+from grpo.trainer.ledger import read_segment
 from grpo.trainer.metrics import MetricsSink
 from grpo.trainer.publisher import Publisher
-from grpo.trainer.pusher import ReplicaTarget, push_mode, push_to_replicas
+from grpo.trainer.pusher import ReplicaTarget, highest_pushed, push_mode, push_to_replicas, record_pushed
 from grpo.trainer.ranks import RankDriver
 from grpo.trainer.report import read_metrics
 from grpo.trainer.vine import VALUE_KIND, ValueBooks, sample_credit, split_points, value_task_id
@@ -85,15 +85,19 @@ class GrpoRun:
         cursor = DataCursor(seed=s.seed)
         self.resumed_version: int | None = None
         path = None if s.resume == "never" else latest_checkpoint(self.ckpt_root) if s.resume == "auto" else s.resume
-        if path is None:
-            drop_after(self.ledger_root, -1)  # a fresh run starts a fresh ledger
-        else:
-            info = self.learner.load(path)
+        info = None if path is None else self.learner.load(path)
+        # The ledger and checkpoints follow the one resumed from (a fresh run: a fresh ledger, no checkpoints).
+        rewind(self.ckpt_root, self.ledger_root, info)
+        # The ledger segment of the last checkpoint's step: a re-save of that step adds to it.
+        self.segment: tuple[int, Outcomes] = (-1, [])
+        if info is not None:
+            # A checkpoint from before checkpoints carried their segment: the ledger's copy is the one there is.
+            outcomes = read_segment(self.ledger_root, info.step) if info.outcomes is None else info.outcomes
+            self.segment = (info.step, outcomes)
             self.step = info.step
             cursor = DataCursor.from_state(info.data_cursor)
             self.acct = Accounting.from_state(info.inflight, time.monotonic())
             self.resumed_version = self.learner.version
-            drop_after(self.ledger_root, self.step)
             log.info("resumed at step %d, version %d, %d task(s) in flight", self.step, self.learner.version,
                      self.acct.n_in_flight)  # fmt: skip
         self.publisher = Publisher(self.queue, self.rows, self.spec, s.run_id, cursor)
@@ -189,7 +193,10 @@ class GrpoRun:
             live = self._live()
         self.waiting.done()
         newest = max([r.weight_version for r in live], default=0)
-        new_version = max(self.version, newest) + 1
+        # Above every version ever pushed from this output dir, not only the live replicas': restarted with the
+        # trainer, they report 0, and the lost lineage's first version would be reused, its groups trained as
+        # on-policy.
+        new_version = max(self.version, newest, highest_pushed(self.s.output_dir)) + 1
         if self.resumed_version is not None:
             # The restored weights get a fresh version; versions in between belong to the lost lineage.
             self.acct.version_aliases.append((self.resumed_version, new_version))
@@ -207,6 +214,7 @@ class GrpoRun:
         if not targets:
             return 0.0
         started = time.monotonic()
+        record_pushed(self.s.output_dir, self.version)  # durable before any replica can hold it
         tensors = self.learner.push_tensors()
         results = push_to_replicas(
             targets, tensors, self.version, token=self.s.weights_token, timeout_s=self.s.push_timeout_s,
@@ -221,11 +229,12 @@ class GrpoRun:
         if not any(r.weight_version >= self.version or self.confirmed.get(r.replica_id) == self.version for r in live):
             log.error("no replica accepted version %d; its groups will be dropped as stale until one does",
                       self.version)  # fmt: skip
-        self.push_stats = {
-            "push/ok": float(sum(r.ok for r in results)),
-            "push/failed": float(sum(not r.ok for r in results)),
-            "push/bytes_sent": float(sum(r.bytes_sent for r in results)),
-        }
+        for key, value in (  # summed: a step may push twice (before collecting, after training)
+            ("push/ok", sum(r.ok for r in results)),
+            ("push/failed", sum(not r.ok for r in results)),
+            ("push/bytes_sent", sum(r.bytes_sent for r in results)),
+        ):
+            self.push_stats[key] = self.push_stats.get(key, 0.0) + float(value)
         return time.monotonic() - started
 
     # ---- publishing and collecting ---------------------------------------------------------------
@@ -436,13 +445,17 @@ class GrpoRun:
 
     # ---- checkpoints, evaluation, status -------------------------------------------------------
     def _checkpoint(self) -> str:
-        write_segment(self.ledger_root, self.step, self.acct.recent)
-        self.acct.recent = []
-        self.last_checkpoint_step = self.step
+        # The step's whole ledger segment goes into the checkpoint and to the ledger after it (save_checkpoint):
+        # a crash at any point leaves the ledger as the surviving checkpoint has it, each task once.
+        step, earlier = self.segment
+        outcomes = (earlier if step == self.step else []) + self.acct.recent
         path = self.learner.save(
             self.ckpt_root, step=self.step, data_cursor=self.publisher.cursor.to_state(),
             inflight=self.acct.to_state(time.monotonic()), keep_last=self.s.keep_checkpoints,
+            outcomes=outcomes, ledger_root=self.ledger_root,
         )  # fmt: skip
+        self.segment, self.acct.recent = (self.step, outcomes), []
+        self.last_checkpoint_step = self.step
         # Only now is every consumed group's outcome durable: release them in Redis. A failed ack is tried
         # again at the next checkpoint; a trainer restarted before that re-reads them as duplicates.
         try:
