@@ -74,3 +74,17 @@ def test_a_resumed_run_writes_each_step_once(tmp_path: Path) -> None:
     with MetricsSink(**paths, start_step=-1):  # a fresh run in the same folder starts a fresh file
         pass
     assert (tmp_path / "m.jsonl").read_text() == ""
+
+
+def test_a_row_cut_short_by_a_crash_is_dropped_on_resume(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Killed mid-write: the cut last line neither stops the restart nor swallows the next row."""
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n{"step": 3, "tasks/publ')
+    with MetricsSink(jsonl_path=path, start_step=2) as sink:
+        sink.log(3, {"x": 3.0})
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
+    assert "dropping 1 line(s) that are not a JSON row" in caplog.text
+    path.write_text('{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n{"step": 3, "x"')  # nothing after the start step
+    with MetricsSink(jsonl_path=path, start_step=5) as sink:
+        sink.log(6, {"x": 6.0})
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 6]

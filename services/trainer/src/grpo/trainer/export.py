@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +23,23 @@ def load_tokenizer(model: str) -> Any:
 
 
 def save_final_model(learner: Learner, model: str, folder: Path) -> None:
-    """save_pretrained of the trained weights and the original tokenizer into `folder` (rank 0 only)."""
+    """save_pretrained of the trained weights and the original tokenizer into `folder` (rank 0 only).
+
+    Written beside it and renamed in, so `folder` exists only complete: its presence is what marks a run
+    finished (a trainer killed while writing it writes it again on restart)."""
     if learner.backend.rank != 0:
         return
-    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)  # what a killed trainer left half-written
+    tmp.mkdir(parents=True)
     target: Any = learner.model.module if hasattr(learner.model, "module") else learner.model
-    target.save_pretrained(folder, state_dict=learner.state_dict_for_push(), safe_serialization=True)
-    load_tokenizer(model).save_pretrained(folder)
+    target.save_pretrained(tmp, state_dict=learner.state_dict_for_push(), safe_serialization=True)
+    load_tokenizer(model).save_pretrained(tmp)
+    shutil.rmtree(folder, ignore_errors=True)  # an older final model (a run trained further) is replaced
+    tmp.rename(folder)
     log.info("final model written to %s", folder)
+
+
+def final_model_saved(folder: Path) -> bool:
+    """Whether `folder` holds a final model written to the end (save_final_model renames it in last)."""
+    return folder.is_dir()

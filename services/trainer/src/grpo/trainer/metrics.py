@@ -102,17 +102,34 @@ class MetricsSink:
 
 
 def drop_rows_after(path: Path, step: int) -> int:
-    """Rewrite the JSONL at `path` without rows whose step is > `step` (atomically); the number removed."""
+    """Rewrite the JSONL at `path` without rows whose step is > `step` (atomically); the number removed.
+
+    Lines that do not parse go too: a trainer killed mid-write leaves a cut last line, which must neither
+    stop the restart nor have the next row appended onto it."""
     if not path.exists():
         return 0
-    lines = path.read_text(encoding="utf-8").splitlines()
-    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
-    if len(kept) == len(lines):
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    steps = [_row_step(line) for line in lines]
+    kept = [line for line, s in zip(lines, steps, strict=True) if s is not None and s <= step]
+    unreadable = sum(s is None and bool(line.strip()) for line, s in zip(lines, steps, strict=True))
+    if unreadable:
+        log.warning("%s: dropping %d line(s) that are not a JSON row (a write cut short)", path, unreadable)
+    if len(kept) == len(lines) and (not text or text.endswith("\n")):
         return 0
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     tmp.replace(path)
     return len(lines) - len(kept)
+
+
+def _row_step(line: str) -> int | None:
+    """The step of one JSONL row; None for a line that is not a JSON object (blank, or cut short)."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return int(row.get("step", 0)) if isinstance(row, dict) else None
 
 
 def _jsonable(value: Any) -> Any:

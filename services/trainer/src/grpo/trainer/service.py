@@ -18,9 +18,11 @@ from grpo.trainer.checkpoint import checkpoint_step, latest_checkpoint
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
 from grpo.trainer.data import DataError
+from grpo.trainer.export import final_model_saved
 from grpo.trainer.grpc_api import register
 from grpo.trainer.http_api import http_routes
 from grpo.trainer.ranks import env_rank
+from grpo.trainer.report import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +121,10 @@ def run_mode(settings: TrainerSettings, control: RunControl, registry: Collector
         log.warning("%s", finished)
         control.update(phase="done", step=settings.steps, total_steps=settings.steps)
         return
+    last = end_checkpoint(settings)
+    if last is not None:  # every step done, but the trainer stopped before its final model was written
+        save_final_from(settings, control, last)
+        return
     if settings.mode == "sft":
         from grpo.trainer.sft import run_sft
 
@@ -133,21 +139,53 @@ def run_mode(settings: TrainerSettings, control: RunControl, registry: Collector
         run.close()
 
 
-def finished_run(s: TrainerSettings) -> str | None:
-    """What to tell the operator when the checkpoint to resume from has done every step (else None).
-
-    Re-running a finished run would load the model, wait for replicas and exit 0 having done nothing.
-    """
+def end_checkpoint(s: TrainerSettings) -> Path | None:
+    """The checkpoint to resume from when it has done every step (else None)."""
     if s.resume == "never":
         return None
     path = latest_checkpoint(s.output_dir / "checkpoints") if s.resume == "auto" else Path(s.resume)
     if path is None or checkpoint_step(path) < s.steps:
+        return None
+    return path
+
+
+def finished_run(s: TrainerSettings) -> str | None:
+    """What to tell the operator when the run has done every step and written its final model (else None).
+
+    Re-running a finished run would load the model, wait for replicas and exit 0 having done nothing.
+    """
+    path = end_checkpoint(s)
+    if path is None or not final_model_saved(s.output_dir / "final"):
         return None
     return (
         f"run {s.run_id!r} has finished: checkpoint {path} is at step {checkpoint_step(path)} of {s.steps} "
         f"(final model: {s.output_dir / 'final'}); nothing to do. To train further raise --steps (it resumes "
         "from there); to start again use --resume never or another --output-dir"
     )
+
+
+def save_final_from(s: TrainerSettings, control: RunControl, path: Path) -> None:
+    """Write final/ from the last checkpoint: what a trainer stopped after it (say in the final evaluation) missed.
+
+    No Redis, no replicas: the rest of the run's end is done. The final evaluation is not redone, as that
+    would need replicas serving these weights; the run's after-accuracy comes from its earlier evaluations.
+    """
+    from grpo.trainer.assemble import build_learner
+    from grpo.trainer.ranks import RankDriver
+
+    log.warning("run %r: checkpoint %s has done all %d steps but the final model was never written; writing %s "
+                "from it", s.run_id, path, s.steps, s.output_dir / "final")  # fmt: skip
+    rows = read_metrics(s.output_dir / "metrics.jsonl")
+    if s.mode == "grpo" and s.eval_data and not any(r.get("step", 0) >= s.steps for r in rows):
+        log.warning("step %d's metrics and final evaluation were lost with it and are not redone", s.steps)
+    control.update(phase=s.mode, step=checkpoint_step(path), total_steps=s.steps)
+    learner = RankDriver(build_learner(s), s.model)
+    try:
+        learner.load(path)
+        learner.save_final(s.output_dir / "final")
+    finally:
+        learner.close()  # releases the follower ranks, which mirror the load and the save
+    control.update(phase="done")
 
 
 def follow_rank(settings: TrainerSettings) -> int:

@@ -1,0 +1,82 @@
+"""The final model: written whole or not at all, and written on restart when a trainer stopped before it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Literal
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+from grpo.common.net import free_port
+from grpo.trainer.assemble import build_learner
+from grpo.trainer.checkpoint import save_checkpoint
+from grpo.trainer.config import TrainerSettings
+from grpo.trainer.control import RunControl
+from grpo.trainer.export import save_final_model
+from grpo.trainer.service import finished_run, run_mode
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def settings(tmp_path: Path, mode: Literal["grpo", "sft"]) -> TrainerSettings:
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": "What is 1 + 1?", "gold": "2", "response": "2"}) + "\n")
+    return TrainerSettings(
+        mode=mode, train_data=data, eval_data=data, output_dir=tmp_path / "run", steps=2, prompts_per_step=1,
+        checkpoint_every=1, redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_outage_s=1,
+    )  # fmt: skip
+
+
+def run(s: TrainerSettings) -> str:
+    control = RunControl(s.run_id, s.steps)
+    run_mode(s, control, CollectorRegistry())
+    return control.status().phase
+
+
+def test_an_sft_run_stopped_before_its_final_model_writes_it_on_restart(tmp_path: Path) -> None:
+    s = settings(tmp_path, "sft")
+    assert run(s) == "done"
+    final, checkpoints = s.output_dir / "final", s.output_dir / "checkpoints"
+    weights = (final / "model.safetensors").read_bytes()
+    shutil.rmtree(final)  # killed after the checkpoint of the last step, before final/ was complete
+    metrics, kept = (s.output_dir / "metrics.jsonl").read_text(), sorted(checkpoints.iterdir())
+    assert finished_run(s) is None
+    assert run(s) == "done"
+    assert (final / "model.safetensors").read_bytes() == weights  # the last checkpoint's weights
+    assert (final / "tokenizer.json").is_file()
+    assert sorted(checkpoints.iterdir()) == kept and (s.output_dir / "metrics.jsonl").read_text() == metrics
+    assert finished_run(s) is not None  # now it is finished
+
+
+def test_a_grpo_run_stopped_in_its_final_evaluation_writes_its_final_model_without_redis(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The checkpoint of the last step is written before the final evaluation; no Redis or replica is needed after."""
+    s = settings(tmp_path, "grpo")
+    save_checkpoint(s.output_dir / "checkpoints", build_learner(s), step=s.steps, data_cursor={}, inflight={})
+    with caplog.at_level(logging.WARNING):
+        assert run(s) == "done"
+    assert (s.output_dir / "final" / "model.safetensors").is_file()
+    assert "final evaluation were lost with it and are not redone" in caplog.text
+    assert finished_run(s) is not None
+
+
+def test_a_final_model_cut_short_leaves_no_final_folder(tmp_path: Path) -> None:
+    learner = build_learner(settings(tmp_path, "sft"))
+    final = tmp_path / "final"
+    no_tokenizer = tmp_path / "empty"
+    no_tokenizer.mkdir()
+    with pytest.raises(ValueError):
+        save_final_model(learner, str(no_tokenizer), final)  # fails after the weights were written
+    assert not final.exists()  # so the run does not count as finished
+    save_final_model(learner, "tiny", final)
+    assert (final / "model.safetensors").is_file() and (final / "tokenizer.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "final", "train.jsonl"]  # no .partial left
