@@ -116,7 +116,7 @@ def test_direct_pushes_keep_to_their_stream_limit() -> None:
     server.start()
     try:
         targets = [ReplicaTarget(f"r{i}", f"127.0.0.1:{s.getsockname()[1]}") for i, s in enumerate(listeners)]
-        results = push_to_replicas(targets, {"w": torch.zeros(4)}, 1, timeout_s=2, retries=0, mode="direct")
+        results = push_to_replicas(targets, {"w": torch.zeros(4)}, 1, timeout_s=4, retries=0, mode="direct")
     finally:
         stop.set()
         server.join()
