@@ -62,13 +62,6 @@ class StreamLimit:
         self._timer.cancel()
 
 
-def caller_waits(context: grpc.ServicerContext) -> bool:
-    """Whether the caller still waits for this call's answer. gRPC ends the call (inactive) when it is cancelled
-    or its deadline passes; judging the deadline here as well raced the caller's own timer, which then got our
-    ABORTED instead of its DEADLINE_EXCEEDED."""
-    return context.is_active()
-
-
 class BadRequest(ValueError):
     """A request the caller must fix (INVALID_ARGUMENT)."""
 
@@ -208,7 +201,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 lock_timeout_s=limit.limit_s,
                 data_timeout_s=limit.limit_s,
                 relay=relay,
-                wanted=lambda: caller_waits(context),
+                # gRPC ends the call when it is cancelled or its deadline passes. Reading the deadline here as
+                # well raced the caller's own timer, which then got our ABORTED for its DEADLINE_EXCEEDED.
+                wanted=context.is_active,
             )
         except WeightUpdateError as exc:
             code = grpc.StatusCode.FAILED_PRECONDITION if exc.precondition else grpc.StatusCode.INVALID_ARGUMENT

@@ -55,7 +55,7 @@ def read_segment(root: Path, step: int) -> list[tuple[str, str]]:
     path = segment_path(root, step)
     if not path.is_file():
         return []
-    return [(e["task_id"], e["outcome"]) for e in map(json.loads, path.read_text().splitlines()) if e]
+    return [(e["task_id"], e["outcome"]) for e in map(json.loads, filter(None, path.read_text().splitlines()))]
 
 
 def read_ledger(root: Path) -> list[dict[str, object]]:
