@@ -168,3 +168,50 @@ def test_ranks_give_the_one_process_update(world_size: int, stage: int, tmp_path
         assert not r["missing"], f"{label}: metrics missing on DeepSpeed: {r['missing']}"
         worst = max(r["metric_diff"], key=r["metric_diff"].get)
         assert r["metric_diff"][worst] < 1e-3, f"{label}: {worst} differs by {r['metric_diff'][worst]:.2e}"
+
+
+MASKED_WORKER = r"""
+import gc, json, sys
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+from grpo.trainer.learner import Learner, LearnerConfig, TrainableSample
+
+cfg = LearnerConfig(backend="deepspeed", zero_stage=2, lr=1e-2, micro_batch_size=2, beta=0.01, mask_truncated=True)
+batch = [TrainableSample([5 + i, 6, 7], [8 + i, 9, 10 + i][: 1 + i % 3], advantage=1.0 if i % 2 else -1.0,
+                         group_id=str(i // 4)) for i in range(7)]  # 7 samples, uneven lengths, over the ranks
+def checksum(l):
+    s = l.state_dict_for_push(); return [float(s[k].double().sum()) for k in sorted(s)]
+def all_ranks(v):
+    g = [None] * torch.distributed.get_world_size(); torch.distributed.all_gather_object(g, v); return g
+learner = Learner(cfg)
+m1 = learner.step(batch)
+after_step = checksum(learner)
+cut = [TrainableSample(s.prompt_token_ids, s.completion_token_ids, s.advantage, truncated=True) for s in batch]
+m2 = learner.step(cut)
+after_skip = checksum(learner)
+m3 = learner.step(batch)
+after_next = checksum(learner)
+res = {"world": torch.distributed.get_world_size(), "step1_version": m1["version"], "skip": m2.get("skipped"),
+       "skip_version": m2["version"], "unchanged_by_skip": after_skip == after_step, "moved_after": after_next != after_skip,
+       "ranks_equal": all(c == after_next for c in all_ranks(after_next)), "version3": m3["version"]}
+if torch.distributed.get_rank() == 0:
+    Path(sys.argv[1]).write_text(json.dumps(res))
+del learner; gc.collect()
+"""
+
+
+def test_an_all_masked_batch_makes_no_update_on_any_rank(tmp_path: Path) -> None:
+    """Every completion truncated and masked: no rank steps (AdamW's momentum would move the weights on zero
+    gradients), none waits on a collective the others skip, and the next real step moves all alike. 7 rows of
+    uneven lengths over 2 ranks."""
+    script = tmp_path / "masked_worker.py"
+    script.write_text(MASKED_WORKER)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", str(script), str(tmp_path / "r.json")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert (r["skip"], r["skip_version"], r["step1_version"], r["version3"]) == (1.0, 1.0, 1.0, 2.0), r
+    assert r["unchanged_by_skip"] and r["moved_after"] and r["ranks_equal"], r
