@@ -16,16 +16,15 @@ from typing import Any
 import grpc
 import pytest
 import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from grpo.common.grpc_server import GrpcServer
-from grpo.common.http_server import HttpServer
-from grpo.common.net import free_port
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.common.weights import push_weights
+from grpo.rollout.__main__ import start
 from grpo.rollout.engines.hf import HFEngine
-from grpo.rollout.grpc_api import SERVICE_NAME, register
-from grpo.rollout.http_api import http_routes
+from grpo.rollout.grpc_api import SERVICE_NAME
 from grpo.rollout.service import RolloutService
+from grpo.rollout.settings import RolloutSettings
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
 
@@ -50,6 +49,14 @@ class Replica:
             stub = pb_grpc.RolloutServiceStub(channel)
             return stub.Generate(pb.GenerateRequest(prompts=[pb.Prompt(text="3 + 4 =")], sampling=GREEDY), timeout=30)
 
+    def health(self, service: str) -> str:
+        """The standard gRPC health service's answer for `service` ("" is the server as a whole)."""
+        with grpc.insecure_channel(self.address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=10
+            )
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
     def probe(self, path: str) -> tuple[int, dict[str, Any]]:
         try:
             with urllib.request.urlopen(self.http + path, timeout=10) as r:
@@ -60,11 +67,12 @@ class Replica:
 
 @pytest.fixture
 def replica() -> Iterator[Replica]:
-    service = RolloutService(HFEngine(str(ensure_tiny_model()), torch_threads=1), "tiny")
-    server = GrpcServer(register(service, 30.0), [SERVICE_NAME], "127.0.0.1", free_port(), workers=8)
-    http = HttpServer(http_routes(service), "127.0.0.1", 0)
-    server.start()
-    http.start()
+    """A replica started as `grpo-rollout` starts it (its gRPC and HTTP servers wired to the service)."""
+    settings = RolloutSettings(
+        model=str(ensure_tiny_model()), host="127.0.0.1", grpc_port=0, http_port=0, weights_data_port=-1,
+        torch_threads=1, weights_stream_timeout_s=30.0, grpc_workers=8,
+    )  # fmt: skip
+    server, http, service = start(settings)
     yield Replica(service, f"127.0.0.1:{server.port}", f"http://127.0.0.1:{http.port}")
     http.stop()
     server.stop(0)
@@ -188,6 +196,7 @@ def test_a_copy_that_fails_part_way_stops_the_replica_until_a_complete_update(re
     assert code == 503 and body["missing"][0].startswith("weights: the copy of weight version 1 failed part-way")
     assert replica.probe("/healthz")[1]["weights_broken"]
     assert service.metrics.registry.get_sample_value("grpo_rollout_weights_broken") == 1
+    assert [replica.health(name) for name in ("", SERVICE_NAME)] == ["NOT_SERVING"] * 2  # gRPC balancers see it too
 
     with torch.no_grad():
         last.set_(
@@ -198,3 +207,4 @@ def test_a_copy_that_fails_part_way_stops_the_replica_until_a_complete_update(re
     assert replica.generate().weight_version == 1
     assert replica.probe("/readyz")[0] == 200
     assert replica.probe("/healthz")[1]["weights_broken"] is None
+    assert [replica.health(name) for name in ("", SERVICE_NAME)] == ["SERVING"] * 2

@@ -134,6 +134,27 @@ def test_tasks_come_back_as_scored_groups(
     assert service.status().tasks_done >= 2
 
 
+
+def test_a_replica_killed_without_leaving_is_swept_from_the_tasks_group(
+    service: RolloutService, queue: RunQueue, redis_url: str, live_reward: Any
+) -> None:
+    """A replica SIGKILLed after its last task never runs `remove_consumer`: a live replica takes its consumer
+    out of the group once it has been idle for reclaim_idle_s, as it reclaims the tasks of one killed mid-task."""
+    queue.publish_tasks([math_task("k1", 1, 1), math_task("k2", 2, 2)])
+    (done,) = queue.read_tasks("killed-after-its-task", count=1, block_ms=100)
+    queue.ack_tasks([done.entry_id])
+    (held,) = queue.read_tasks("killed-mid-task", count=1, block_ms=100)
+    names = {c["name"] for c in queue.client.xinfo_consumers(queue.tasks_key, "rollout")}
+    assert names == {b"killed-after-its-task", b"killed-mid-task"}
+    with worker(service, redis_url, live_reward.grpc_addr, replica_id="w1"):
+        wait_groups(queue, {held.message.task_id} if held.message else set())  # its task reclaimed and done
+        deadline = time.monotonic() + 30
+        while names - {b"w1"}:
+            assert time.monotonic() < deadline, f"still in the group: {names}"
+            time.sleep(0.2)
+            names = {c["name"] for c in queue.client.xinfo_consumers(queue.tasks_key, "rollout")}
+    assert queue.stats()["tasks"].pending == 0
+
 def test_a_written_task_leaves_the_lease_at_once(
     service: RolloutService,
     queue: RunQueue,

@@ -219,3 +219,24 @@ def test_a_stopped_consumer_leaves_the_group_only_when_it_holds_no_task(queue: R
     assert queue.remove_consumer("busy") and _consumers(queue) == ["other"]  # once reclaimed, it holds nothing
     assert queue.remove_consumer("never-read")  # no such consumer: nothing to do
     assert RunQueue(queue.client, "no-groups-yet").remove_consumer("x")  # no stream or group at all
+
+
+def test_consumers_of_replicas_that_died_without_leaving_are_swept(queue: RunQueue) -> None:
+    """Only consumers idle past the threshold with nothing pending go; never the caller, never a pending task."""
+    queue.publish_tasks(tasks(4))
+    (killed,) = queue.read_tasks("killed-idle", count=1, block_ms=100)
+    queue.ack_tasks([killed.entry_id])  # it finished its task, then was SIGKILLed
+    (held,) = queue.read_tasks("killed-busy", count=1, block_ms=100)  # SIGKILLed holding a task
+    for name in ("sweeper", "live"):  # each finishes a task; "live" reads it just before the sweep
+        if name == "live":
+            time.sleep(0.3)
+        (done,) = queue.read_tasks(name, count=1, block_ms=100)
+        queue.ack_tasks([done.entry_id])
+    assert _consumers(queue) == ["killed-busy", "killed-idle", "live", "sweeper"]
+    assert queue.sweep_consumers(min_idle_ms=200, keep="sweeper") == ["killed-idle"]
+    assert _consumers(queue) == ["killed-busy", "live", "sweeper"]
+    assert queue.stats()["tasks"].pending == 1  # killed-busy's task is still there to be reclaimed
+    assert [e.entry_id for e in queue.reclaim_tasks("sweeper", min_idle_ms=200, count=10)] == [held.entry_id]
+    assert queue.sweep_consumers(min_idle_ms=200, keep="sweeper") == ["killed-busy"]
+    assert queue.sweep_consumers(min_idle_ms=60_000, keep="sweeper") == []  # "live" is not idle that long
+    assert RunQueue(queue.client, "no-groups-yet").sweep_consumers(1, "x") == []

@@ -194,6 +194,22 @@ redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
 return 1
 """
 
+# The same for every consumer idle for ARGV[2] ms or more but ARGV[3] (the caller): a replica killed with no
+# chance to leave (SIGKILL, a lost node) would otherwise stay in the group for good. A live replica swept while
+# it holds nothing loses nothing: its next read or claim adds its consumer again.
+_SWEEP_IDLE_CONSUMERS = """
+local gone = {}
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local f = {}
+  for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
+  if f['pending'] == 0 and f['idle'] >= tonumber(ARGV[2]) and f['name'] ~= ARGV[3] then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
+    gone[#gone + 1] = f['name']
+  end
+end
+return gone
+"""
+
 APPENDED, ALREADY_DONE, TAKEN_OVER, WRITTEN_BEFORE = 1, 0, -1, 2
 WRITTEN_MARKER_MS = 2 * 60 * 1000  # how long a retried append can still recognise its own earlier write
 RELEASED_IDLE_MS = 10 * 365 * 24 * 3600 * 1000  # idle "forever": past any reclaim threshold
@@ -213,6 +229,7 @@ class RunQueue:
         self._append_script = client.register_script(_APPEND_GROUP)
         self._idle_script = client.register_script(_SET_IDLE)
         self._delete_consumer_script = client.register_script(_DELETE_IDLE_CONSUMER)
+        self._sweep_script = client.register_script(_SWEEP_IDLE_CONSUMERS)
 
     # ---- set-up -------------------------------------------------------------------------
 
@@ -314,6 +331,18 @@ class RunQueue:
             if "NOGROUP" not in str(exc):
                 raise
             return True  # no group (Redis lost it): no consumer either
+
+    @unavailable_on_error
+    def sweep_consumers(self, min_idle_ms: int, keep: str) -> list[str]:
+        """Take out of the tasks group every consumer but `keep` that holds no pending task and has not read or
+        claimed for `min_idle_ms` (replicas that died without `remove_consumer`); their names."""
+        try:
+            gone = self._sweep_script(keys=[self.tasks_key], args=[TASKS_GROUP, min_idle_ms, keep])
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc) and "no such key" not in str(exc):
+                raise
+            return []  # no group or no stream (Redis lost them): no consumer either
+        return [_str(name) for name in gone]
 
     @unavailable_on_error
     def ack_tasks(self, entry_ids: Sequence[str]) -> int:

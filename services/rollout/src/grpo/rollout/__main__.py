@@ -66,6 +66,7 @@ def serve(settings: RolloutSettings, stop: threading.Event) -> None:
                 log.error("the worker loop stopped; shutting down")
                 stop.set()
     finally:
+        service.on_whole = None  # an update applied while we stop must not say SERVING again
         grpc_server.set_serving(False)
         if worker is not None:
             worker.join(timeout=30)
@@ -137,6 +138,8 @@ def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutSer
         setting=PortSetting.of(settings, "http_port"),
     )
     grpc_server.start()
+    # Mixed weights (a copy failed part-way) are NOT_SERVING to gRPC health checks too, as /readyz is 503.
+    service.on_whole = grpc_server.set_serving
     http.start()
     return grpc_server, http, service
 

@@ -3,7 +3,8 @@
 The gRPC servicer and the Redis worker (grpo.rollout.worker) both call this object in-process. Weight
 updates are received and checked by `updates` (grpo.rollout.weight_updates), which swaps them in through
 `load_weights`; counters live in `stats` and `metrics` (grpo.rollout.stats). An engine copy that fails
-part-way leaves the replica `broken` (mixed weights): it refuses to generate until a complete update.
+part-way leaves the replica `broken` (mixed weights): it refuses to generate until a complete update, and
+says so through `on_whole` (__main__ sets the gRPC health status with it).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +62,7 @@ class RolloutService:
         self.version = 0
         self.checksum = engine.weights_checksum()
         self.broken: str | None = None  # why the live weights are mixed, after a copy failed part-way
+        self.on_whole: Callable[[bool], None] | None = None  # told when `broken` is set (False) or cleared (True)
         self.metrics = Metrics()
         self.stats = GenerationStats(self.metrics)
         # Engine calls: generate / load_weights. Reentrant: an update waits for it (giving up when its caller
@@ -125,12 +128,21 @@ class RolloutService:
                 )
                 self.metrics.weights_broken.set(1)
                 log.error("weights broken: %s", self.broken)
+                self._tell_whole(False)
                 raise WeightsBroken(self.broken) from exc
             self.version, self.checksum = version, checksum
-            if self.broken is not None:
-                log.info("weights whole again at version %d", version)
-            self.broken = None
+            was_broken, self.broken = self.broken is not None, None
             self.metrics.weights_broken.set(0)
+            if was_broken:
+                log.info("weights whole again at version %d", version)
+                self._tell_whole(True)
+
+    def _tell_whole(self, whole: bool) -> None:
+        if self.on_whole is not None:
+            try:
+                self.on_whole(whole)
+            except Exception:  # a listener's failure must not turn an applied update into a failed one
+                log.exception("telling that the weights are %s failed", "whole" if whole else "broken")
 
     def record_task(self, ok: bool) -> None:
         """Called by the worker loop after each task."""

@@ -141,10 +141,22 @@ class RolloutWorker:
             log.warning("%d of %d leased task(s) were acked by another client while this replica worked on them: %s",
                         len(acked), len(leased), ", ".join(acked[:5]))  # fmt: skip
 
+    def sweep_consumers(self) -> None:
+        """Take replicas that died without leaving (SIGKILL, a lost node) out of the tasks group: any consumer
+        idle for reclaim_idle_s that holds no task. Their tasks, if any, are reclaimed first (`_next_entries`)."""
+        gone = self.queue.sweep_consumers(int(self.options.reclaim_idle_s * 1000), keep=self.replica_id)
+        if gone:
+            log.info("removed %d idle consumer(s) holding no task from the tasks group: %s", len(gone),
+                     ", ".join(gone))  # fmt: skip
+
     def _heartbeat_loop(self, stop: threading.Event) -> None:
+        swept = time.monotonic()
         while not stop.is_set():
             try:
                 self.heartbeat_once()
+                if time.monotonic() - swept >= self.options.reclaim_idle_s:
+                    swept = time.monotonic()
+                    self.sweep_consumers()
             except QueueUnavailable as exc:
                 log.warning("heartbeat failed: %s", exc)
             except Exception:
