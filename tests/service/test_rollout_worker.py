@@ -134,7 +134,6 @@ def test_tasks_come_back_as_scored_groups(
     assert service.status().tasks_done >= 2
 
 
-
 def test_a_replica_killed_without_leaving_is_swept_from_the_tasks_group(
     service: RolloutService, queue: RunQueue, redis_url: str, live_reward: Any
 ) -> None:
@@ -154,6 +153,7 @@ def test_a_replica_killed_without_leaving_is_swept_from_the_tasks_group(
             time.sleep(0.2)
             names = {c["name"] for c in queue.client.xinfo_consumers(queue.tasks_key, "rollout")}
     assert queue.stats()["tasks"].pending == 0
+
 
 def test_a_written_task_leaves_the_lease_at_once(
     service: RolloutService,
