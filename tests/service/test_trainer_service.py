@@ -8,6 +8,7 @@ every step has a learning signal.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import sys
 import time
@@ -109,6 +110,36 @@ def test_grpo_steps_update_push_and_log(tmp_path: Path, redis_url: str, rollout_
     assert [r["step"] for r in evals] == [0, 2, 3] and all(r["eval/completed"] == 2 for r in evals)
     assert all(0.0 <= r["eval/accuracy"] <= 1.0 for r in evals)
     assert (out / "checkpoints" / "step-00000003" / "trainer_state.json").is_file()
+
+
+def test_a_final_evaluation_lost_with_the_trainer_is_redone_on_restart(
+    tmp_path: Path, redis_url: str, rollout_for: Any
+) -> None:
+    """Killed after the last step's checkpoint, in the final evaluation: the disk holds that checkpoint, no row for
+    the last step and no final/. The restart evaluates the checkpoint's weights on the replicas, logs the row,
+    then writes final/ (before, it wrote final/ and the run's after-accuracy was silently missing)."""
+    rollout = rollout_for("lost-eval")
+    eval_data = write_data(tmp_path / "eval.jsonl", 2, offset=100)
+    config = trainer_config(tmp_path, "lost-eval", redis_url, steps=2, checkpoint_every=1, eval_data=str(eval_data),
+                            eval_before_train=False)  # fmt: skip
+    run_trainer(config, tmp_path / "trainer.log")
+    out = tmp_path / "out"
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2] and "eval/accuracy" in rows[-1]
+    last = load_weights(out / "checkpoints" / "step-00000002" / "model")
+    shutil.rmtree(out / "final")  # the disk as the kill left it
+    (out / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
+
+    run_trainer(config, tmp_path / "trainer-2.log")
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[-1]["eval/completed"] == 2 and 0.0 <= rows[-1]["eval/accuracy"] <= 1.0
+    final = load_weights(out / "final")
+    assert all(final[name].equal(last[name]) for name in last)  # final/ is the evaluated checkpoint
+    from grpo.trainer.pusher import replica_status
+
+    assert replica_status(rollout.address).weight_checksum == weights_checksum(final)  # evaluated on these weights
+    assert "evaluating its checkpoint again" in (tmp_path / "trainer-2.log").read_text()
 
 
 def test_evaluation_counts_only_groups_from_the_evaluated_weights(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 from pathlib import Path
 from typing import Literal
@@ -56,16 +55,14 @@ def test_an_sft_run_stopped_before_its_final_model_writes_it_on_restart(tmp_path
     assert finished_run(s) is not None  # now it is finished
 
 
-def test_a_grpo_run_stopped_in_its_final_evaluation_writes_its_final_model_without_redis(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The checkpoint of the last step is written before the final evaluation; no Redis or replica is needed after."""
+def test_a_grpo_run_stopped_after_its_final_evaluation_writes_its_final_model_without_redis(tmp_path: Path) -> None:
+    """The last step's row (its final evaluation) is logged: no Redis or replica is needed to write final/. (Its
+    row missing, the evaluation is redone on replicas: test_trainer_service.py.)"""
     s = settings(tmp_path, "grpo")
     save_checkpoint(s.output_dir / "checkpoints", build_learner(s), step=s.steps, data_cursor={}, inflight={})
-    with caplog.at_level(logging.WARNING):
-        assert run(s) == "done"
+    (s.output_dir / "metrics.jsonl").write_text(json.dumps({"step": s.steps, "eval/accuracy": 0.5}) + "\n")
+    assert run(s) == "done"  # the Redis URL points at a port nobody listens on
     assert (s.output_dir / "final" / "model.safetensors").is_file()
-    assert "final evaluation were lost with it and are not redone" in caplog.text
     assert finished_run(s) is not None
 
 

@@ -133,6 +133,14 @@ class GrpoRun:
             self.reader.recover_pending()
             if self.step == 0 and self.eval_rows and s.eval_before_train:
                 self.sink.log(0, self._evaluate())  # the baseline the run's gain is measured against
+        elif self.eval_rows:  # every step done, but the final evaluation was lost with the trainer (run_mode)
+            log.warning("run %r: step %d's metrics and final evaluation were lost with the trainer that did it; "
+                        "evaluating its checkpoint again", s.run_id, self.step)  # fmt: skip
+            self._start_replicas()
+            if self.control.stopping:  # before the evaluation: the next start does it
+                self.control.update(phase="stopped")
+                return
+            self.sink.log(self.step, self._evaluate())
         while self.step < s.steps and not self.control.stopping:
             self._serve_checkpoint_requests()
             push_s = self._sync_replicas()

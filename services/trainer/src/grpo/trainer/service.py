@@ -122,7 +122,7 @@ def run_mode(settings: TrainerSettings, control: RunControl, registry: Collector
         control.update(phase="done", step=settings.steps, total_steps=settings.steps)
         return
     last = end_checkpoint(settings)
-    if last is not None:  # every step done, but the trainer stopped before its final model was written
+    if last is not None and not final_evaluation_lost(settings):  # every step done, stopped before final/
         save_final_from(settings, control, last)
         return
     if settings.mode == "sft":
@@ -164,20 +164,25 @@ def finished_run(s: TrainerSettings) -> str | None:
     )
 
 
-def save_final_from(s: TrainerSettings, control: RunControl, path: Path) -> None:
-    """Write final/ from the last checkpoint: what a trainer stopped after it (say in the final evaluation) missed.
+def final_evaluation_lost(s: TrainerSettings) -> bool:
+    """A GRPO run with eval data whose last step has no metrics row: the trainer was stopped after the last
+    checkpoint, in the final evaluation. GrpoRun then redoes that evaluation on the checkpoint's weights (on
+    replicas, through Redis) before it writes final/."""
+    if s.mode != "grpo" or not s.eval_data:
+        return False
+    return not any(r.get("step", 0) >= s.steps for r in read_metrics(s.output_dir / "metrics.jsonl"))
 
-    No Redis, no replicas: the rest of the run's end is done. The final evaluation is not redone, as that
-    would need replicas serving these weights; the run's after-accuracy comes from its earlier evaluations.
+
+def save_final_from(s: TrainerSettings, control: RunControl, path: Path) -> None:
+    """Write final/ from the last checkpoint: what a trainer stopped after its final evaluation missed.
+
+    No Redis, no replicas: the rest of the run's end is done.
     """
     from grpo.trainer.assemble import build_learner
     from grpo.trainer.ranks import RankDriver
 
     log.warning("run %r: checkpoint %s has done all %d steps but the final model was never written; writing %s "
                 "from it", s.run_id, path, s.steps, s.output_dir / "final")  # fmt: skip
-    rows = read_metrics(s.output_dir / "metrics.jsonl")
-    if s.mode == "grpo" and s.eval_data and not any(r.get("step", 0) >= s.steps for r in rows):
-        log.warning("step %d's metrics and final evaluation were lost with it and are not redone", s.steps)
     control.update(phase=s.mode, step=checkpoint_step(path), total_steps=s.steps)
     learner = RankDriver(build_learner(s), s.model)
     try:
