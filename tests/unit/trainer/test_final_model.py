@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from grpo.common.net import free_port
 from grpo.trainer.assemble import build_learner
-from grpo.trainer.checkpoint import save_checkpoint
+from grpo.trainer.checkpoint import list_checkpoints, save_checkpoint
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
 from grpo.trainer.export import save_final_model
@@ -64,6 +64,21 @@ def test_a_grpo_run_stopped_after_its_final_evaluation_writes_its_final_model_wi
     assert run(s) == "done"  # the Redis URL points at a port nobody listens on
     assert (s.output_dir / "final" / "model.safetensors").is_file()
     assert finished_run(s) is not None
+
+
+def test_an_sft_run_started_afresh_sets_the_old_runs_checkpoints_aside(tmp_path: Path) -> None:
+    """--resume never (or an older checkpoint) in SFT: the later checkpoints are the old lineage's, and the next
+    --resume auto must not pick them up (GRPO does the same: test_checkpoint.py)."""
+    s = settings(tmp_path, "sft")
+    assert run(s) == "done"
+    root = s.output_dir / "checkpoints"
+    assert [p.name for p in list_checkpoints(root)] == ["step-00000001", "step-00000002"]
+    assert run(s.model_copy(update={"resume": str(root / "step-00000001")})) == "done"  # step 2 trained again
+    assert [p.name for p in list_checkpoints(root)] == ["step-00000001", "step-00000002"]
+    assert (root / "abandoned-step-00000002" / "trainer_state.json").is_file()  # set aside, not overwritten
+    assert run(s.model_copy(update={"resume": "never", "steps": 1})) == "done"
+    assert [p.name for p in list_checkpoints(root)] == ["step-00000001"]  # written afresh: no step 2 to resume
+    assert (root / "abandoned-step-00000001").is_dir() and (root / "abandoned-step-00000002-2").is_dir()
 
 
 def test_a_final_model_cut_short_leaves_no_final_folder(tmp_path: Path) -> None:

@@ -174,6 +174,12 @@ def rewind(root: Path, ledger_root: Path, info: CheckpointInfo | None) -> list[P
     drop_after(ledger_root, step)
     if info is not None and info.outcomes is not None:
         write_segment(ledger_root, step, info.outcomes)
+    return set_aside_after(root, step)
+
+
+def set_aside_after(root: Path, step: int) -> list[Path]:
+    """Rename the complete checkpoints after `step` (-1: all) to abandoned-step-…, which `latest_checkpoint` never
+    picks: a run resumed from an earlier step, or started afresh, must not be resumed into the lost lineage."""
     moved = [_set_aside(path) for s, path in _complete(Path(root)) if s > step]
     if moved:
         log.warning("resuming from step %d: later checkpoints set aside as %s", step, [p.name for p in moved])

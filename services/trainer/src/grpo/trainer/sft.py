@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from grpo.trainer.assemble import build_learner
-from grpo.trainer.checkpoint import latest_checkpoint
+from grpo.trainer.checkpoint import latest_checkpoint, set_aside_after
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
 from grpo.trainer.data import DataCursor, PromptRow, load_rows, take
@@ -67,6 +67,7 @@ def _train(
         info = learner.load(path)
         cursor, step = DataCursor.from_state(info.data_cursor), info.step
         log.info("resumed at step %d from %s", step, path)
+    set_aside_after(root, step if path is not None else -1)  # as GRPO's `rewind`; SFT keeps no ledger
     control.update(phase="sft", total_steps=s.steps, step=step)
     sink = MetricsSink(tensorboard_dir=s.output_dir / "tensorboard", jsonl_path=s.output_dir / "metrics.jsonl",
                        prometheus_registry=registry, wandb_project=s.wandb_project, wandb_run_name=s.run_id,
