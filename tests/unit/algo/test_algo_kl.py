@@ -26,6 +26,21 @@ def test_hand_computed_values() -> None:
     assert kl_estimate(logp, ref).item() == kl_estimate(logp, ref, "k3").item()  # k3 is the default
 
 
+def test_k3_pulls_back_a_token_raised_far_above_the_reference() -> None:
+    """d = log π_ref − log π_θ far below 0 (π_θ raised e^24 times over π_ref): k3 = e^d − d − 1 ≈ −d − 1 with
+    gradient 1 in log π_θ; a clamp from below flattened it to a constant with gradient 0. Far above 0 the clamp
+    stays (e^d would overflow) and the value is finite."""
+    ref = torch.full((3,), -25.0)
+    logp = torch.tensor([-6.0, -4.9, -1.0], requires_grad=True)
+    k3 = kl_estimate(logp, ref, "k3")
+    k3.sum().backward()
+    d = (ref - logp).detach()
+    assert torch.allclose(k3.detach(), torch.exp(d) - d - 1, atol=1e-5)  # 18, 19.1, 23
+    assert logp.grad is not None and torch.allclose(logp.grad, 1 - torch.exp(d), atol=1e-6)  # ≈ 1 each
+    huge = kl_estimate(torch.tensor([-200.0]), torch.tensor([0.0]), "k3")
+    assert torch.isfinite(huge).all()
+
+
 def test_unknown_kind_lists_the_valid_ones() -> None:
     with pytest.raises(ValueError, match=r"choose one of \['k1', 'k2', 'k3'\]"):
         kl_estimate(torch.zeros(1), torch.zeros(1), "k4")

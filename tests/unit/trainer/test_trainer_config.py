@@ -122,6 +122,18 @@ def test_refills_without_the_skip_are_refused(data: Path) -> None:
     parse_settings([*dapo, "--skip-zero-variance", "false", "--refill-zero-variance", "false"])
 
 
+@pytest.mark.parametrize("preset", ["grpo", "rloo", "vineppo"])
+def test_a_group_of_one_is_refused_at_start_up(data: Path, preset: str) -> None:
+    """One sample per prompt is its own baseline: every group would be dropped (or rloo raise) after the rollouts."""
+    argv = ["--train-data", str(data), "--preset", preset, "--group-size", "1"]
+    with pytest.raises(ValidationError, match="group_size=1: a group needs at least 2 samples"):
+        parse_settings(argv)
+    with pytest.raises(ValidationError, match="group_size=1"):
+        parse_settings([*argv, "--skip-zero-variance", "false", "--refill-zero-variance", "false"])
+    assert parse_settings([*argv[:-1], "2"]).group_size == 2
+    assert parse_settings([*argv, "--mode", "sft"]).mode == "sft"  # SFT has no groups
+
+
 def test_precedence_file_env_cli(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "t.yaml"
     cfg.write_text(f"train_data: {data}\nsteps: 5\nlr: 0.001\nbeta: 0.5\n")

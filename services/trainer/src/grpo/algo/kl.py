@@ -7,8 +7,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-# |log π_ref − log π_θ| beyond this is clamped before exp() so k3 cannot overflow (e^20 ≈ 5e8, already a
-# policy that has left the reference entirely); beyond it k3's gradient is zero. Same guard as verl's low_var_kl.
+# log π_ref − log π_θ above this is clamped before exp() so k3 cannot overflow (e^20 ≈ 5e8: a token the policy
+# has all but given up); beyond it k3's gradient is zero. Only from above: for d → −∞ (a token the policy raised
+# far above the reference, where reward hacking shows) e^d → 0 cannot overflow, and k3 ≈ −d − 1 keeps its
+# gradient of 1, pulling the token back. (verl's low_var_kl clamps both sides, and loses that pull.)
 MAX_LOG_RATIO = 20.0
 
 
@@ -25,10 +27,11 @@ def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """k3 = π_ref/π_θ − log(π_ref/π_θ) − 1 — unbiased, ≥ 0; GRPO's choice (Schulman, 2020; Shao et al., 2024).
 
-    The log-ratio d = log π_ref − log π_θ is clamped to ±MAX_LOG_RATIO before exp(); k3 = e^d − d − 1 ≥ 0 still holds.
+    The log-ratio d = log π_ref − log π_θ is clamped to at most MAX_LOG_RATIO before exp(); k3 = e^d − d − 1 ≥ 0
+    still holds.
     Computed as expm1(d) − d: exp(d) − d − 1 rounds to −1e-16 for tiny d, expm1(d) ≥ d never does.
     """
-    d = (ref_logp - logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    d = (ref_logp - logp).clamp(max=MAX_LOG_RATIO)
     return torch.expm1(d) - d
 
 

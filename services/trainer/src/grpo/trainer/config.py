@@ -328,6 +328,11 @@ class TrainerSettings(ServiceSettings):
 
             algo = get_preset(self.preset).with_overrides(**self.algo_overrides())
             check_kl_loss(algo.kl_kind, algo.beta)
+            if algo.group_size < 2:  # every preset's baseline is the group's: one sample is its own baseline
+                raise ValueError(
+                    f"group_size={algo.group_size}: a group needs at least 2 samples (its advantages are measured "
+                    "against the group's other rewards; one sample's advantage is always 0). R1 uses 16"
+                )
             if algo.refill_zero_variance and not algo.skip_zero_variance:
                 raise ValueError(
                     f"refill_zero_variance (preset {self.preset}) needs skip_zero_variance: a refill replaces a group "
