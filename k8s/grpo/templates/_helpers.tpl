@@ -28,9 +28,42 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "grpo.redisUrl" -}}
 {{- if .Values.redis.enabled -}}
 {{- printf "redis://%s-redis:6379/0" (include "grpo.fullname" .) -}}
-{{- else -}}
-{{- required "redis.externalUrl is required when redis.enabled is false" .Values.redis.externalUrl -}}
+{{- else if not .Values.redis.existingSecret -}}
+{{- required "redis.externalUrl (or redis.existingSecret) is required when redis.enabled is false" .Values.redis.externalUrl -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The env var NAME holding the Redis URL: the built-in Redis's in plain text; an external one's (which may
+     carry a password) from a Secret, never in the pod spec. */}}
+{{- define "grpo.redisUrlEnv" -}}
+{{- $root := index . 0 -}}
+{{- if $root.Values.redis.enabled -}}
+- {name: {{ index . 1 }}, value: {{ include "grpo.redisUrl" $root | quote }}}
+{{- else -}}
+- name: {{ index . 1 }}
+  valueFrom:
+    secretKeyRef: {name: {{ $root.Values.redis.existingSecret | default (printf "%s-redis" (include "grpo.fullname" $root)) }}, key: redis-url}
+{{- end -}}
+{{- end -}}
+
+{{/* The Redis port the rollout and trainer pods connect to: 6379, or the external URL's own. */}}
+{{- define "grpo.redisPort" -}}
+{{- $hostport := regexReplaceAll "^[a-z]+://([^@/]*@)?([^/?]*).*$" (include "grpo.redisUrl" .) "${2}" -}}
+{{- default (toString .Values.redis.externalPort) (regexFind "[0-9]+$" (regexFind ":[0-9]+$" $hostport)) -}}
+{{- end -}}
+
+{{/* The egress rule (a list item) that lets a pod reach Redis: the built-in one's pods, or the external one
+     (`redis.externalEgress` peers, else any address) on its URL's port. */}}
+{{- define "grpo.redisEgress" -}}
+- {{- if .Values.redis.enabled }}
+  to:
+    - podSelector:
+        matchLabels: {{- include "grpo.selector" (list . "redis") | nindent 10 }}
+  {{- else if .Values.redis.externalEgress }}
+  to: {{- toYaml .Values.redis.externalEgress | nindent 4 }}
+  {{- end }}
+  ports:
+    - {port: {{ include "grpo.redisPort" . }}, protocol: TCP}
 {{- end -}}
 
 {{- define "grpo.secretName" -}}
@@ -79,7 +112,11 @@ capabilities:
 - name: tmp
   emptyDir: {}
 - name: cache
+  {{- if .Values.modelCache.existingClaim }}
+  persistentVolumeClaim: {claimName: {{ .Values.modelCache.existingClaim }}}
+  {{- else }}
   emptyDir: {sizeLimit: {{ .Values.modelCache.sizeLimit }}}
+  {{- end }}
 - name: config
   configMap: {name: {{ include "grpo.fullname" . }}-config}
 {{- end -}}

@@ -48,6 +48,15 @@ def test_compose_config_files_are_valid_settings(service: str, monkeypatch: pyte
         assert settings.reward_addr == "reward:7052"
 
 
+def test_compose_uses_exact_sampler_logprobs_only_with_the_hf_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sampler_exact takes the sampler's log-probs as π_old: true only of the hf engine in fp32. The gpu profile's
+    vLLM samples in bf16, so its trainer recomputes π_old (and caps stale groups' weights, TIS) instead."""
+    config = ROOT / "deploy" / "compose" / "trainer.yaml"
+    for service, exact in (("trainer", True), ("trainer-gpu", False)):
+        env = {k: v for k, v in compose_env(service, {}).items() if k.startswith("GRPO_")}
+        assert parse("trainer", config, monkeypatch, env).sampler_exact is exact, service
+
+
 def rendered(values: dict[str, Any]) -> list[dict[str, Any]]:
     files = helm_python.Chart.load(str(CHART)).render(values, name="demo", namespace="grpo")
     return [d for path, text in files.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]

@@ -14,7 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.support.netpol import CHART_REACHABILITY, Pod, isolated, reachability
+from grpo.common.queue import TASKS_GROUP, stream_keys
+from tests.support.netpol import CHART_REACHABILITY, Pod, allowed, isolated, reachability
 from tests.support.readme_examples import verifier_examples
 
 CHART = Path(__file__).resolve().parents[3] / "k8s" / "grpo"
@@ -213,7 +214,13 @@ def test_reward_autoscales_on_cpu_and_has_disruption_budgets(manifests: tuple[st
     else:
         metric = hpas["demo-grpo-reward"]["spec"]["metrics"][0]
         assert metric["resource"]["name"] == "cpu"
-    assert set(by_kind(docs, "PodDisruptionBudget")) == {"demo-grpo-reward", "demo-grpo-rollout"}
+    budgets = by_kind(docs, "PodDisruptionBudget")
+    assert set(budgets) == {"demo-grpo-reward", "demo-grpo-rollout"}
+    for budget_name, budget in budgets.items():  # a drain must be able to move at least one pod
+        fewest = hpas[budget_name]["spec"]["minReplicas"] if budget_name in hpas else None
+        fewest = fewest or by_kind(docs, "Deployment")[budget_name]["spec"].get("replicas", 1)
+        spec = budget["spec"]
+        assert spec.get("maxUnavailable", 0) >= 1 or fewest > spec["minAvailable"], (name, budget_name, spec)
 
 
 def test_gpu_values_request_gpus_and_scale_rollout_on_queue_depth() -> None:
@@ -225,23 +232,112 @@ def test_gpu_values_request_gpus_and_scale_rollout_on_queue_depth() -> None:
     scaled = by_kind(docs, "ScaledObject")["demo-grpo-rollout"]
     trigger = scaled["spec"]["triggers"][0]
     assert trigger["type"] == "redis-streams"
-    assert trigger["metadata"]["consumerGroup"]
+    # The queue's own stream and group (a name KEDA cannot find scales nothing), on its backlog: tasks not yet
+    # read (lag). The pending list holds only what replicas already read, a batch each, never the backlog.
+    run = load_values("gpu")["run"].get("id", "grpo-run")
+    assert (trigger["metadata"]["stream"], trigger["metadata"]["consumerGroup"]) == (stream_keys(run)[0], TASKS_GROUP)
+    assert "lagCount" in trigger["metadata"] and "pendingEntriesCount" not in trigger["metadata"]
+    assert trigger["metadata"]["address"] == "demo-grpo-redis.grpo.svc:6379"  # KEDA resolves it from its namespace
+    assert "replicas" not in rollout["spec"] and scaled["spec"]["minReplicaCount"] == 2  # values-gpu's replicas: 2
     trainer = by_kind(docs, "StatefulSet")["demo-grpo-trainer"]["spec"]["template"]["spec"]["containers"][0]
     assert trainer["command"][0] == "torchrun"
     assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 4
 
 
-def test_external_redis_replaces_the_builtin_one() -> None:
-    docs = render({"redis": {"enabled": False, "externalUrl": "redis://redis.example:6379/2"}})
+def test_external_redis_replaces_the_builtin_one_and_its_url_stays_in_a_secret() -> None:
+    """An external Redis's URL may carry a password: the pods read it from a Secret, never from their spec."""
+    url = "rediss://default:S3cretPass@redis.example:6379/2"
+    docs = render({"redis": {"enabled": False, "externalUrl": url}})
     assert "demo-grpo-redis" not in by_kind(docs, "StatefulSet")
     config = by_kind(docs, "ConfigMap")["demo-grpo-config"]["data"]
-    rollout_env = by_kind(docs, "Deployment")["demo-grpo-rollout"]["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert {"name": "GRPO_ROLLOUT_REDIS_URL", "value": "redis://redis.example:6379/2"} in rollout_env
     assert "trainer.yaml" in config
+    assert by_kind(docs, "Secret")["demo-grpo-redis"]["stringData"] == {"redis-url": url}
+    from_secret = {"secretKeyRef": {"name": "demo-grpo-redis", "key": "redis-url"}}
+    for kind, name, var in (("Deployment", "rollout", "GRPO_ROLLOUT_REDIS_URL"),
+                            ("StatefulSet", "trainer", "GRPO_TRAINER_REDIS_URL")):  # fmt: skip
+        env = by_kind(docs, kind)[f"demo-grpo-{name}"]["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert {"name": var, "valueFrom": from_secret} in env
+    assert all("S3cretPass" not in json.dumps(d) for d in docs if d["kind"] != "Secret")
+    # Or a Secret of the user's own: no URL in the chart's values at all.
+    docs = render({"redis": {"enabled": False, "existingSecret": "my-redis", "externalPort": 6380}})
+    assert "demo-grpo-redis" not in by_kind(docs, "Secret")
+    env = by_kind(docs, "Deployment")["demo-grpo-rollout"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {
+        "name": "GRPO_ROLLOUT_REDIS_URL",
+        "valueFrom": {"secretKeyRef": {"name": "my-redis", "key": "redis-url"}},
+    } in env
+    ports = [
+        p["port"] for r in by_kind(docs, "NetworkPolicy")["demo-grpo-trainer"]["spec"]["egress"] for p in r["ports"]
+    ]
+    assert 6380 in ports
+
+
+def test_an_external_redis_is_reachable_through_the_network_policies() -> None:
+    """The default policies let rollout and trainer reach only the built-in Redis's pods: with an external one
+    nothing trained. They now reach it on its URL's port, anywhere or at the peers given."""
+    redis_pod = Pod({"app": "redis"}, "data", {"kubernetes.io/metadata.name": "data"})
+    other_pod = Pod({"app": "web"}, "data", {"kubernetes.io/metadata.name": "data"})
+
+    def reaches(values: dict[str, Any], dst: Pod, port: int) -> dict[str, bool]:
+        docs = render({"redis": {"enabled": False, **values}})
+        policies = [
+            {**p, "metadata": {**p["metadata"], "namespace": "grpo"}} for p in by_kind(docs, "NetworkPolicy").values()
+        ]
+        workloads = {**by_kind(docs, "Deployment"), **by_kind(docs, "StatefulSet")}
+        pods = {
+            n.rsplit("-", 1)[-1]: Pod(w["spec"]["template"]["metadata"]["labels"], "grpo") for n, w in workloads.items()
+        }
+        return {name: allowed(policies, pod, dst, port) for name, pod in pods.items()}
+
+    url = {"externalUrl": "rediss://default:secret@redis.data.svc:6380/0"}
+    assert reaches(url, redis_pod, 6380) == {"rollout": True, "trainer": True, "reward": False}
+    assert not any(reaches(url, redis_pod, 6379).values())  # the URL's port only
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "data"}},
+              "podSelector": {"matchLabels": {"app": "redis"}}}]  # fmt: skip
+    assert reaches({**url, "externalEgress": peers}, redis_pod, 6380)["trainer"]
+    assert not any(reaches({**url, "externalEgress": peers}, other_pod, 6380).values())
+    assert reaches({"externalUrl": "redis://10.0.0.5/0"}, redis_pod, 6379)["rollout"]  # no port: Redis's default
+
+
+def test_users_mount_their_own_data_model_and_model_cache() -> None:
+    """Data off the built-in ConfigMap, a local model, a cache that survives restarts: volumes of the user's own."""
+    data = {"name": "data", "persistentVolumeClaim": {"claimName": "my-data"}}
+    mount = {"name": "data", "mountPath": "/mnt/data", "readOnly": True}
+    extra = {"extraVolumes": [data], "extraVolumeMounts": [mount]}
+    docs = render({"data": {"builtin": False}, "modelCache": {"existingClaim": "models-rwx"},
+                   "trainer": extra, "rollout": extra})  # fmt: skip
+    for kind, name in (("StatefulSet", "trainer"), ("Deployment", "rollout")):
+        pod = by_kind(docs, kind)[f"demo-grpo-{name}"]["spec"]["template"]["spec"]
+        assert data in pod["volumes"] and mount in pod["containers"][0]["volumeMounts"]
+        cache = next(v for v in pod["volumes"] if v["name"] == "cache")
+        assert cache == {"name": "cache", "persistentVolumeClaim": {"claimName": "models-rwx"}}
+    for doc in docs:
+        if doc["kind"] not in CRD_KINDS:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("trainer", "image"),
+    [({}, "grpo-trainer:"), ({"gpus": 1}, "grpo-trainer-gpu:"), ({"backend": "deepspeed"}, "grpo-trainer-gpu:")],
+)
+def test_a_gpu_trainer_gets_the_image_with_cuda_torch(trainer: dict[str, Any], image: str) -> None:
+    """The CPU image's torch has no CUDA: a trainer given a GPU with it trained on the CPU without a word."""
+    pod = by_kind(render({"trainer": trainer}), "StatefulSet")["demo-grpo-trainer"]["spec"]["template"]["spec"]
+    assert image in pod["containers"][0]["image"]
+
+
+def test_keda_with_an_external_redis_needs_its_address() -> None:
+    external = {"redis": {"enabled": False, "externalUrl": "redis://redis.data.svc:6379/0"}}
+    with pytest.raises(Exception, match=r"rollout\.keda\.redisAddress is required with an external Redis"):
+        render({**external, "rollout": {"keda": {"enabled": True}}})
+    keda = {"enabled": True, "redisAddress": "redis.data.svc:6379", "authenticationRef": "redis-auth"}
+    trigger = by_kind(render({**external, "rollout": {"keda": keda}}), "ScaledObject")["demo-grpo-rollout"]
+    assert trigger["spec"]["triggers"][0]["metadata"]["address"] == "redis.data.svc:6379"
+    assert trigger["spec"]["triggers"][0]["authenticationRef"] == {"name": "redis-auth"}
 
 
 def test_external_redis_without_url_is_a_clear_error() -> None:
-    with pytest.raises(Exception, match=r"redis\.externalUrl is required"):
+    with pytest.raises(Exception, match=r"redis\.externalUrl \(or redis\.existingSecret\) is required"):
         render({"redis": {"enabled": False}})
 
 

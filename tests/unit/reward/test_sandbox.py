@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from grpo.reward.sandbox import Limits, Sandbox, SandboxUnavailable, make_sandbox
 from grpo.reward.sandbox.languages import Launch, build, run_launch
@@ -308,6 +309,22 @@ def test_missing_privileges_fail_loudly_at_start(setpriv: list[str], reason: str
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, cwd="/")
     assert out.stdout.startswith("unavailable:"), out.stderr[-2000:]
     assert reason in out.stdout and "CAP_SYS_ADMIN" in out.stdout
+
+
+def test_the_remedy_names_exactly_the_capabilities_the_deployments_grant_and_they_suffice() -> None:
+    """The start-up error's advice is what docker-compose.yml grants the reward container, and a sandbox whose
+    bounding set holds just those runs code (it once named SETPCAP and CHOWN, and SYS_ADMIN alone for k8s)."""
+    from grpo.reward.sandbox.namespace import REMEDY
+
+    compose = yaml.safe_load((Path(__file__).resolve().parents[3] / "docker-compose.yml").read_text())
+    granted = compose["services"]["reward"]["cap_add"]
+    assert sorted(re.findall(r"CAP_([A-Z_]+)", REMEDY)) == sorted(granted)
+    assert f"add [{', '.join(granted)}]" in REMEDY
+    bounding = ",".join(["-all", *(f"+{cap.lower()}" for cap in granted)])
+    probe = PROBE + "else:\n    print('ran:', make_sandbox(workers=1).run('print(6 * 7)').stdout.strip())\n"
+    cmd = ["setpriv", f"--inh-caps={bounding}", f"--bounding-set={bounding}", sys.executable, "-c", probe]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, cwd="/")
+    assert out.stdout.strip() == "ran: 42", (out.stdout, out.stderr[-2000:])
 
 
 CONTAINER_PROBE = (

@@ -37,11 +37,12 @@ ETC_BINDS = ("java-*", "ld.so.cache")
 RUN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/scratch", "LANG": "C.UTF-8", "TMPDIR": "/scratch"}
 REPLY_SLACK_S = 5.0  # the zygote enforces the deadline itself; this only catches a wedged zygote
 MAX_REPLY_BYTES = 1 << 30  # a length header past this means a broken stream, not a reply
-REMEDY = (
-    "the namespace sandbox needs to run as root with CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID, CAP_SETPCAP and "
-    "CAP_CHOWN, and mount/unshare/pivot_root allowed by seccomp and AppArmor (docker: --cap-add SYS_ADMIN "
-    "--security-opt apparmor=unconfined; kubernetes: capabilities.add [SYS_ADMIN], runAsUser 0); "
-    "it never falls back to running code unconfined"
+REMEDY = (  # what docker-compose.yml and the Helm chart grant the reward container, and no more
+    "the namespace sandbox needs to run as root with CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID and CAP_KILL, and "
+    "mount/unshare/pivot_root allowed by seccomp and AppArmor (docker: --user 0 --cap-add SYS_ADMIN --cap-add "
+    "SETUID --cap-add SETGID --cap-add KILL --security-opt seccomp=unconfined --security-opt apparmor=unconfined; "
+    "kubernetes: runAsUser 0, capabilities drop [ALL] add [SYS_ADMIN, SETUID, SETGID, KILL], seccompProfile "
+    "Unconfined, AppArmor unconfined); it never falls back to running code unconfined"
 )
 ISOLATION = (
     "linux namespaces (pid, mount, net, ipc, uts) from a zygote pool: minimal read-only root (/usr, /bin, /lib*), "
