@@ -125,3 +125,23 @@ def test_status_keeps_the_trainer_section_after_it_exits(tmp_path: Path) -> None
         down = _run(["down"], tmp_path, 120)
     assert down.returncode == 0, down.stderr[-3000:]
     assert _ours(state["processes"]) == []
+
+
+def test_up_exits_with_the_trainers_code_when_its_run_fails(tmp_path: Path) -> None:
+    """Attached `grpo up` whose trainer fails after it is healthy (it needs 2 live replicas, the stack has 1): an
+    ERROR line naming the trainer and its log, the trainer's exit code, and the whole stack stopped."""
+    config = _stack_config(tmp_path, "crash", 100000)
+    data = yaml.safe_load(config.read_text())
+    # Long enough for the replica to be healthy first, so the failure comes while `up` supervises, not starts.
+    data["trainer"].update(min_replicas=2, replica_wait_s=20)
+    config.write_text(yaml.safe_dump(data))
+
+    up = _run(["up", "-c", str(config)], tmp_path, 300)
+    assert up.returncode == 1, up.stderr[-3000:]
+    log_path = tmp_path / "runs" / "crash" / "logs" / "trainer.log"
+    error = next((line for line in up.stderr.splitlines() if " ERROR grpo.cli: trainer (pid " in line), "")
+    assert f"exited with code 1; last log lines of {log_path}" in error, up.stderr[-3000:]
+    assert "while starting" not in error  # else this test did not reach the supervising loop
+    assert "only 1 live rollout replica(s)" in up.stderr  # the tail of the trainer's log
+    assert not (tmp_path / "runs" / "crash" / "stack.json").exists()
+    assert _descendants_of_run(tmp_path / "runs" / "crash") == []

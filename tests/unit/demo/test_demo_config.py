@@ -1,8 +1,12 @@
-"""The demo's settings: its preset choices are the trainer's, and the step presets get their step check."""
+"""The demo's settings: its preset choices are the trainer's, the step presets get their step check, and a bad
+`grpo demo` option is one line and exit 2."""
 
 from __future__ import annotations
 
 import typing
+from pathlib import Path
+
+import pytest
 
 from grpo.demo.config import DemoConfig
 
@@ -20,3 +24,37 @@ def test_step_presets_get_the_scratchpad_rule() -> None:
         settings = DemoConfig(preset=preset).trainer_settings(**ports)
         assert settings["step_check"] == {"source": "rule", "rule": "column_addition"}
     assert "step_check" not in DemoConfig(preset="grpo").trainer_settings(**ports)
+
+
+@pytest.mark.parametrize(
+    ("options", "line"),
+    [
+        (["--preset", "foo"], "invalid option --preset foo: Input should be 'grpo', 'dapo',"),
+        (["--steps", "0"], "invalid option --steps 0: Input should be greater than or equal to 1"),
+        (["--replicas", "0"], "invalid option --replicas 0: Input should be greater than or equal to 1"),
+        (["--quick", "--steps", "-3"], "invalid option --steps -3: Input should be greater than or equal to 1"),
+    ],
+)
+def test_a_bad_demo_option_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], line: str
+) -> None:
+    """Like argparse's own refusals: no traceback, nothing started (no run folder)."""
+    from grpo.cli.main import main
+
+    assert main(["--runs-dir", str(tmp_path / "runs"), "demo", *options]) == 2
+    err = capsys.readouterr().err
+    assert line in err and "Traceback" not in err and "ValidationError" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_every_bad_demo_option_is_named() -> None:
+    from pydantic import ValidationError
+
+    from grpo.cli.main import bad_options
+
+    with pytest.raises(ValidationError) as caught:
+        DemoConfig(steps=0, replicas=0, max_staleness=-1)
+    assert [line.split(":")[0] for line in bad_options(caught.value)] == [
+        "invalid option --replicas 0", "invalid option --sync -1", "invalid option --steps 0"
+    ]  # fmt: skip

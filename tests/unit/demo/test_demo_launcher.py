@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from grpo.local.launcher import LaunchError, read_stack_config, spec_from_config
+from grpo.local.launcher import LaunchError, TrainerFailed, read_stack_config, spec_from_config, supervise
 from grpo.local.procs import ChildFailed, Supervisor, stop_pid
 
 
@@ -27,9 +27,20 @@ def test_config_sections_become_a_spec(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("rolout: {}\n", "unknown key(s) ['rolout']"),
+        ("rolout: {}\n", "unknown key(s) ['rolout'] (did you mean rolout → rollout?)"),
         ("reward: 3\n", "'reward' must be a mapping"),
         ("- 1\n", "must be a mapping"),
+        ("replicas: two\n", "replicas: Input should be a valid integer"),
+        ("replicas: yes\n", "replicas: Input should be a valid integer"),  # YAML true is not 1 replica
+        ("replicas: 1.5\n", "replicas: Input should be a valid integer"),
+        ("replicas: -1\n", "replicas: must be >= 0 (got -1)"),
+        ("replicas: -1\ntrainer: {train_data: t.jsonl}\n", "replicas: must be >= 1 with a trainer section (got -1)"),
+        ("replicas: 0\ntrainer: {train_data: t.jsonl}\n", "replicas: must be >= 1 with a trainer section (got 0)"),
+        ("start_timeout_s: soon\n", "start_timeout_s: Input should be a valid number"),
+        ("start_timeout_s: 0\n", "start_timeout_s: Input should be greater than 0"),
+        ("start_timeout_s: .inf\n", "start_timeout_s: Input should be a finite number"),
+        ("run_id: ../elsewhere\n", "run_id: '../elsewhere' must not start with a dot"),
+        ("redis_url: [1]\n", "redis_url: Input should be a valid string"),
     ],
 )
 def test_bad_config_names_the_problem(tmp_path: Path, text: str, message: str) -> None:
@@ -37,6 +48,52 @@ def test_bad_config_names_the_problem(tmp_path: Path, text: str, message: str) -
     path.write_text(text)
     with pytest.raises(LaunchError, match=re.escape(message)):
         read_stack_config(path)
+
+
+def test_every_bad_top_level_key_is_named_on_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "stack.yaml"
+    path.write_text("replicas: two\nstart_timeout_s: soon\n")
+    with pytest.raises(LaunchError) as caught:
+        read_stack_config(path)
+    assert "\n" not in str(caught.value)
+    assert "replicas: Input should be a valid integer" in str(caught.value)
+    assert "start_timeout_s: Input should be a valid number" in str(caught.value)
+
+
+def test_top_level_defaults_and_a_stack_without_a_trainer_needs_no_replica(tmp_path: Path) -> None:
+    path = tmp_path / "stack.yaml"
+    path.write_text("run_id: 7\nreplicas: 0\nreward: {workers: 2}\nstart_timeout_s: 30\n")
+    spec = spec_from_config(read_stack_config(path), tmp_path / "runs")
+    assert (spec.run_id, spec.replicas, spec.start_timeout_s, spec.trainer) == ("7", 0, 30.0, None)
+    path.write_text("run_id: ''\n")
+    spec = spec_from_config(read_stack_config(path), tmp_path / "runs")
+    assert (spec.run_id, spec.replicas, spec.start_timeout_s) == ("default", 1, 180.0)
+    assert spec.run_dir == (tmp_path / "runs" / "default").resolve()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("replicas: two\n", "replicas: Input should be a valid integer"),
+        ("start_timeout_s: soon\n", "start_timeout_s: Input should be a valid number"),
+        (
+            "replicas: -1\nrollout: {model: tiny}\ntrainer: {train_data: t.jsonl}\n",
+            "replicas: must be >= 1 with a trainer",
+        ),
+    ],
+)
+def test_cli_up_refuses_a_bad_top_level_key_before_starting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    """No traceback, no silent start without a replica: one line naming the key, exit 2, nothing started."""
+    from grpo.cli.main import main
+
+    config = tmp_path / "stack.yaml"
+    config.write_text(text)
+    assert main(["--runs-dir", str(tmp_path / "runs"), "up", "-c", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"{config}: {message}" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_missing_config_file(tmp_path: Path) -> None:
@@ -139,6 +196,49 @@ def test_watch_fails_a_stalled_run_with_the_logs(tmp_path: Path) -> None:
         with pytest.raises(ChildFailed, match=r"(?s)no progress for 2s at step 3 \(grpo\).*trainer:.*serving"):
             watch(sup, port, view, lambda: None, stall_s=2.0, poll_s=0.2)
         assert view.step == 3 and view.total == 10
+
+
+_SLEEPER = "import time; print('up', flush=True); time.sleep(300)"
+
+
+@pytest.mark.parametrize(
+    ("trainer_script", "exit_code"),
+    [
+        ("import sys, time; time.sleep(0.5); print('the run failed: boom', flush=True); sys.exit(3)", 3),
+        ("import os, signal, time; time.sleep(0.5); print('boom', flush=True); os.kill(os.getpid(), signal.SIGKILL)",
+         128 + 9),  # the shell's code for a SIGKILLed (e.g. out-of-memory) trainer
+    ],
+)  # fmt: skip
+def test_supervise_fails_with_the_trainers_exit_code_and_log(
+    tmp_path: Path, trainer_script: str, exit_code: int
+) -> None:
+    with Supervisor(tmp_path) as sup:
+        reward = sup.start("reward", [sys.executable, "-c", _SLEEPER])
+        trainer = sup.start("trainer", [sys.executable, "-c", trainer_script])
+        with pytest.raises(
+            TrainerFailed, match=rf"(?s)trainer \(pid {trainer.pid}\) exited with code .*trainer\.log.*boom"
+        ) as caught:
+            supervise(sup, poll_s=0.1)
+        assert caught.value.exit_code == exit_code
+        assert reward.alive()  # up() stops the rest of the stack (its finally), not supervise
+    assert not reward.alive()
+
+
+def test_supervise_returns_when_the_trainer_finishes(tmp_path: Path) -> None:
+    with Supervisor(tmp_path) as sup:
+        reward = sup.start("reward", [sys.executable, "-c", _SLEEPER])
+        sup.start("trainer", [sys.executable, "-c", "import time; time.sleep(0.5)"])
+        supervise(sup, poll_s=0.1)
+        assert reward.alive()
+
+
+def test_supervise_fails_when_another_service_exits(tmp_path: Path) -> None:
+    with Supervisor(tmp_path) as sup:
+        sup.start("rollout-0", [sys.executable, "-c", "import sys, time; time.sleep(0.5); sys.exit(0)"])
+        sup.start("trainer", [sys.executable, "-c", _SLEEPER])
+        with pytest.raises(ChildFailed, match=r"rollout-0 \(pid \d+\) exited with code 0") as caught:
+            supervise(sup, poll_s=0.1)
+        assert not isinstance(caught.value, TrainerFailed)
 
 
 def test_up_reports_every_bad_setting_of_every_section_before_starting(tmp_path: Path) -> None:

@@ -13,8 +13,12 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from grpo.common.logs import setup_logging
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 log = logging.getLogger("grpo.cli")
 
@@ -61,7 +65,23 @@ def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # the same clean shutdown as Ctrl-C
 
 
+# DemoConfig fields set by a flag of another name; every other field's flag is --<field-with-dashes>.
+FLAG_OF_FIELD = {"max_staleness": "--sync", "reuse_sft": "--fresh-sft"}
+
+
+def bad_options(exc: ValidationError) -> list[str]:
+    """One line per rejected demo option, in the words `grpo up` uses for a bad setting."""
+    problems = []
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else ""
+        flag = FLAG_OF_FIELD.get(field, "--" + field.replace("_", "-"))
+        problems.append(f"invalid option {flag} {error['input']}: {error['msg']}")
+    return problems
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from grpo.demo.config import DemoConfig
     from grpo.demo.demo import run_demo
     from grpo.local.procs import ChildFailed
@@ -74,7 +94,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         overrides["max_staleness"] = 0
     if args.fresh_sft:
         overrides["reuse_sft"] = False
-    cfg = DemoConfig.quick(**overrides) if args.quick else DemoConfig(**overrides)
+    try:
+        cfg = DemoConfig.quick(**overrides) if args.quick else DemoConfig(**overrides)
+    except ValidationError as exc:
+        for problem in bad_options(exc):
+            log.error("%s", problem)
+        return 2  # argparse's code for a bad option
     try:
         summary = run_demo(cfg, args.runs_dir, args.run_id, live_view=not args.no_live)
     except (ChildFailed, LaunchError) as exc:
@@ -92,11 +117,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from grpo.local.launcher import LaunchError, up
+    from grpo.local.launcher import LaunchError, TrainerFailed, up
     from grpo.local.procs import ChildFailed
 
     try:
         state = up(args.config, args.runs_dir, args.detach)
+    except TrainerFailed as exc:  # its run failed: say so with its own code, as a script or CI job expects
+        log.error("%s", exc)
+        return exc.exit_code
     except (LaunchError, ChildFailed) as exc:
         log.error("%s", exc)
         return 2 if isinstance(exc, LaunchError) else 1

@@ -4,7 +4,8 @@ The config file has one section per service, in that service's own field names:
 
     run_id: myrun            # namespaces Redis keys; the run folder is <runs_dir>/<run_id>
     redis_url: null          # null: start a private redis-server
-    replicas: 1
+    replicas: 1              # rollout processes; >= 1 with a trainer section
+    start_timeout_s: 180     # how long each service may take to become healthy
     reward: {workers: 2}
     rollout: {model: tiny, engine: hf}
     trainer: {model: tiny, train_data: data/train.jsonl, steps: 100}   # optional
@@ -15,6 +16,7 @@ PIDs and ports go to <runs_dir>/<run_id>/stack.json; `down` stops exactly those 
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import time
@@ -22,48 +24,131 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from grpo.local.procs import Supervisor, same_process, stop_pid
+from grpo.local.procs import ChildFailed, Supervisor, same_process, stop_pid
 from grpo.local.stack import STATE_FILE, LaunchError, StackSpec, StackState, start_services
 
 log = logging.getLogger(__name__)
-KNOWN_KEYS = {"run_id", "runs_dir", "redis_url", "replicas", "reward", "rollout", "trainer", "start_timeout_s"}
 TRAINER_FIELDS = ("phase", "step", "total_steps", "policy_version", "tasks_published", "groups_trained", "dropped",
                   "in_flight", "error")  # fmt: skip
 LAST_TRAINER_STATUS = "trainer_status.json"  # what `grpo status` last heard from the trainer, for after it exits
 
 
-def read_stack_config(path: Path) -> dict[str, Any]:
+class StackConfig(BaseModel):
+    """The top-level keys of a `grpo up` config; each service section is checked later by that service's own
+    settings class (stack.settings_problems)."""
+
+    # YAML reads `run_id: 7` as an int: it still names run 7.
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+
+    run_id: str | None = None
+    """Namespaces the Redis keys; the run folder is <runs_dir>/<run_id>. Empty or null: `default`."""
+    runs_dir: Path | None = None
+    """Where the run folder goes; null: `--runs-dir`."""
+    redis_url: str | None = None
+    """A running Redis; null starts a private redis-server."""
+    replicas: int = Field(1, strict=True)  # strict: YAML reads `replicas: yes` as true, which is no count
+    """Rollout replicas, one process each; at least 1 when there is a trainer section."""
+    start_timeout_s: float = Field(180.0, gt=0, strict=True, allow_inf_nan=False)
+    """How long each service may take to become healthy."""
+    reward: dict[str, Any] | None = None
+    rollout: dict[str, Any] | None = None
+    trainer: dict[str, Any] | None = None
+    """Optional: without it only Redis, reward and the replicas start."""
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id_value(cls, value: str | None) -> str | None:
+        # It names a folder under runs_dir: a separator or a leading dot would put the run somewhere else.
+        if value and (value.startswith(".") or any(c in value for c in "/\\{}: \n")):
+            raise ValueError(f"{value!r} must not start with a dot nor hold slashes, braces, colons or spaces")
+        return value
+
+    @model_validator(mode="after")
+    def _replicas_value(self) -> StackConfig:
+        # Without a replica the trainer would wait replica_wait_s (default 5 minutes) and only then fail.
+        if self.trainer and self.replicas < 1:
+            raise ValueError(f"replicas: must be >= 1 with a trainer section (got {self.replicas})")
+        if self.replicas < 0:
+            raise ValueError(f"replicas: must be >= 0 (got {self.replicas})")
+        return self
+
+
+def read_stack_config(path: Path) -> StackConfig:
+    """The config file checked key by key; LaunchError naming every problem, before anything starts."""
     if not path.is_file():
         raise LaunchError(f"config file not found: {path}")
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise LaunchError(f"{path}: must be a mapping with sections reward, rollout, trainer")
-    unknown = sorted(set(data) - KNOWN_KEYS)
+    known = sorted(StackConfig.model_fields)
+    unknown = sorted(str(key) for key in set(data) - set(known))
     if unknown:
-        raise LaunchError(f"{path}: unknown key(s) {unknown}; known: {sorted(KNOWN_KEYS)}")
+        close = [f"{key} → {match[0]}" for key in unknown if (match := difflib.get_close_matches(key, known, n=1))]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise LaunchError(f"{path}: unknown key(s) {unknown}{hint}; known: {known}")
     for section in ("reward", "rollout", "trainer"):
         if data.get(section) is not None and not isinstance(data[section], dict):
             raise LaunchError(f"{path}: '{section}' must be a mapping of {section} settings")
-    return data
+    try:
+        return StackConfig.model_validate(data)
+    except ValidationError as exc:
+        raise LaunchError(f"{path}: {'; '.join(config_problems(exc))}") from None
 
 
-def spec_from_config(data: dict[str, Any], runs_dir: Path) -> StackSpec:
-    run_id = str(data.get("run_id") or "default")
-    base = Path(data.get("runs_dir") or runs_dir)
-    trainer = dict(data["trainer"]) if data.get("trainer") else None
-    run_dir = (base / run_id).resolve()
+def config_problems(exc: ValidationError) -> list[str]:
+    """One `key: message` per error (a check across keys names them in its message)."""
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"])
+        # pydantic prefixes a validator's own message with "Value error, "; ours already says it all.
+        message = str(error["ctx"]["error"]) if error["type"] == "value_error" else error["msg"]
+        problems.append(f"{where}: {message}" if where else message)
+    return problems
+
+
+def spec_from_config(config: StackConfig, runs_dir: Path) -> StackSpec:
+    run_id = config.run_id or "default"
+    run_dir = ((config.runs_dir or runs_dir) / run_id).resolve()
+    trainer = dict(config.trainer) if config.trainer else None
     if trainer is not None:
         trainer.setdefault("output_dir", str(run_dir))
     return StackSpec(
-        run_id=run_id, run_dir=run_dir, redis_url=data.get("redis_url"), reward=dict(data.get("reward") or {}),
-        rollout=dict(data.get("rollout") or {}), replicas=int(data.get("replicas", 1)), trainer=trainer,
-        start_timeout_s=float(data.get("start_timeout_s", 180.0)),
+        run_id=run_id, run_dir=run_dir, redis_url=config.redis_url, reward=dict(config.reward or {}),
+        rollout=dict(config.rollout or {}), replicas=config.replicas, trainer=trainer,
+        start_timeout_s=config.start_timeout_s,
     )  # fmt: skip
 
 
+class TrainerFailed(ChildFailed):
+    """The trainer exited with an error after it started; `grpo up` exits with `exit_code`."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def supervise(sup: Supervisor, poll_s: float = 1.0) -> None:
+    """Return once the trainer exits 0 (its run ended); ChildFailed as soon as another child exits, TrainerFailed
+    when the trainer exits with an error. Without a trainer it runs until interrupted."""
+    trainer = next((c for c in sup.children if c.name == "trainer"), None)
+    while True:
+        sup.check([c.name for c in sup.children if c.name != "trainer"])
+        if trainer is not None and not trainer.alive():
+            code = trainer.proc.returncode
+            if code == 0:
+                log.info("the trainer exited with code 0")
+                return
+            # Killed by a signal (negative code): the shell's convention, 128 + the signal number.
+            exit_code = code if code > 0 else 128 - code
+            raise TrainerFailed(str(trainer.failure(f"exited with code {code}")), exit_code)
+        time.sleep(poll_s)
+
+
 def up(config: Path, runs_dir: Path, detach: bool) -> StackState:
-    """Start the stack; attached, supervise until Ctrl-C or the trainer ends, then stop everything."""
+    """Start the stack; attached, supervise until Ctrl-C or the trainer ends, then stop everything (TrainerFailed
+    when it ended with an error)."""
     spec = spec_from_config(read_stack_config(config), runs_dir)
     if (spec.run_dir / STATE_FILE).exists() and any(
         p["alive"] for p in process_table(StackState.load(spec.run_dir / STATE_FILE))
@@ -79,13 +164,7 @@ def up(config: Path, runs_dir: Path, detach: bool) -> StackState:
     if detach:
         return state
     try:
-        trainer = next((c for c in sup.children if c.name == "trainer"), None)
-        while True:
-            sup.check([c.name for c in sup.children if c.name != "trainer"])
-            if trainer is not None and not trainer.alive():
-                log.info("the trainer exited with code %s", trainer.proc.returncode)
-                break
-            time.sleep(1.0)
+        supervise(sup)
     finally:
         sup.stop_all()
         (spec.run_dir / STATE_FILE).unlink(missing_ok=True)
