@@ -47,9 +47,9 @@ pytestmark = pytest.mark.slow
 def rollout_for(redis_url: str, live_reward: Any, tmp_path: Path) -> Iterator[Callable[[str], RolloutProc]]:
     started: list[RolloutProc] = []
 
-    def start(run: str) -> RolloutProc:
+    def start(run: str, *extra: str) -> RolloutProc:
         args = ("--redis-url", redis_url, "--reward-addr", live_reward.grpc_addr, "--replica-id", f"{run}-r1",
-                "--advertise-host", "127.0.0.1")  # fmt: skip
+                "--advertise-host", "127.0.0.1", *extra)  # fmt: skip
         proc = start_rollout_service(*args, log_dir=tmp_path, env={**ROLLOUT_ENV, "GRPO_ROLLOUT_RUN": run})
         started.append(proc)
         return proc
@@ -110,6 +110,30 @@ def test_grpo_steps_update_push_and_log(tmp_path: Path, redis_url: str, rollout_
     assert [r["step"] for r in evals] == [0, 2, 3] and all(r["eval/completed"] == 2 for r in evals)
     assert all(0.0 <= r["eval/accuracy"] <= 1.0 for r in evals)
     assert (out / "checkpoints" / "step-00000003" / "trainer_state.json").is_file()
+
+
+def test_a_run_whose_every_group_fails_exits_1_naming_why_and_writes_no_final_model(
+    tmp_path: Path, redis_url: str, rollout_for: Any
+) -> None:
+    """max_new_tokens over the rollout's cap: every task comes back failed. The run used to log only "every group
+    was dropped; no update", exit 0 and write final/ holding the starting model."""
+    rollout_for("cap", "--max-new-tokens-cap", "8")
+    config = trainer_config(tmp_path, "cap", redis_url, steps=20, max_new_tokens=16, max_failed_steps=2)
+    log = tmp_path / "trainer.log"
+    proc = start_trainer(config, log)
+    try:
+        code = proc.wait(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == 1, text[-4000:]
+    reason = "'invalid task: sampling.max_new_tokens = 16 is over the cap of 8'"
+    assert f"step 0: 3 of 3 group(s) failed: 3× {reason}" in text  # each step says why, as it happens
+    assert f"the run failed: every group failed for 2 steps in a row, so nothing was trained; the rollout reported: " \
+           f"6× {reason}" in text  # fmt: skip
+    assert "Traceback" not in text
+    assert not (tmp_path / "out" / "final").exists()
 
 
 def test_a_final_evaluation_lost_with_the_trainer_is_redone_on_restart(

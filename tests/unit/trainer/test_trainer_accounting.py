@@ -10,12 +10,15 @@ from grpo.trainer.accounting import (
     MAX_REGENERATIONS,
     Accounting,
     AccountingError,
+    FailureStreak,
     GroupFacts,
     StepQuota,
     batches_to_publish,
+    describe_failures,
     lineage_staleness,
     triage,
 )
+from grpo.trainer.errors import RunError
 
 
 def facts(gid: str, rewards: tuple = (0.0, 1.0), version: int = 3, status: str = "ok", issued: int = 3) -> GroupFacts:
@@ -174,3 +177,32 @@ def test_step_quota_refills_zero_variance_within_budget() -> None:
     assert quota.on_resolved("zero_variance") is False  # budget spent
     assert quota.on_resolved("train") is False
     assert quota.done and quota.refills == 1
+
+
+CAP = "invalid task: sampling.max_new_tokens = 16 is over the cap of 8"
+
+
+def test_a_run_whose_every_group_keeps_failing_ends_naming_why() -> None:
+    streak = FailureStreak(limit=3)
+    streak.add({"failed": 3}, {CAP: 3})
+    streak.add({"failed": 2, "duplicate": 4, "superseded": 1}, {CAP: 1, "reward service: timeout": 1})
+    with pytest.raises(RunError, match=r"every group failed for 3 steps in a row") as exc:
+        streak.add({"failed": 3}, {CAP: 3})
+    assert f"7× {CAP!r}; 1× 'reward service: timeout'" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [{"train": 1, "failed": 2}, {"zero_variance": 1, "failed": 2}, {"timeout": 3}, {"duplicate": 2}, {}],
+)
+def test_a_step_that_did_not_fail_every_group_restarts_the_count(other: dict[str, int]) -> None:
+    streak = FailureStreak(limit=2)
+    streak.add({"failed": 3}, {CAP: 3})
+    streak.add(other, {CAP: other.get("failed", 0)})  # scored groups, timeouts, or nothing resolved: not all failed
+    streak.add({"failed": 3}, {CAP: 3})
+    with pytest.raises(RunError):
+        streak.add({"failed": 3}, {CAP: 3})
+
+
+def test_failure_reasons_most_frequent_first() -> None:
+    assert describe_failures({"b": 1, "a": 1, "c": 5}) == "5× 'c'; 1× 'a'; 1× 'b'"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -271,3 +273,78 @@ def test_the_broadcast_transport_is_checked_at_start(data: Path) -> None:
         parse_settings(
             ["--train-data", str(data), "--weight-transport", "broadcast", "--rollout-tls-ca-file", "ca.pem"]
         )
+
+
+def test_zero_stage_from_flags_env_and_file(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Flags and env values arrive as text: '3' must be the stage 3, as the file's 3 is.
+    assert parse_settings(["--train-data", str(data), "--zero-stage", "3"]).zero_stage == 3
+    monkeypatch.setenv("GRPO_TRAINER_ZERO_STAGE", "1")
+    assert parse_settings(["--train-data", str(data)]).zero_stage == 1
+    monkeypatch.delenv("GRPO_TRAINER_ZERO_STAGE")
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(f"train_data: {data}\nzero_stage: 3\n")
+    s = parse_settings(["--config", str(cfg)])
+    assert s.zero_stage == 3 and learner_config(s, resolve_algo(s)).zero_stage == 3
+    for bad in ("0", "4", "two"):
+        with pytest.raises(ValidationError, match="zero_stage"):
+            parse_settings(["--train-data", str(data), "--zero-stage", bad])
+
+
+def test_redis_url_needs_a_redis_scheme(data: Path) -> None:
+    with pytest.raises(ValidationError, match=r"redis_url must start with redis://, rediss:// or unix://"):
+        parse_settings(["--train-data", str(data), "--redis-url", "notaurl"])
+    for url in ("redis://h:6379/0", "rediss://h:6380/1", "unix:///run/redis.sock"):
+        assert parse_settings(["--train-data", str(data), "--redis-url", url]).redis_url == url
+
+
+def test_resume_from_a_folder_that_is_not_a_checkpoint_is_refused(data: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "runs" / "x"
+    folder.mkdir(parents=True)
+    with pytest.raises(ValidationError, match=r"is not a checkpoint \(no trainer_state.json\)"):
+        parse_settings(["--train-data", str(data), "--resume", str(folder)])
+    (folder / "trainer_state.json").write_text("{}")
+    assert parse_settings(["--train-data", str(data), "--resume", str(folder)]).resume == str(folder)
+
+
+def test_step_credit_errors_are_data_errors_naming_the_line(tmp_path: Path) -> None:
+    from grpo.trainer.assemble import check_step_credit
+    from grpo.trainer.data import DataError, load_rows
+
+    path = tmp_path / "steps.jsonl"
+    steps = {"math": {"gold": "2"}, "steps": {"source": "rule", "rule": "column_addition"}}
+    path.write_text(json.dumps({"prompt": "1+1=", "checks": steps}) + "\n\n" + '{"prompt": "1+1=", "gold": "2"}\n')
+    s = parse_settings(["--train-data", str(path), "--preset", "prm"])
+    with pytest.raises(DataError, match=rf"1 of 2 rows \(the first: {re.escape(str(path))} line 3\) have no"):
+        check_step_credit(s, resolve_algo(s), load_rows(path))
+    cut = {"math": {"gold": "2"}, "steps": {"source": "cut"}}
+    path.write_text(json.dumps({"prompt": "1+1=", "checks": steps}) + "\n" + json.dumps({"prompt": "x", "checks": cut}))
+    with pytest.raises(DataError, match=rf"but {re.escape(str(path))} line 2 asks for source cut"):
+        check_step_credit(s, resolve_algo(s), load_rows(path))
+
+
+def test_reward_weights_must_name_a_check_of_every_row(tmp_path: Path) -> None:
+    from grpo.trainer.assemble import check_reward_weights
+    from grpo.trainer.data import DataError, load_rows
+
+    path = tmp_path / "mixed.jsonl"
+    code = {"code": {"tests": [{"stdio": {"stdin": "", "expected_stdout": "hi"}}]}, "plugins": {"length": {}}}
+    path.write_text('{"prompt": "2+2=", "checks": {"math": {"gold": "4"}, "format": {}}}\n\n'
+                    + json.dumps({"prompt": "print hi", "checks": code}) + "\n")  # fmt: skip
+    rows = load_rows(path)
+
+    def spec_with(weights: dict[str, float], penalty: bool = False) -> Any:
+        argv = ["--train-data", str(path), "--reward-weights", json.dumps(weights), "--max-new-tokens", "64"]
+        s = parse_settings([*argv, "--overlong-soft-penalty", str(penalty).lower()])
+        return task_spec(s, resolve_algo(s))
+
+    with pytest.raises(DataError, match=rf"names 'mathh', but {re.escape(str(path))} line 1 has no 'mathh' check "
+                                        r"\(a typo\?\).*\['code', 'format', 'length', 'math'\]"):  # fmt: skip
+        check_reward_weights(spec_with({"mathh": 1.0}), rows)
+    with pytest.raises(DataError, match=rf"names 'math', but {re.escape(str(path))} line 3 .*1 of 2 rows lack it"):
+        check_reward_weights(spec_with({"math": 1.0}), rows)  # the reward service would fail every code task
+    with pytest.raises(DataError, match="names 'overlong'"):
+        check_reward_weights(spec_with({"overlong": 1.0}), rows)
+    check_reward_weights(spec_with({"overlong": 0.5}, penalty=True), rows)  # the penalty adds it to every task
+    math_only = load_rows(path)[:1]
+    check_reward_weights(spec_with({"math": 1.0, "format": 0.2}), math_only)
+    check_reward_weights(spec_with({}), rows)

@@ -7,7 +7,7 @@ import pytest
 
 from grpo.common.queue import QueueUnavailable, RunQueue, connect, encode
 from grpo.local.redis_server import RedisServer
-from grpo.trainer.consumer import GroupReader, correctness, facts_of, group_metrics, to_samples
+from grpo.trainer.consumer import GroupReader, correctness, facts_of, failure_reason, group_metrics, to_samples
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
 
 
@@ -156,3 +156,14 @@ def test_an_ack_lost_at_one_checkpoint_is_made_at_the_next() -> None:
         assert queue.stats()["groups"].pending == 0
         queue.trim_acked(queue.groups_key, approximate=False)  # the ack's own trim is approximate
         assert queue.client.xlen(queue.groups_key) == 0
+
+
+def test_the_reason_a_group_failed() -> None:
+    failed = queue_pb2.GroupRecord(group_id="t", status="failed", error="invalid task: too long")
+    assert failure_reason(failed, 4) == "invalid task: too long"
+    assert (
+        failure_reason(queue_pb2.GroupRecord(group_id="t", status="failed"), 4)
+        == "status 'failed' with no error message"
+    )
+    short = queue_pb2.GroupRecord(group_id="t", status="ok", samples=[queue_pb2.SampleRecord()] * 3)
+    assert failure_reason(short, 4) == "3 samples where the group size is 4"

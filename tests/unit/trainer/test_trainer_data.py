@@ -64,13 +64,13 @@ def test_bad_row_is_named(tmp_path: Path, row: dict, message: str) -> None:
     path = write_jsonl(tmp_path / "bad.jsonl", [ROWS[0], row])
     with pytest.raises(DataError, match=message) as exc:
         load_rows(path)
-    assert f"{path} row 2" in str(exc.value)
+    assert f"{path} line 2" in str(exc.value)
 
 
 def test_invalid_json_line_is_named(tmp_path: Path) -> None:
     path = tmp_path / "broken.jsonl"
     path.write_text(json.dumps(ROWS[0]) + "\n{not json\n")
-    with pytest.raises(DataError, match=r"broken.jsonl row 2: not valid JSON"):
+    with pytest.raises(DataError, match=r"broken.jsonl line 2: not valid JSON"):
         load_rows(path)
 
 
@@ -104,3 +104,63 @@ def test_cursor_resume_continues_exactly() -> None:
     part1, cur = take(DataCursor(seed=1), 4, 6)
     part2, _ = take(DataCursor.from_state(cur.to_state()), 4, 4)
     assert part1 + part2 == whole
+
+
+@pytest.mark.parametrize(
+    ("checks", "message"),
+    [
+        ({"math": {}}, "checks.math.gold is missing"),  # proto3 would send "": unparseable_gold on every epoch
+        ({"math": {"gold": ""}}, r"checks.math.gold must be a non-empty string"),
+        ({"math": {"gold": "  "}}, r"checks.math.gold must be a non-empty string"),
+        ({"code": {"tests": []}}, r"checks.code.tests must be a non-empty list"),
+        ({"code": {"language": "python"}}, "checks.code.tests is missing"),
+        ({"overlong": {"max_tokens": 0, "buffer_tokens": 0}}, r"checks.overlong.max_tokens must be a positive"),
+        ({"overlong": {"max_tokens": 64}}, "checks.overlong.buffer_tokens is missing"),
+        ({"math": {"gold": "1"}, "steps": {"rule": "column_addition"}}, "checks.steps.source is missing"),
+        ({"math": {"gold": "1"}, "steps": {"source": "rules"}}, r"checks.steps.source must be rule, prm or cut"),
+    ],
+)
+def test_a_check_without_what_the_reward_service_needs_is_refused(tmp_path: Path, checks: dict, message: str) -> None:
+    path = write_jsonl(tmp_path / "bad.jsonl", [ROWS[0], {"prompt": "2+2=", "checks": checks}])
+    with pytest.raises(DataError, match=message) as exc:
+        load_rows(path)
+    assert str(exc.value).startswith(f"{path} line 2: ")
+
+
+def test_gold_must_be_text_or_a_number(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "gold.jsonl", [{"prompt": "2+2=", "gold": {"x": 1}}])
+    with pytest.raises(DataError, match=r"gold.jsonl line 1: 'gold' must be a string \(or a number\)"):
+        load_rows(path)  # was stringified to "{'x': 1}" and never matched
+    for gold in (True, [], [4]):
+        with pytest.raises(DataError):
+            parse_row({"prompt": "2+2=", "checks": {"format": {}}, "gold": gold}, "f line 1")
+    assert parse_row({"prompt": "2+2=", "gold": 4}, "f line 1").checks == {"math": {"gold": "4"}}
+    overlong = {"overlong": {"max_tokens": 64, "buffer_tokens": 0}}  # a zero buffer is valid
+    assert parse_row({"prompt": "x", "checks": overlong}, "f line 1").checks == overlong
+
+
+def test_a_file_that_is_not_utf8_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"prompt": "a", "gold": "1"}\n\n{"prompt": "caf\xe9", "gold": "1"}\n')
+    with pytest.raises(DataError, match=r"latin1.jsonl line 3: not UTF-8 text"):
+        load_rows(path)
+
+
+def test_rows_are_named_by_their_line_in_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "blank.jsonl"
+    good = json.dumps(ROWS[0])
+    path.write_text(f"{good}\n\n{good}\n" + json.dumps({"prompt": "", "gold": "1"}) + "\n")
+    with pytest.raises(DataError, match=r"blank.jsonl line 4: 'prompt' is empty"):
+        load_rows(path)
+    path.write_text(f"\n{good}\n\n{good}\n")
+    assert [row.where for row in load_rows(path)] == [f"{path} line 2", f"{path} line 4"]
+    # A JSON string may hold U+2028 raw; it is not a line break of the file.
+    path.write_text(json.dumps({"prompt": "a\u2028b", "gold": "1"}, ensure_ascii=False) + f"\n\n{good}\n")
+    rows = load_rows(path)
+    assert rows[0].prompt == "a\u2028b" and rows[1].where == f"{path} line 3"
+
+
+def test_parquet_and_json_array_rows_are_named_by_position(tmp_path: Path) -> None:
+    (tmp_path / "d.json").write_text(json.dumps([ROWS[0], {"prompt": "x", "checks": {"math": {}}}]))
+    with pytest.raises(DataError, match=r"d.json row 2: checks.math.gold is missing"):
+        load_rows(tmp_path / "d.json")

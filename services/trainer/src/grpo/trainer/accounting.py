@@ -34,8 +34,11 @@ How a killed trainer resumes with nothing lost and nothing trained twice
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from grpo.trainer.errors import RunError
 
 DROP_REASONS = ("zero_variance", "stale", "failed", "unscored", "timeout")
 MAX_REGENERATIONS = 3  # a task whose groups keep coming from discarded weights is then dropped as stale
@@ -258,3 +261,43 @@ class StepQuota:
     @property
     def done(self) -> bool:
         return self.need <= 0
+
+
+def resolved_groups(outcomes: Mapping[str, int]) -> int:
+    """Groups that settled their task (trained or dropped); duplicates and superseded groups settle none."""
+    return sum(n for verdict, n in outcomes.items() if verdict == "train" or verdict in DROP_REASONS)
+
+
+def describe_failures(reasons: Mapping[str, int]) -> str:
+    """`3× 'invalid task: …'; 1× '…'`: each distinct reason once, the most frequent first."""
+    return "; ".join(f"{n}× {reason!r}" for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+@dataclass
+class FailureStreak:
+    """Steps in a row in which every group that resolved had failed, and their reasons.
+
+    Such a run trains nothing and would end "done" with the starting model as its final one: the rollout or the
+    reward service refuses its tasks (a setting over the rollout's cap, a weight naming no check) and retrying
+    cannot help. After `limit` such steps the run fails, naming the reasons.
+    """
+
+    limit: int
+    steps: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+
+    def add(self, outcomes: Mapping[str, int], failures: Mapping[str, int]) -> None:
+        """Count one step's triage `outcomes` (verdict -> groups) and its failed groups' `failures` (reason -> n);
+        raises RunError once `limit` steps in a row failed every group."""
+        resolved = resolved_groups(outcomes)
+        if resolved == 0 or outcomes.get("failed", 0) < resolved:
+            self.steps, self.reasons = 0, Counter()
+            return
+        self.steps += 1
+        self.reasons.update(failures)
+        if self.steps >= self.limit:
+            raise RunError(
+                f"every group failed for {self.steps} steps in a row, so nothing was trained; the rollout "
+                f"reported: {describe_failures(self.reasons)}. Fix the cause and start the run again "
+                "(max_failed_steps sets how many such steps end a run)"
+            )

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from grpo.trainer.config import TrainerSettings
-from grpo.trainer.data import PromptRow
+from grpo.trainer.data import DataError, PromptRow
 from grpo.trainer.publisher import TaskSpec
 
 if TYPE_CHECKING:
@@ -72,19 +72,35 @@ def check_step_credit(settings: TrainerSettings, algo: LossConfig, rows: Sequenc
     if algo.credit == "outcome":
         return
     if algo.credit == "process":  # it trains on the scores: steps that are only cut would leave every group unscored
-        unscored = [i for i, row in enumerate(rows) if row.checks.get("steps", {}).get("source") == "cut"]
+        unscored = [row for row in rows if row.checks.get("steps", {}).get("source") == "cut"]
         if (settings.step_check or {}).get("source") == "cut" or unscored:
-            where = "step_check" if (settings.step_check or {}).get("source") == "cut" else f"row {unscored[0]}"
-            raise ValueError(f"credit 'process' trains on step scores, but {where} asks for source cut (no scores): "
-                             "use source rule or prm, or credit vineppo")  # fmt: skip
+            where = "step_check" if (settings.step_check or {}).get("source") == "cut" else unscored[0].where
+            raise DataError(f"credit 'process' trains on step scores, but {where} asks for source cut (no scores): "
+                            "use source rule or prm, or credit vineppo")  # fmt: skip
     if settings.step_check:
         return
-    missing = [i for i, row in enumerate(rows) if "steps" not in row.checks]
+    missing = [row for row in rows if "steps" not in row.checks]
     if missing:
-        raise ValueError(
+        raise DataError(
             f"credit {algo.credit!r} ({settings.preset} preset) needs steps, but {len(missing)} of {len(rows)} rows "
-            f"(the first: row {missing[0]}) have no checks.steps: set `step_check`, e.g. {{source: rule, rule: "
+            f"(the first: {missing[0].where}) have no checks.steps: set `step_check`, e.g. {{source: rule, rule: "
             f"column_addition}} or {{source: cut, delimiter: '\\n\\n'}}, or add checks.steps to the rows"
+        )
+
+
+def check_reward_weights(spec: TaskSpec, rows: Sequence[PromptRow]) -> None:
+    """Every reward_weights name must be a component of every row's task: the reward service refuses an item whose
+    weights name a component its checks lack, so each such task would come back failed, on every epoch."""
+    added = {"overlong"} if spec.overlong_buffer_tokens > 0 else set()  # build_task adds it to every task
+    for name, _ in spec.reward_weights:
+        lacking = [row for row in rows if name not in row.components() | added]
+        if not lacking:
+            continue
+        known = sorted(set().union(*(row.components() for row in rows)) | added)
+        hint = "a typo?" if len(lacking) == len(rows) else f"{len(lacking)} of {len(rows)} rows lack it"
+        raise DataError(
+            f"reward_weights names {name!r}, but {lacking[0].where} has no {name!r} check ({hint}): the reward "
+            f"service fails every task whose weights name a check it lacks. The rows' checks: {known}"
         )
 
 

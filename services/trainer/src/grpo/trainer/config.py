@@ -86,6 +86,9 @@ class TrainerSettings(ServiceSettings):
     """How long the run rides out an unreachable Redis (retrying) before it fails with an error."""
     group_timeout_s: float = Field(600.0, gt=0)
     """A task whose group has not arrived this long after publishing is dropped (reason `timeout`)."""
+    max_failed_steps: int = Field(3, ge=1)
+    """Fail the run (exit 1, no final model) after this many steps in a row in which every group failed: the
+    rollout or reward service refuses the tasks (e.g. max_new_tokens over the rollout's cap); the log says why."""
 
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
     """Sampling temperature for training rollouts."""
@@ -178,8 +181,9 @@ class TrainerSettings(ServiceSettings):
     """Seed for the data order and torch."""
     backend: Literal["torch", "deepspeed"] = "torch"
     """Training backend."""
-    zero_stage: Literal[1, 2, 3] = 2
-    """DeepSpeed ZeRO stage (backend deepspeed; launch with torchrun: rank 0 drives, the others follow)."""
+    # An int range, not Literal[1, 2, 3]: flags and env values arrive as text, which a Literal of ints refuses.
+    zero_stage: int = Field(2, ge=1, le=3)
+    """DeepSpeed ZeRO stage 1, 2 or 3 (backend deepspeed; launch with torchrun: rank 0 drives, the others follow)."""
     offload_optimizer: bool = False
     """DeepSpeed: keep the optimizer state on the CPU."""
     gradient_checkpointing: bool = False
@@ -275,9 +279,24 @@ class TrainerSettings(ServiceSettings):
     @field_validator("resume")
     @classmethod
     def _resume_value(cls, value: str) -> str:
-        if value in ("auto", "never") or Path(value).exists():
+        if value in ("auto", "never"):
             return value
-        raise ValueError(f"must be 'auto', 'never' or an existing checkpoint path; {value!r} does not exist")
+        if not Path(value).exists():
+            raise ValueError(f"must be 'auto', 'never' or an existing checkpoint path; {value!r} does not exist")
+        if not (Path(value) / "trainer_state.json").is_file():  # checkpoint.STATE_FILE (that module imports torch)
+            raise ValueError(
+                f"{value!r} is not a checkpoint (no trainer_state.json); checkpoints are "
+                "<output_dir>/checkpoints/step-<N>"
+            )
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_value(cls, value: str) -> str:
+        # redis-py's own error names no setting and surfaces as a traceback once the model has loaded.
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"redis_url must start with redis://, rediss:// or unix:// (got {value!r})")
+        return value
 
     @field_validator("run_id")
     @classmethod

@@ -22,6 +22,13 @@ CORRECTNESS_COMPONENTS = ("math", "code")
 PEL_READ_COUNT = 1_000_000  # one read returns the whole pending list: it is bounded by checkpoint_every batches
 
 
+def failure_reason(record: queue_pb2.GroupRecord, group_size: int) -> str:
+    """Why triage called a group failed: the rollout's error, else what was wrong with the group itself."""
+    if record.status != "ok":
+        return record.error or f"status {record.status!r} with no error message"
+    return f"{len(record.samples)} samples where the group size is {group_size}"
+
+
 def rewards_of(record: queue_pb2.GroupRecord, steps: bool = False) -> tuple[float | None, ...]:
     """Each sample's reward; None when it has none, or (`steps`: step credit) when a step score is missing."""
     return tuple(

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import random
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,29 @@ from grpo.v1 import reward_pb2, rollout_pb2
 log = logging.getLogger(__name__)
 
 KNOWN_KEYS = {"id", "prompt", "task_type", "checks", "gold", "response"}
+# The checks that are reward components (the reward service's Checks.names()): `steps` only reports step scores,
+# and plug-ins are components under their own names.
+NOT_COMPONENTS = ("steps", "plugins")
+
+
+def _non_empty_text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+# What the reward service requires of each check (its schemas): proto3 turns a missing field into "" or 0, which
+# the service then cannot score, so the row would be dropped as unscored or failed on every epoch instead.
+REQUIRED_FIELDS: dict[tuple[str, str], tuple[Callable[[Any], bool], str]] = {
+    ("math", "gold"): (_non_empty_text, "a non-empty string (the reference answer)"),
+    ("code", "tests"): (lambda v: isinstance(v, list) and bool(v), "a non-empty list of tests"),
+    ("overlong", "max_tokens"): (lambda v: type(v) is int and v > 0, "a positive integer"),
+    ("overlong", "buffer_tokens"): (lambda v: type(v) is int and v >= 0, "an integer >= 0"),
+    ("steps", "source"): (lambda v: v in ("rule", "prm", "cut"), "rule, prm or cut"),
+}
 
 
 class DataError(ValueError):
-    """A dataset file or row that cannot be used; the message names the file and the row."""
+    """A dataset file or row that cannot be used (alone, or with the run's settings); the message names the file and
+    the row."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +57,11 @@ class PromptRow:
     task_type: str
     checks: dict[str, Any]  # reward.Checks as a JSON mapping (validated)
     response: str | None = None
+    where: str = field(default="", compare=False)  # "file.jsonl line 7": for errors found after loading
+
+    def components(self) -> set[str]:
+        """The reward components the row's checks ask for (what reward_weights may name)."""
+        return {k for k in self.checks if k not in NOT_COMPONENTS} | set(self.checks.get("plugins", {}))
 
     def prompt_proto(self, apply_chat_template: bool) -> rollout_pb2.Prompt:
         if isinstance(self.prompt, str):
@@ -63,7 +88,7 @@ def _strip_nones(value: Any) -> Any:
 
 
 def parse_row(raw: dict[str, Any], where: str, *, need_response: bool = False) -> PromptRow:
-    """Validate one raw row; `where` ("file.jsonl row 7") goes into every error."""
+    """Validate one raw row; `where` ("file.jsonl line 7") goes into every error and stays with the row."""
     raw = _strip_nones(raw)
     unknown = sorted(set(raw) - KNOWN_KEYS)
     if unknown:
@@ -89,13 +114,17 @@ def parse_row(raw: dict[str, Any], where: str, *, need_response: bool = False) -
     if not isinstance(checks, dict):
         raise DataError(f"{where}: 'checks' must be a mapping like {{'math': {{'gold': '42'}}}}, got {checks!r}")
     if "gold" in raw:
-        checks = {**checks, "math": {"gold": str(raw["gold"])}}
+        gold = raw["gold"]
+        if isinstance(gold, bool) or not isinstance(gold, str | int | float):  # a number is its text; a dict is not
+            raise DataError(f"{where}: 'gold' must be a string (or a number), the reference answer; got {gold!r}")
+        checks = {**checks, "math": {"gold": str(gold)}}
     if not need_response and not checks:
         raise DataError(f"{where}: no 'checks' (or 'gold'): nothing could score the completions")
     try:
         json_format.ParseDict(checks, reward_pb2.Checks())
     except json_format.ParseError as exc:
         raise DataError(f"{where}: bad 'checks': {exc}") from exc
+    check_required(checks, where)
     response = raw.get("response")
     if need_response and not (isinstance(response, str) and response):
         raise DataError(f"{where}: SFT rows need a non-empty 'response' string")
@@ -106,44 +135,73 @@ def parse_row(raw: dict[str, Any], where: str, *, need_response: bool = False) -
         task_type=task_type,
         checks=checks,
         response=response if isinstance(response, str) else None,
+        where=where,
     )
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """One JSON object per line (blank lines skipped); a `.json` file may also hold one array of objects."""
-    text = path.read_text(encoding="utf-8")
+def check_required(checks: dict[str, Any], where: str) -> None:
+    """Each check the row asks for has the fields the reward service needs to score it (REQUIRED_FIELDS)."""
+    for (check, name), (valid, what) in REQUIRED_FIELDS.items():
+        if check not in checks:
+            continue
+        if name not in checks[check]:
+            raise DataError(f"{where}: checks.{check}.{name} is missing; it must be {what}")
+        if not valid(checks[check][name]):
+            raise DataError(f"{where}: checks.{check}.{name} must be {what}, got {checks[check][name]!r}")
+
+
+Located = list[tuple[str, dict[str, Any]]]  # (where: "file line 7", raw row)
+
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DataError(f"{path} line {line}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                        "save the file as UTF-8") from None  # fmt: skip
+
+
+def _read_jsonl(path: Path) -> Located:
+    """One JSON object per line (blank lines skipped); a `.json` file may also hold one array of objects.
+
+    JSONL rows are named by their line in the file (what an editor shows), array items by their position."""
+    text = _read_text(path)
     if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
         try:
             items = json.loads(text)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
-        lines = [(n, item) for n, item in enumerate(items, start=1)]
+        rows = [(f"{path} row {n}", item) for n, item in enumerate(items, start=1)]
     else:
-        lines = []
-        for n, line in enumerate(text.splitlines(), start=1):
+        rows = []
+        # split("\n"), not splitlines(): JSON strings may hold U+2028 and other characters splitlines() breaks at.
+        for n, line in enumerate(text.split("\n"), start=1):
             if line.strip():
                 try:
-                    lines.append((n, json.loads(line)))
+                    rows.append((f"{path} line {n}", json.loads(line)))
                 except json.JSONDecodeError as exc:
-                    raise DataError(f"{path} row {n}: not valid JSON ({exc.msg})") from exc
-    for n, obj in lines:  # each row's fields are validated by parse_row, which names the row
+                    raise DataError(f"{path} line {n}: not valid JSON ({exc.msg})") from exc
+    for where, obj in rows:  # each row's fields are validated by parse_row, which names the row
         if not isinstance(obj, dict):
-            raise DataError(f"{path} row {n}: each line must be a JSON object, got {type(obj).__name__}")
-    return [obj for _, obj in lines]
+            raise DataError(f"{where}: each row must be a JSON object, got {type(obj).__name__}")
+    return rows
 
 
-def _read_parquet(path: Path) -> list[dict[str, Any]]:
+def _read_parquet(path: Path) -> Located:
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(f"{path}: reading Parquet needs pyarrow (pip install 'grpo-trainer[parquet]')") from None
     try:
-        return pq.read_table(path).to_pylist()  # type: ignore[no-any-return]
+        table = pq.read_table(path).to_pylist()
     except Exception as exc:
         raise DataError(f"{path}: could not be read as Parquet: {exc}") from exc
+    return [(f"{path} row {n}", raw) for n, raw in enumerate(table, start=1)]
 
 
-def _read_raw(path: Path) -> list[dict[str, Any]]:
+def _read_raw(path: Path) -> Located:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
         return _read_jsonl(path)
@@ -159,7 +217,7 @@ def load_rows(path: Path, *, need_response: bool = False) -> list[PromptRow]:
     raw_rows = _read_raw(path)
     if not raw_rows:
         raise DataError(f"{path}: no rows")
-    rows = [parse_row(raw, f"{path} row {i + 1}", need_response=need_response) for i, raw in enumerate(raw_rows)]
+    rows = [parse_row(raw, where, need_response=need_response) for where, raw in raw_rows]
     log.info("loaded %d rows from %s", len(rows), path)
     return rows
 

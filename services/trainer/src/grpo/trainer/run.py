@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -23,11 +24,28 @@ from grpo.common.readiness import redis_check
 from grpo.common.registry import ReplicaRegistry
 from grpo.common.retry import RetryPolicy, retry
 from grpo.common.weight_broadcast import WeightBroadcaster
-from grpo.trainer.accounting import Accounting, StepQuota, batches_to_publish, lineage_staleness, triage
-from grpo.trainer.assemble import build_learner, check_step_credit, resolve_algo, task_spec
+from grpo.trainer.accounting import (
+    Accounting,
+    FailureStreak,
+    StepQuota,
+    batches_to_publish,
+    describe_failures,
+    lineage_staleness,
+    resolved_groups,
+    triage,
+)
+from grpo.trainer.assemble import build_learner, check_reward_weights, check_step_credit, resolve_algo, task_spec
 from grpo.trainer.checkpoint import Outcomes, latest_checkpoint, rewind
 from grpo.trainer.config import TrainerSettings
-from grpo.trainer.consumer import GroupReader, facts_of, group_metrics, process_credit, step_metrics, to_samples
+from grpo.trainer.consumer import (
+    GroupReader,
+    facts_of,
+    failure_reason,
+    group_metrics,
+    process_credit,
+    step_metrics,
+    to_samples,
+)
 from grpo.trainer.control import ReplicaView, RunControl
 from grpo.trainer.data import DataCursor, load_rows
 from grpo.trainer.evaluation import eval_rows, evaluate
@@ -63,6 +81,7 @@ class GrpoRun:
         self.rows = load_rows(s.train_data)
         check_step_credit(s, self.algo, self.rows)
         self.eval_rows = eval_rows(load_rows(s.eval_data), s.eval_size) if s.eval_data else []
+        check_reward_weights(self.spec, [*self.rows, *self.eval_rows])  # eval tasks carry the weights too
         client = connect(s.redis_url)
         self.queue = RunQueue(client, s.run_id)
         self.control.readiness.add("redis", redis_check(s.redis_url))
@@ -79,6 +98,10 @@ class GrpoRun:
         self.learner = RankDriver(build_learner(s, self.algo), s.model)
         self.acct = Accounting()
         self.value_books = ValueBooks()
+        self.failed_streak = FailureStreak(s.max_failed_steps)
+        # The last _collect's triage verdicts (verdict -> groups) and its failed groups' reasons (reason -> groups).
+        self.outcomes: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
         self.step = 0
         self.ckpt_root = s.output_dir / "checkpoints"
         self.ledger_root = s.output_dir / "ledger"
@@ -149,6 +172,7 @@ class GrpoRun:
             kept, collect_metrics = self._collect()
             if kept is None:
                 break  # stop requested mid-collection: the kept groups stay in flight and unacked
+            self._judge_failures()
             wait_s = time.monotonic() - started
             train_metrics = self._train(kept)
             push_s += self._sync_replicas() if kept else 0.0
@@ -269,7 +293,8 @@ class GrpoRun:
         quota = StepQuota(need=s.prompts_per_step, refill_budget=budget)
         kept: Kept = []
         kept_ids: set[str] = set()
-        outcomes: dict[str, int] = {}
+        outcomes: Counter[str] = Counter()
+        self.outcomes, self.failures = outcomes, Counter()
         staleness: list[int] = []
         while not quota.done:
             if self.control.stopping:
@@ -318,6 +343,8 @@ class GrpoRun:
                 kept_ids.add(record.group_id)
                 staleness.append(lineage_staleness(self.version, facts.weight_version, self.acct.version_aliases) or 0)
             else:
+                if verdict == "failed":
+                    self.failures[failure_reason(record, self.algo.group_size)] += 1
                 self.acct.resolve(record.group_id, verdict)
                 self.reader.defer_ack(entry.entry_id)
             self._on_resolved(quota, verdict)
@@ -330,6 +357,13 @@ class GrpoRun:
             metrics["staleness/mean"] = sum(staleness) / len(staleness)
             metrics["staleness/max"] = float(max(staleness))
         return kept, metrics
+
+    def _judge_failures(self) -> None:
+        """Say why the step's groups failed (the rollout's reasons); end the run when every group keeps failing."""
+        if self.failures:
+            log.warning("step %d: %d of %d group(s) failed: %s", self.step, sum(self.failures.values()),
+                        resolved_groups(self.outcomes), describe_failures(self.failures))  # fmt: skip
+        self.failed_streak.add(self.outcomes, self.failures)
 
     def _retry(self, call: Callable[[], T], what: str) -> T:
         """Ride out a Redis outage of up to redis_outage_s (then fail the run: reported, never hung)."""

@@ -18,6 +18,7 @@ from grpo.trainer.checkpoint import checkpoint_step, latest_checkpoint
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
 from grpo.trainer.data import DataError
+from grpo.trainer.errors import RunError
 from grpo.trainer.export import final_model_saved
 from grpo.trainer.grpc_api import register
 from grpo.trainer.http_api import http_routes
@@ -95,7 +96,7 @@ def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
         if settings.when_done == "serve" and control.status().phase == "done":
             log.info("the run is done; serving its status until stopped (--when-done serve)")
             control.stop_event.wait()
-    except DataError as exc:  # the user's file: one clear line, no traceback
+    except (DataError, RunError) as exc:  # the user's file or settings: one clear line, no traceback
         log.error("the run failed: %s", exc)
         control.update(phase="failed", error=str(exc))
         code = 1
@@ -111,6 +112,7 @@ def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
 
 
 def run_mode(settings: TrainerSettings, control: RunControl, registry: CollectorRegistry) -> None:
+    make_output_dir(settings.output_dir)  # before the model loads: a folder that cannot be made fails at once
     if settings.stages:
         from grpo.trainer.stages import run_stages
 
@@ -137,6 +139,16 @@ def run_mode(settings: TrainerSettings, control: RunControl, registry: Collector
         run.run()
     finally:
         run.close()
+
+
+def make_output_dir(path: Path) -> None:
+    """Create the run's output folder (or find it), writable; RunError naming it otherwise."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunError(f"output_dir {path}: cannot create it ({exc.strerror or exc})") from None
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        raise RunError(f"output_dir {path}: not a writable folder")
 
 
 def end_checkpoint(s: TrainerSettings) -> Path | None:
