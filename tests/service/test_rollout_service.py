@@ -129,6 +129,24 @@ def test_bad_requests_are_invalid_argument(
     assert message in info.value.details()
 
 
+@pytest.mark.parametrize("field", ["temperature", "top_p"])
+def test_a_temperature_or_top_p_too_small_for_float32_is_invalid_argument(
+    stub: pb_grpc.RolloutServiceStub, field: str
+) -> None:
+    """1e-300 is > 0, but 0 in the float32 sampler: it used to fail inside torch with UNKNOWN and a traceback."""
+    prompts = [pb.Prompt(text="hi")]
+    sampled = {"temperature": 1.0}  # top_p acts only when sampling (temperature 0 is greedy)
+    tiny = pb.SamplingParams(n=1, max_new_tokens=4, seed=1, **{**sampled, field: 1e-300})
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Generate(pb.GenerateRequest(prompts=prompts, sampling=tiny), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"sampling.{field} 1e-300 is too small to sample with" in info.value.details()
+    # The smallest value taken samples (the top token, at this size).
+    smallest = pb.SamplingParams(n=1, max_new_tokens=4, seed=1, **{**sampled, field: 1e-30})
+    reply = stub.Generate(pb.GenerateRequest(prompts=prompts, sampling=smallest), timeout=60)
+    assert len(reply.results[0].completions[0].token_ids) >= 1
+
+
 @pytest.mark.parametrize("transport", ["data_port", "grpc_stream"])
 def test_update_weights_changes_outputs_version_and_checksum(
     rollout: RolloutProc,

@@ -117,3 +117,30 @@ def test_connections_accepted_on_a_bound_socket_send_without_nagle_delay() -> No
         return nodelay
 
     assert asyncio.run(run()) != 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("port", [0, "free"])
+@pytest.mark.parametrize("kind", ["sync", "aio"])
+def test_a_grpc_bind_that_fails_on_a_free_port_does_not_blame_the_port(port: int | str, kind: str) -> None:
+    """Bad TLS material makes gRPC's bind fail with no reason: the port is free, so do not say it is in use."""
+    number = _free_port() if port == "free" else int(port)
+    garbage = grpc.ssl_server_credentials([(b"garbage", b"garbage")])
+
+    async def build() -> None:
+        AioGrpcServer(_nothing, [], "127.0.0.1", number, credentials=garbage, setting=SETTING)
+
+    with pytest.raises(PortInUse) as info:
+        if kind == "sync":
+            GrpcServer(_nothing, [], "127.0.0.1", number, credentials=garbage, setting=SETTING)
+        else:
+            asyncio.run(build())
+    assert str(info.value) == (
+        f"grpo-test: gRPC could not listen on 127.0.0.1:{number} (--grpc-port / GRPO_TEST_GRPC_PORT), and the port "
+        "is free: check the host and the TLS certificate and key (gRPC logs its reason just above)"
+    )

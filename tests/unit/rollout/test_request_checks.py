@@ -20,6 +20,9 @@ def test_valid_request_converts() -> None:
     p = sampling_params(_params(top_p=0, top_k=5, stop=["</answer>"], seed=3), LIMITS)
     assert (p.n, p.top_p, p.top_k, p.stop, p.seed) == (2, 1.0, 5, ("</answer>",), 3)
     assert sampling_params(_params(), LIMITS).seed is None
+    # The smallest temperature and top_p the float32 sampler takes (see MIN_SAMPLING_VALUE).
+    p = sampling_params(_params(temperature=1e-30, top_p=1e-30), LIMITS)
+    assert (p.temperature, p.top_p) == (1e-30, 1e-30)
 
 
 @pytest.mark.parametrize(
@@ -32,6 +35,9 @@ def test_valid_request_converts() -> None:
         ({"temperature": float("inf")}, r"temperature must be a finite number >= 0 \(got inf\)"),
         ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
         ({"top_p": -0.5}, r"top_p must be in \(0, 1\]"),
+        ({"temperature": 1e-300}, r"temperature 1e-300 is too small to sample with .*give 0 for greedy or at least"),
+        ({"temperature": 9e-31}, r"temperature 9e-31 is too small to sample with"),
+        ({"top_p": 1e-300}, r"top_p 1e-300 is too small to sample with .* give at least 1e-30"),
         ({"top_k": -1}, r"top_k must be >= 0"),
         ({"max_new_tokens": 0}, r"max_new_tokens must be >= 1"),
         ({"max_new_tokens": 101}, r"over the cap of 100"),

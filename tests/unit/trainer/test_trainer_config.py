@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from grpo.trainer.assemble import learner_config, overlong_buffer, resolve_algo, task_spec
 from grpo.trainer.config import PRESETS, TrainerSettings, parse_settings
+from tests.unit.reward.helpers import self_signed_cert
 
 
 @pytest.fixture
@@ -169,12 +170,15 @@ def test_bad_values_name_the_field(data: Path, argv: list[str], field: str) -> N
     assert field in str(exc.value)
 
 
-def test_tls_settings(data: Path) -> None:
-    s = parse_settings(["--train-data", str(data), "--tls-cert-file", "c.pem", "--tls-key-file", "k.pem",
+def test_tls_settings(data: Path, tmp_path: Path) -> None:
+    cert, key = (str(p) for p in self_signed_cert(tmp_path))
+    s = parse_settings(["--train-data", str(data), "--tls-cert-file", cert, "--tls-key-file", key,
                         "--rollout-tls-ca-file", "ca.pem"])  # fmt: skip
-    assert (s.tls_cert_file, s.tls_key_file, s.rollout_tls_ca_file) == ("c.pem", "k.pem", "ca.pem")
+    assert (s.tls_cert_file, s.tls_key_file, s.rollout_tls_ca_file) == (cert, key, "ca.pem")
     with pytest.raises(ValidationError, match="tls_cert_file and tls_key_file must be set together"):
-        parse_settings(["--train-data", str(data), "--tls-cert-file", "c.pem"])
+        parse_settings(["--train-data", str(data), "--tls-cert-file", cert])
+    with pytest.raises(ValidationError, match=r"tls_cert_file c\.pem: no such file"):  # read at start-up, not first use
+        parse_settings(["--train-data", str(data), "--tls-cert-file", "c.pem", "--tls-key-file", "k.pem"])
 
 
 def test_train_data_required() -> None:

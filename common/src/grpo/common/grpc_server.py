@@ -15,7 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from grpo.common.auth import AioBearerTokenInterceptor, BearerTokenInterceptor
-from grpo.common.ports import PortSetting, bind_error, check_port_free
+from grpo.common.ports import PortInUse, PortSetting, check_port_free
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +55,22 @@ def _bind(
         bound = (
             server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
         )
-    except RuntimeError:  # taken between the check and the bind
-        raise bind_error(host, port, setting) from None
+    except RuntimeError:
+        raise _bind_failed(host, port, setting) from None
     if bound == 0:
-        raise bind_error(host, port, setting)
+        raise _bind_failed(host, port, setting)
     return int(bound)
+
+
+def _bind_failed(host: str, port: int, setting: PortSetting | None) -> PortInUse:
+    """gRPC's failed bind gives no reason: blame the port only if it really is taken (since the check above)."""
+    check_port_free(host, port, setting)  # raises PortInUse naming the port when it is in use now
+    where = f"{host}:{port}" + (f" ({setting})" if setting else "")
+    return PortInUse(
+        f"gRPC could not listen on {where}, and the port is free: check the host and the TLS certificate and key "
+        "(gRPC logs its reason just above)",
+        setting.prog if setting else "",
+    )
 
 
 class GrpcServer:

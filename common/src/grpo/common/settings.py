@@ -10,23 +10,36 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
+import socket
+import ssl
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import yaml
-from pydantic import ValidationError, model_validator
+from pydantic import ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     CliSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 
 from grpo.common.tiny_model import ModelNotFound
 
 S = TypeVar("S", bound=BaseSettings)
+
+# The standard level names, in any case (`--log-level debug` works): the ones both logging and uvicorn (the
+# reward's HTTP server, given it lowercased) take; logging's aliases WARN and FATAL are not uvicorn's.
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
+
+
+class InvalidSettings(ValueError):
+    """Settings input that fails before pydantic sees it (a config file, an env value that is not JSON)."""
 
 
 def service_config(env_prefix: str, prog: str) -> SettingsConfigDict:
@@ -59,6 +72,49 @@ class ServiceSettings(BaseSettings):
         optional = {name for name, f in cls.model_fields.items() if not f.is_required() and _admits_none(f.annotation)}
         return {k: (None if k in optional and isinstance(v, str) and not v.strip() else v) for k, v in data.items()}
 
+    # check_fields=False: these check the field wherever a service declares it (each service has its own).
+    @field_validator("log_level", mode="before", check_fields=False)
+    @classmethod
+    def _known_log_level(cls, value: Any) -> Any:
+        # A service may declare log_level as a plain str: the names are checked here, not only by its type.
+        if isinstance(value, str) and value.upper() in LOG_LEVELS:
+            return value.upper()
+        raise ValueError(f"{value!r} is not a log level; use one of {', '.join(LOG_LEVELS)}")
+
+    @field_validator("host", check_fields=False)
+    @classmethod
+    def _host_resolves(cls, value: str) -> str:
+        # Said here, before a model loads: gRPC reports an unknown host only as a failed bind.
+        try:
+            socket.getaddrinfo(value.strip("[]"), None)
+        except (OSError, UnicodeError) as exc:
+            raise ValueError(f"{value!r} is not an address of this machine or a name that resolves ({exc})") from None
+        return value
+
+    @model_validator(mode="after")
+    def _tls_files_load(self) -> ServiceSettings:
+        cert, key = getattr(self, "tls_cert_file", None), getattr(self, "tls_key_file", None)
+        if bool(cert) != bool(key):
+            raise ValueError("tls_cert_file and tls_key_file must be set together")
+        if cert and key:
+            check_tls_pair(cert, key)
+        return self
+
+
+def check_tls_pair(cert_file: str, key_file: str) -> None:
+    """ValueError naming the file unless `cert_file` and `key_file` are a readable PEM certificate and its key."""
+    for field, path in (("tls_cert_file", cert_file), ("tls_key_file", key_file)):
+        if not Path(path).is_file():
+            raise ValueError(f"{field} {path}: no such file")
+    try:
+        # A password callback that gives none: an encrypted key is refused here, not prompted for on a tty.
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_file, key_file, password=lambda: b"")
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(
+            f"tls_cert_file {cert_file} and tls_key_file {key_file} are not a PEM certificate and its unencrypted "
+            f"private key ({exc})"
+        ) from None
+
 
 def _admits_none(annotation: Any) -> bool:
     return annotation is None or type(None) in getattr(annotation, "__args__", ())
@@ -83,12 +139,17 @@ def _split_config_flag(argv: list[str]) -> tuple[Path | None, list[str]]:
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
-    """A YAML or JSON mapping (JSON is YAML); an empty file is an empty mapping."""
+    """A YAML or JSON mapping (JSON is YAML); an empty file is an empty mapping. InvalidSettings when it is not."""
     if not path.is_file():
-        raise SystemExit(f"config file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+        raise InvalidSettings(f"config file {path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise InvalidSettings(f"config file {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        raise InvalidSettings(f"config file {path}: not valid YAML or JSON: {_yaml_problem(exc)}") from None
     if not isinstance(data, dict):
-        raise SystemExit(f"config file {path} must hold a mapping of setting names to values")
+        raise InvalidSettings(f"config file {path}: must hold a mapping of setting names to values")
     # Config files use the field names; accept kebab-case keys too.
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
@@ -123,8 +184,33 @@ def load_settings(cls: type[S], argv: list[str] | None = None, env_file_var: str
 
     _Loaded.__name__ = cls.__name__
     _Loaded.__doc__ = cls.__doc__
-    loaded = _Loaded(**file_values)
+    try:
+        loaded = _Loaded(**file_values)
+    except SettingsError as exc:
+        raise InvalidSettings(_source_problem(exc, str(cls.model_config.get("env_prefix", "")))) from None
     return cls.model_validate(loaded.model_dump())
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """'line 2, column 1: expected ',' or ']'' from PyYAML's multi-line report."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem
+
+
+def _source_problem(exc: SettingsError, env_prefix: str) -> str:
+    """One line for a flag or env value pydantic-settings could not parse (it says neither what nor how to fix)."""
+    cause = f" ({exc.__cause__})" if exc.__cause__ else ""
+    env = re.search(r'field "(\w+)" from source "EnvSettingsSource"', str(exc))
+    if env:  # a list or mapping in the environment is read as JSON only
+        field = env.group(1)
+        env_var = (env_prefix + field).upper()
+        return f'{field}: {env_var} must be JSON: a list as ["</s>"], a mapping as {{"math": 1}}{cause}'
+    flag = re.match(r"Parsing error encountered for (\w+): (.*)", str(exc), re.DOTALL)
+    if flag:
+        field, why = flag.groups()
+        return f'{field}: --{field.replace("_", "-")}: {why}; give a list as a,b or ["a", "b"], a mapping as k=1,j=2'
+    return f"{exc}{cause}"
 
 
 def _root_parser(cls: type[BaseSettings], env_file_var: str | None) -> argparse.ArgumentParser:
@@ -159,4 +245,7 @@ def exit_on_invalid_settings(prog: str) -> Iterator[None]:
         raise SystemExit(2) from None
     except ModelNotFound as exc:
         sys.stderr.write(f"{prog}: invalid settings: model: {exc}\n")
+        raise SystemExit(2) from None
+    except InvalidSettings as exc:
+        sys.stderr.write(f"{prog}: invalid settings: {exc}\n")
         raise SystemExit(2) from None

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from grpo.common.settings import ServiceSettings, load_settings, service_config
+from grpo.common.settings import LogLevel, ServiceSettings, load_settings, service_config
 
 BUILTIN_COMPONENTS = ("math", "code", "format", "language", "overlong", "reward_model")
 
@@ -45,8 +45,8 @@ class RewardSettings(ServiceSettings):
     """PEM certificate for gRPC TLS (with tls_key_file); plaintext when unset."""
     tls_key_file: str | None = None
     """PEM private key for gRPC TLS."""
-    log_level: str = "INFO"
-    """Root log level."""
+    log_level: LogLevel = "INFO"
+    """Root log level: DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)."""
     json_logs: bool = False
     """One JSON object per log line (for log shippers)."""
     max_queue: int = Field(default=4096, ge=1)
@@ -104,8 +104,6 @@ class RewardSettings(ServiceSettings):
         clash = sorted(set(self.plugins) & set(BUILTIN_COMPONENTS))
         if clash:
             raise ValueError(f"plugins: names {clash} clash with built-in components")
-        if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ValueError("tls_cert_file and tls_key_file must be set together")
         if self.languages is not None:
             from grpo.reward.sandbox.languages import TOOLCHAINS
 

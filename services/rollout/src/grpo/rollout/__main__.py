@@ -42,16 +42,17 @@ def build_engine(settings: RolloutSettings, model: str) -> Engine:
     return HFEngine(model, dtype=settings.dtype, device=settings.device, torch_threads=settings.torch_threads or None)
 
 
-def serve(settings: RolloutSettings, stop: threading.Event) -> None:
-    """Start the engine and servers (a signal meanwhile exits at once), then serve until `stop` or a signal."""
+def serve(settings: RolloutSettings, stop: threading.Event) -> int:
+    """Start the engine and servers (a signal meanwhile exits at once), then serve until `stop` or a signal.
+
+    Returns the process's exit code: 0 after a stop, 1 when the worker loop died first.
+    """
     with exit_on_signals("start-up"):
         grpc_server, http, service = start(settings)
     stop_on_signals(stop)
     worker = None
     if settings.redis_url:
-        from grpo.rollout.worker import run_worker
-
-        worker = threading.Thread(target=run_worker, args=(service, settings, stop), name="rollout-worker")
+        worker = threading.Thread(target=run_worker_logged, args=(service, settings, stop), name="rollout-worker")
         worker.start()
     log.info(
         "rollout ready: grpc %d, http %d, weights data %d, replica %s",
@@ -61,10 +62,7 @@ def serve(settings: RolloutSettings, stop: threading.Event) -> None:
         settings.replica_id,
     )
     try:
-        while not stop.wait(0.5):
-            if worker is not None and not worker.is_alive():
-                log.error("the worker loop stopped; shutting down")
-                stop.set()
+        return wait_until_stopped(stop, worker)
     finally:
         service.on_whole = None  # an update applied while we stop must not say SERVING again
         grpc_server.set_serving(False)
@@ -74,6 +72,27 @@ def serve(settings: RolloutSettings, stop: threading.Event) -> None:
         http.stop()
         service.close()
         log.info("rollout stopped")
+
+
+def run_worker_logged(service: RolloutService, settings: RolloutSettings, stop: threading.Event) -> None:
+    """The worker thread: its failure goes to our log (JSON logs included), not to threading's bare traceback."""
+    from grpo.rollout.worker import run_worker
+
+    try:
+        run_worker(service, settings, stop)
+    except Exception:
+        log.exception("the worker loop failed")
+
+
+def wait_until_stopped(stop: threading.Event, worker: threading.Thread | None) -> int:
+    """Block until `stop` (0) or until the worker thread has ended without one (1: a replica that takes no
+    tasks must not look like a clean stop to its supervisor, which then would not restart it)."""
+    while not stop.wait(0.5):
+        if worker is not None and not worker.is_alive():
+            log.error("the worker loop stopped; shutting down")
+            stop.set()
+            return 1
+    return 0
 
 
 def relayer(settings: RolloutSettings, service: RolloutService) -> Relayer:
@@ -150,14 +169,14 @@ def main(argv: list[str] | None = None) -> None:
         setup_logging(settings.log_level, settings.json_logs)
         with exit_on_signals("the model check"):
             settings = settings.model_copy(update={"model": check_model(settings.model)})
-    serve(settings, threading.Event())
+    code = serve(settings, threading.Event())
     # Everything this process owns is closed. What is left is the interpreter's teardown of torch and vLLM
     # objects: ~2 s here for nothing (the OS frees the memory), 10 s and more on a loaded machine, where it
     # ran past compose's and the tests' stop grace and ended in SIGKILL.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,13 @@ class StreamLimit:
         self._timer.cancel()
 
 
+# The sampler works in float32 (largest value ~3.4e38, smallest ~1.4e-45). logits / temperature overflows to inf
+# (and softmax to NaN) once temperature < |logit| / 3.4e38, and a top_p under ~1e-45 is 0, which keeps no token.
+# 1e-30 keeps logits up to ~3e8 finite, far above any model's, and refuses nothing that samples differently:
+# a temperature that small is greedy already, as is any top_p below the top token's probability (>= 1 / vocab).
+MIN_SAMPLING_VALUE = 1e-30
+
+
 class BadRequest(ValueError):
     """A request the caller must fix (INVALID_ARGUMENT)."""
 
@@ -74,8 +81,14 @@ def sampling_params(msg: rollout_pb2.SamplingParams, limits: Limits) -> Sampling
         raise BadRequest(f"sampling.n = {msg.n} is over this replica's limit of {limits.max_n}")
     if not (math.isfinite(msg.temperature) and msg.temperature >= 0):  # NaN passes `< 0`, and fails in sampling
         raise BadRequest(f"sampling.temperature must be a finite number >= 0 (got {msg.temperature}); 0 means greedy")
+    if 0 < msg.temperature < MIN_SAMPLING_VALUE:
+        raise BadRequest(f"sampling.temperature {msg.temperature} is too small to sample with (float32 logits "
+                         f"overflow); give 0 for greedy or at least {MIN_SAMPLING_VALUE}")  # fmt: skip
     if not 0 <= msg.top_p <= 1:
         raise BadRequest(f"sampling.top_p must be in (0, 1] (got {msg.top_p}); 0 means 1")
+    if 0 < msg.top_p < MIN_SAMPLING_VALUE:
+        raise BadRequest(f"sampling.top_p {msg.top_p} is too small to sample with in float32; give at least "
+                         f"{MIN_SAMPLING_VALUE} (any top_p under the top token's probability keeps only that token)")  # fmt: skip
     if msg.top_k < 0:
         raise BadRequest(f"sampling.top_k must be >= 0 (got {msg.top_k}); 0 turns it off")
     if msg.max_new_tokens < 1:

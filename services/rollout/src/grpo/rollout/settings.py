@@ -6,9 +6,9 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from grpo.common.settings import ServiceSettings, load_settings, service_config
+from grpo.common.settings import LogLevel, ServiceSettings, load_settings, service_config
 
 
 def hostname_and_pid() -> str:
@@ -102,16 +102,36 @@ class RolloutSettings(ServiceSettings):
     """Attempts (in-process retries and deliveries) before a task is written as failed."""
     grpc_workers: int = Field(16, ge=1)
     """gRPC server threads."""
-    log_level: str = "INFO"
-    """Logging level."""
+    log_level: LogLevel = "INFO"
+    """Logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)."""
     json_logs: bool = False
     """Log one JSON object per line."""
 
-    @model_validator(mode="after")
-    def _check(self) -> RolloutSettings:
-        if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ValueError("tls_cert_file and tls_key_file must be set together")
-        return self
+    @field_validator("run")
+    @classmethod
+    def _run_name(cls, value: str) -> str:
+        from grpo.common.queue import stream_keys  # the queue's own rule; imported here to keep --help light
+
+        stream_keys(value)
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            from redis.connection import parse_url  # what the worker's client will parse it with
+
+            parse_url(value)
+        return value
+
+    @field_validator("reward_addr")
+    @classmethod
+    def _reward_addr_with_redis(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # The worker loop starts only after the model has loaded: a half-configured one must fail here instead.
+        # (redis_url is declared above reward_addr, so it is in info.data when it is valid.)
+        if info.data.get("redis_url") and not value:
+            raise ValueError("the worker loop (redis_url is set) needs the reward service's gRPC host:port")
+        return value
 
 
 def parse_settings(argv: list[str] | None = None) -> RolloutSettings:
