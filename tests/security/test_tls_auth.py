@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,32 @@ def test_rollout_token_guards_every_method(tmp_path: Path) -> None:
             assert health.status == health_pb2.HealthCheckResponse.SERVING
         assert proc.healthz()["status"] == "ok"  # HTTP health stays open
     finally:
+        assert proc.stop() == 0, proc.log_text()[-2000:]
+
+
+def test_callers_without_a_token_cannot_hold_the_servers_threads(tmp_path: Path) -> None:
+    """Calls without the token that never send their request message were each given a worker thread to wait in
+    (the refusal was a unary handler): as many as the pool held (`grpc_workers`) blocked every call, token or not,
+    for as long as they stayed open. They are refused at once now."""
+    proc = start_rollout_service("--token", "t0k", "--grpc-workers", "4", log_dir=tmp_path)
+    stop = threading.Event()
+
+    def never() -> Iterator[bytes]:  # a request stream that sends nothing and does not end
+        stop.wait()
+        yield from ()
+
+    channels = [grpc.insecure_channel(proc.address) for _ in range(8)]
+    try:
+        silent = [c.stream_unary("/grpo.v1.RolloutService/GetStatus").future(never()) for c in channels]
+        for call in silent:  # refused without reading a message
+            assert call.exception(timeout=10).code() == grpc.StatusCode.UNAUTHENTICATED
+        with grpc.insecure_channel(proc.address) as channel:
+            stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+            assert stub.GetStatus(pb.GetStatusRequest(), timeout=5, metadata=bearer_metadata("t0k")).model
+    finally:
+        stop.set()
+        for channel in channels:
+            channel.close()
         assert proc.stop() == 0, proc.log_text()[-2000:]
 
 

@@ -56,10 +56,13 @@ class BearerTokenInterceptor(_TokenCheck, grpc.ServerInterceptor):
         if message is None:
             return continuation(handler_call_details)
 
-        def abort(request: Any, context: grpc.ServicerContext) -> None:
+        def abort(requests: Any, context: grpc.ServicerContext) -> None:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-        return grpc.unary_unary_rpc_method_handler(abort)
+        # Streaming in both directions, whatever the method's own shape: a unary handler would first wait for the
+        # request message on a worker thread, and callers that never send one (no token needed) would hold every
+        # thread of the pool. A request-stream handler starts at once and refuses without reading.
+        return grpc.stream_stream_rpc_method_handler(abort)
 
 
 class AioBearerTokenInterceptor(_TokenCheck, grpc.aio.ServerInterceptor):
@@ -74,10 +77,10 @@ class AioBearerTokenInterceptor(_TokenCheck, grpc.aio.ServerInterceptor):
         if message is None:
             return await continuation(handler_call_details)
 
-        async def abort(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        async def abort(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-        return grpc.unary_unary_rpc_method_handler(abort)
+        return grpc.stream_stream_rpc_method_handler(abort)  # refused before any message, as above
 
 
 def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
