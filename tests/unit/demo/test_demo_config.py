@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import typing
 from pathlib import Path
 
@@ -58,3 +59,21 @@ def test_every_bad_demo_option_is_named() -> None:
     assert [line.split(":")[0] for line in bad_options(caught.value)] == [
         "invalid option --replicas 0", "invalid option --sync -1", "invalid option --steps 0"
     ]  # fmt: skip
+
+
+def test_the_demo_report_measures_before_and_after_on_the_same_problems(tmp_path: Path) -> None:
+    """Before is the trainer's step-0 evaluation (its eval_size problems, the reward service), not the cold start's
+    in-process accuracy on sft_eval_size other problems; that one is kept apart as sft_accuracy."""
+    from grpo.demo.demo import demo_report
+
+    settings = DemoConfig.quick().trainer_settings(
+        model="m", train_data="t", eval_data="e", redis_url="", run_id="r", output_dir="o", grpc_port=0, http_port=0
+    )
+    assert settings["eval_before_train"] is True
+    rows = [{"step": 0, "eval/accuracy": 0.3, "eval/judged": 100, "eval/unjudged": 0, "eval/failed": 0,
+             "eval/missing": 0}, {"step": 40, "eval/accuracy": 0.5, "eval/judged": 100, "eval/unjudged": 0,
+             "eval/failed": 0, "eval/missing": 0}]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = demo_report(tmp_path, wall_seconds=1.0, extra={"sft_accuracy": 0.45})
+    assert summary["eval_accuracy_before"] == 0.3 and summary["eval_before_problems"] == 100
+    assert summary["sft_accuracy"] == 0.45 and abs(summary["eval_accuracy_gain"] - 0.2) < 1e-9

@@ -30,3 +30,11 @@ def test_eta_needs_progress_and_missing_values_show_a_dash() -> None:
     view.update({"phase": "grpo", "step": 2, "total_steps": 10, "metrics": {}})
     assert view.eta_s() is not None and 70 < view.eta_s() < 90  # type: ignore[operator]
     assert "reward (mean): –" in plain_line(view)
+
+
+def test_before_grpo_is_the_trainers_step_0_evaluation() -> None:
+    """The report compares after with the trainer's baseline (same problems, same scorer): so does the view."""
+    view = ViewState(eval_before=0.42)  # the cold start's own measure, on other problems
+    view.update({"phase": "grpo", "step": 0, "total_steps": 40, "metrics": {},
+                 "eval_history": [{"step": 0, "accuracy": 0.37}]})  # fmt: skip
+    assert view.eval_before == 0.37 and "(before GRPO: 0.370)" in _text(view)

@@ -101,3 +101,17 @@ def test_sigterm_exits_at_once_while_starting_and_finishes_the_step_later(phase:
 
     done = subprocess.run([sys.executable, "-c", SIGNAL_SCRIPT, phase], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (code, out), done.stderr[-2000:]
+
+
+def test_dropped_counts_tasks_and_duplicate_groups_are_reported_beside_it(served: tuple[RunControl, str]) -> None:
+    """published = trained + dropped + in_flight holds on /metrics: duplicates and superseded groups settle no
+    task, so they have gauges of their own instead of a reason inside grpo_trainer_run_dropped."""
+    control, url = served
+    control.update(phase="grpo", tasks_published=12, groups_trained=8, dropped={"zero_variance": 3}, in_flight=1,
+                   duplicates=2, superseded=1)  # fmt: skip
+    text = get(f"{url}/metrics")[1]
+    assert "# HELP grpo_trainer_run_dropped tasks dropped, by reason" in text
+    assert 'grpo_trainer_run_dropped{reason="zero_variance"} 3.0' in text and 'reason="duplicate"' not in text
+    assert "grpo_trainer_run_duplicate_groups 2.0" in text and "grpo_trainer_run_superseded_groups 1.0" in text
+    status = json.loads(get(f"{url}/v1/status")[1])
+    assert (status["duplicates"], status["superseded"]) == (2, 1)

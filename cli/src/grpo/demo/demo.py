@@ -29,7 +29,9 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 
 def prepare(cfg: DemoConfig, run_dir: Path, view: live.ViewState, refresh: Any) -> tuple[Path, float, dict[str, Any]]:
-    """Model folder, data files and the SFT cold start; returns (sft model dir, eval accuracy, sft info)."""
+    """Model folder, data files and the SFT cold start; returns (sft model dir, the cold start's own held-out
+    accuracy, sft info). That accuracy steers the cold start only (in-process greedy decoding, sft_eval_size
+    problems): the run's "before" is the trainer's step-0 evaluation (see demo_report)."""
     import torch
 
     from grpo.demo.model import build_model_folder
@@ -65,7 +67,7 @@ def prepare(cfg: DemoConfig, run_dir: Path, view: live.ViewState, refresh: Any) 
         sft_cache.store(cached, sft_dir, result)
     view.eval_before = result.accuracy
     info = {"sft_steps": result.steps, "sft_seconds": round(result.seconds, 1), "sft_history": result.history,
-            "sft_reused": reused is not None}  # fmt: skip
+            "sft_reused": reused is not None, "sft_accuracy": result.accuracy}  # fmt: skip
     return sft_dir, result.accuracy, info
 
 
@@ -100,6 +102,8 @@ def grpo_phase(
 ) -> None:
     """Start Redis (unless given), reward, rollout replicas and the trainer on the SFT model; follow it to the end."""
     view.phase, view.note, view.step = "starting services", "redis, reward, rollout, trainer", 0
+    # "Before GRPO" is the trainer's step-0 evaluation (ViewState.update), not the cold start's own measure.
+    view.eval_before = None
     refresh()
     spec = StackSpec(
         run_id=run_id, run_dir=run_dir, redis_url=cfg.redis_url, replicas=cfg.replicas,
@@ -121,8 +125,6 @@ def run_demo(
     cfg: DemoConfig, runs_dir: Path = Path("runs"), run_id: str | None = None, live_view: bool = True
 ) -> dict[str, Any]:
     """The whole demo; returns the summary (also in <run_dir>/summary.json). Every child is stopped on exit."""
-    from grpo.trainer.report import write_report
-
     started = time.monotonic()
     run_id = run_id or new_run_id()
     run_dir = (runs_dir / run_id).resolve()
@@ -147,8 +149,17 @@ def run_demo(
                     last_line[0] = time.monotonic()
                     log.info("%s", live.plain_line(view))
 
-            sft_dir, eval_before, sft_info = prepare(cfg, run_dir, view, refresh)
+            sft_dir, _, sft_info = prepare(cfg, run_dir, view, refresh)
             grpo_phase(sup, cfg, run_dir, run_id, sft_dir, view, refresh)
     extra = {"run_id": run_id, "config": cfg.model_dump(), **sft_info}
-    summary = write_report(run_dir, eval_before=eval_before, wall_seconds=time.monotonic() - started, extra=extra)
-    return summary
+    return demo_report(run_dir, wall_seconds=time.monotonic() - started, extra=extra)
+
+
+def demo_report(run_dir: Path, *, wall_seconds: float, extra: dict[str, Any]) -> dict[str, Any]:
+    """summary.json and report.md of a demo run. Before and after are both the trainer's evaluations (its step-0
+    baseline and its last ones): the same eval_size problems, decoded by the rollout and scored by the reward
+    service. The cold start's accuracy (in-process, on sft_eval_size problems, its own scorer) measures other
+    problems another way, so it is kept as sft_accuracy and never compared with the after."""
+    from grpo.trainer.report import write_report
+
+    return write_report(run_dir, eval_before=None, wall_seconds=wall_seconds, extra=extra)

@@ -51,6 +51,9 @@ class ViewState:
         self.step, self.total = step, int(status.get("total_steps", self.total))
         for key, value in (status.get("metrics") or {}).items():
             self.last[key] = value
+        for point in status.get("eval_history") or []:
+            if point.get("step") == 0:  # the trainer's baseline: the "before" the report compares with
+                self.eval_before = point.get("accuracy")
 
     def eta_s(self) -> float | None:
         if self.grpo_started is None or self.step <= self.grpo_first_step:

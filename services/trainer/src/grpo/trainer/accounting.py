@@ -41,6 +41,9 @@ from typing import Any
 from grpo.trainer.errors import RunError
 
 DROP_REASONS = ("zero_variance", "stale", "failed", "unscored", "timeout")
+# Every verdict a group can get in a step's collection (triage's, plus "timeout" for a group that never came):
+# each is logged every step as groups/<verdict>, 0 when none.
+GROUP_VERDICTS = ("train", "duplicate", "superseded", "regenerate", *DROP_REASONS)
 MAX_REGENERATIONS = 3  # a task whose groups keep coming from discarded weights is then dropped as stale
 
 

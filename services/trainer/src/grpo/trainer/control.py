@@ -31,8 +31,10 @@ class StatusSnapshot:
     policy_version: int = 0
     tasks_published: int = 0
     groups_trained: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)  # tasks, by reason: published = trained + Σ + in_flight
     in_flight: int = 0
+    duplicates: int = 0  # groups whose task was already settled (twins, retries): beside the books, not in them
+    superseded: int = 0  # groups made by a discarded lineage's weights (their tasks stay in flight)
     replicas: tuple[ReplicaView, ...] = ()
     metrics: dict[str, float] = field(default_factory=dict)
     error: str = ""
@@ -51,6 +53,8 @@ class StatusSnapshot:
             "groups_trained": self.groups_trained,
             "dropped": dict(self.dropped),
             "in_flight": self.in_flight,
+            "duplicates": self.duplicates,
+            "superseded": self.superseded,
             "replicas": [vars(r) for r in self.replicas],
             "metrics": dict(self.metrics),
             "error": self.error,

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from grpo.common.queue import Entry
-from grpo.trainer.consumer import GroupReader, group_metrics
+from grpo.trainer.consumer import GroupReader, correctness, group_metrics
 from grpo.trainer.data import PromptRow
 from grpo.trainer.publisher import TaskSpec, build_task
 from grpo.v1 import queue_pb2
@@ -81,19 +81,40 @@ def evaluate(
             continue
         got[row] = record
     reader.buffer.extendleft(reversed(others))
-    ok = [r for r in got.values() if r.status == "ok"]
-    metrics = group_metrics(ok, prefix="eval")
-    metrics["eval/completed"] = float(len(ok))
-    metrics["eval/missing"] = float(len(ids) - len(got))
-    metrics["eval/failed"] = float(len(got) - len(ok))
+    stopped = bool(pending) and should_stop()
+    metrics = eval_metrics([got.get(i) for i in range(len(ids))], stopped=stopped)
     metrics["eval/wrong_weights"] = float(wrong)
     metrics["eval/wall_s"] = time.monotonic() - start
     log.info(
-        "eval round %s: accuracy %.3f reward %.3f (%d/%d groups)",
+        "eval round %s: accuracy %.3f over %d judged of %d problems (%d unjudged, %d failed, %d missing%s)",
         round_id,
         metrics.get("eval/accuracy", float("nan")),
-        metrics.get("eval/reward_mean", float("nan")),
-        len(ok),
+        metrics["eval/judged"],
         len(ids),
+        metrics["eval/unjudged"],
+        metrics["eval/failed"],
+        metrics["eval/missing"],
+        ", stopped: no accuracy" if stopped else "",
     )
+    return metrics
+
+
+def eval_metrics(groups: Sequence[queue_pb2.GroupRecord | None], *, stopped: bool) -> dict[str, float]:
+    """eval/* of one evaluation from each problem's group (None: never came), every count explicit.
+
+    eval/accuracy is correct / judged: a failed, missing or unjudged problem (the verifier could not say) is an
+    infrastructure fault, not a wrong answer, so it is left out of the denominator, and the counts say how many
+    were. An evaluation cut short by a stop measures only the problems that happened to come first: it keeps its
+    counts and eval/stopped = 1 but no accuracy or reward, so nobody reads it as the model's (and the run
+    evaluates that step again when it resumes)."""
+    ok = [g for g in groups if g is not None and g.status == "ok"]
+    judged = [g for g in ok if g.samples and all(correctness(s) is not None for s in g.samples)]
+    came = sum(g is not None for g in groups)
+    metrics = {} if stopped else group_metrics(ok, prefix="eval")
+    metrics["eval/completed"] = float(len(ok))
+    metrics["eval/judged"] = float(len(judged))
+    metrics["eval/unjudged"] = float(len(ok) - len(judged))
+    metrics["eval/failed"] = float(came - len(ok))
+    metrics["eval/missing"] = float(len(groups) - came)
+    metrics["eval/stopped"] = float(stopped)
     return metrics

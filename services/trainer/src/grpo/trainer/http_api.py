@@ -55,10 +55,16 @@ class RunStatusCollector(Collector):
             ("tasks_published", status.tasks_published, "rollout tasks published to Redis"),
             ("groups_trained", status.groups_trained, "groups the policy was updated on"),
             ("in_flight", status.in_flight, "tasks published and not yet resolved"),
+            ("duplicate_groups", status.duplicates, "groups whose task was already settled (not in dropped)"),
+            ("superseded_groups", status.superseded, "groups made by discarded weights (not in dropped)"),
             ("replicas", len(status.replicas), "rollout replicas seen in the registry"),
         ):
             yield GaugeMetricFamily(f"grpo_trainer_run_{name}", doc, value=value)
-        dropped = GaugeMetricFamily("grpo_trainer_run_dropped", "groups dropped, by reason", labels=["reason"])
+        dropped = GaugeMetricFamily(
+            "grpo_trainer_run_dropped",
+            "tasks dropped, by reason (tasks_published = groups_trained + dropped + in_flight)",
+            labels=["reason"],
+        )
         for reason, count in sorted(status.dropped.items()):
             dropped.add_metric([reason], count)
         yield dropped

@@ -30,7 +30,10 @@ class MetricsSink:
 
     tensorboard_dir: SummaryWriter event files. jsonl_path: one JSON object per step (appended, so a
     resumed run continues the file). prometheus_registry: gauges named grpo_trainer_<key>, served by
-    the service's /metrics. wandb_project: used only when `wandb` is installed and the project is set.
+    the service's /metrics; a gauge holds the last value logged for its key. The run logs its counts (groups/*,
+    tasks/*, push/*) every step, 0 included, so those gauges are always the last step's; keys that exist only when
+    there is something to measure (eval/* on evaluation steps, train/* after an update, rollout/* and
+    staleness/* when groups came) keep the value of the last step that had one. wandb_project: used only when `wandb` is installed and the project is set.
     start_step: the step the run (re)starts from; rows and events logged after it by a lost lineage
     (steps done after the checkpoint a crashed run resumes from) are removed, so each step is written once.
     """

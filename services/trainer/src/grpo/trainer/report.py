@@ -1,8 +1,10 @@
 """A GRPO run's summary.json, PNG plots and report.md, from the trainer's metrics.jsonl (pure I/O, no services).
 
-`eval_accuracy_after` is the mean of the last three evaluations (no cherry-picked peak);
-`eval_accuracy_before` is the evaluation of the starting model (e.g. after SFT) before the first GRPO
-update: given by the caller, or the trainer's own step-0 evaluation (`eval_before_train`).
+`eval_accuracy_after` is the accuracy over the last three evaluations (no cherry-picked peak), each weighted by
+the problems it judged (pooled correct / judged); `eval_accuracy_before` is the evaluation of the starting model
+(e.g. after SFT) before the first GRPO update: the trainer's own step-0 evaluation (`eval_before_train`), or given
+by the caller. Each says how many problems were judged out of how many were asked (`eval_*_judged`,
+`eval_*_problems`): accuracy is correct / judged, and failed, missing or unjudged problems are not in it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,17 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def evaluated(row: dict[str, Any] | None) -> bool:
+    """Whether a metrics row holds a finished evaluation: one cut short by a stop (eval/stopped), or never logged
+    (the trainer was killed in it), has no eval/accuracy, and the run evaluates that step again on resume."""
+    return row is not None and "eval/accuracy" in row
+
+
+def last_row_at(path: Path, step: int) -> dict[str, Any] | None:
+    """The last metrics row logged for `step`, None when there is none."""
+    return next((r for r in reversed(read_metrics(path)) if r["step"] == step), None)
+
+
 def series(rows: Sequence[dict[str, Any]], key: str) -> list[tuple[int, float]]:
     """(step, value) for every row that has a finite numeric `key`."""
     out = []
@@ -51,6 +64,31 @@ def series(rows: Sequence[dict[str, Any]], key: str) -> list[tuple[int, float]]:
         if isinstance(v, int | float) and math.isfinite(v):
             out.append((int(r["step"]), float(v)))
     return out
+
+
+def eval_counts(row: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(problems judged, problems asked) of an evaluation row; None where the row predates those counts."""
+    counts = [row.get(f"eval/{k}") for k in ("judged", "unjudged", "failed", "missing")]
+    if not all(isinstance(c, int | float) for c in counts):
+        return None, None
+    return int(counts[0]), int(sum(counts))  # type: ignore[arg-type]
+
+
+def pooled_accuracy(rows: Sequence[dict[str, Any]]) -> float | None:
+    """Accuracy over several evaluations, each weighted by the problems it judged (correct / judged, pooled): an
+    evaluation that judged half its problems counts half. The plain mean where a row lacks eval/judged."""
+    accs = [float(r["eval/accuracy"]) for r in rows]
+    judged = [eval_counts(r)[0] for r in rows]
+    if not accs:
+        return None
+    if any(j is None for j in judged):
+        return mean(accs)
+    total = sum(j for j in judged if j is not None)
+    return sum(a * (j or 0) for a, j in zip(accs, judged, strict=True)) / total if total else None
+
+
+def _sum(values: Sequence[int | None]) -> int | None:
+    return None if not values or any(v is None for v in values) else sum(v for v in values if v is not None)
 
 
 def mean(values: Sequence[float]) -> float | None:
@@ -64,21 +102,33 @@ def summarize(
     wall_seconds: float,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """summary.json: before/after accuracy (mean of the last three evals), reward first vs last, history."""
-    evals = series(rows, "eval/accuracy")
-    if eval_before is None and evals and evals[0][0] == 0:
-        eval_before = evals[0][1]
-    evals = [(s, v) for s, v in evals if s > 0]
+    """summary.json: before/after accuracy (the last three evals, pooled) with the problems each judged, reward
+    first vs last, history. `eval_before` (the caller's own measure of the starting model) replaces the step-0
+    evaluation; its judged count is then unknown (None)."""
+    evals = [r for r in rows if isinstance(r.get("eval/accuracy"), int | float) and math.isfinite(r["eval/accuracy"])]
+    before_row = evals[0] if evals and int(evals[0]["step"]) == 0 and eval_before is None else None
+    if before_row is not None:
+        eval_before = float(before_row["eval/accuracy"])
+    before_judged, before_problems = eval_counts(before_row) if before_row is not None else (None, None)
+    evals = [r for r in evals if int(r["step"]) > 0]
     rewards = [v for _, v in series(rows, "rollout/reward_mean")]
     window = max(1, min(10, len(rewards) // 4))
-    after = mean([v for _, v in evals[-3:]])
-    history = [{"step": 0, "accuracy": eval_before}] if eval_before is not None else []
-    history += [{"step": s, "accuracy": v} for s, v in evals]
+    last = evals[-3:]
+    after = pooled_accuracy(last)
+    history = [{"step": 0, "accuracy": eval_before, "judged": before_judged, "problems": before_problems}]
+    history = history if eval_before is not None else []
+    history += [{"step": int(r["step"]), "accuracy": float(r["eval/accuracy"]), "judged": eval_counts(r)[0],
+                 "problems": eval_counts(r)[1]} for r in evals]  # fmt: skip
     steps = [int(r["step"]) for r in rows]  # a step whose groups were all dropped is a step too
     summary: dict[str, Any] = {
         "eval_accuracy_before": eval_before,
         "eval_accuracy_after": after,
         "eval_accuracy_gain": (after - eval_before) if after is not None and eval_before is not None else None,
+        "eval_before_judged": before_judged,
+        "eval_before_problems": before_problems,
+        "eval_after_judged": _sum([eval_counts(r)[0] for r in last]),
+        "eval_after_problems": _sum([eval_counts(r)[1] for r in last]),
+        "eval_after_evaluations": len(last),
         "grpo_steps": max(steps, default=0),
         "wall_seconds": round(wall_seconds, 1),
         "reward_first_steps": mean(rewards[:window]),
@@ -127,19 +177,35 @@ def _num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
+def _judged(judged: int | None, problems: int | None, evaluations: int = 1) -> str:
+    if judged is None or problems is None:
+        return ""
+    over = f" over {evaluations} evaluations" if evaluations > 1 else ""
+    return f" ({judged} of {problems} problems judged{over})"
+
+
 def report_markdown(summary: dict[str, Any], plots: Sequence[Path]) -> str:
     """report.md: the headline numbers, what they mean, then the plots."""
     lines = [
         f"# GRPO report — {summary.get('run_id', '')}",
         "",
-        f"* held-out accuracy before GRPO (after SFT): **{_pct(summary['eval_accuracy_before'])}**",
-        f"* held-out accuracy after GRPO (mean of the last three evaluations): **{_pct(summary['eval_accuracy_after'])}**",
+        f"* held-out accuracy before GRPO (after SFT): **{_pct(summary['eval_accuracy_before'])}**"
+        + _judged(summary.get("eval_before_judged"), summary.get("eval_before_problems")),
+        f"* held-out accuracy after GRPO (the last three evaluations, pooled): "
+        f"**{_pct(summary['eval_accuracy_after'])}**"
+        + _judged(
+            summary.get("eval_after_judged"),
+            summary.get("eval_after_problems"),
+            summary.get("eval_after_evaluations", 1),
+        ),
         f"* GRPO steps: {summary['grpo_steps']}, wall time: {summary['wall_seconds']:.0f} s",
         f"* mean training reward, first {summary['reward_window_steps']} steps → last "
         f"{summary['reward_window_steps']}: {_num(summary['reward_first_steps'])} → {_num(summary['reward_last_steps'])}",
         "",
         "The only learning signal during GRPO is the verifiable reward (the reward service's components).",
         "Evaluation decodes held-out prompts that never appear in training (greedy unless eval_temperature > 0).",
+        "Accuracy is correct / judged: a problem whose group failed, never came or could not be judged is left out",
+        "of it (an infrastructure fault, not a wrong answer), and the counts above say how many were.",
         "",
     ]
     if summary.get("stages"):

@@ -25,6 +25,7 @@ from grpo.common.registry import ReplicaRegistry
 from grpo.common.retry import RetryPolicy, retry
 from grpo.common.weight_broadcast import WeightBroadcaster
 from grpo.trainer.accounting import (
+    GROUP_VERDICTS,
     Accounting,
     FailureStreak,
     StepQuota,
@@ -54,7 +55,7 @@ from grpo.trainer.metrics import MetricsSink
 from grpo.trainer.publisher import Publisher
 from grpo.trainer.pusher import ReplicaTarget, highest_pushed, push_mode, push_to_replicas, record_pushed
 from grpo.trainer.ranks import RankDriver
-from grpo.trainer.report import read_metrics
+from grpo.trainer.report import evaluated, last_row_at, read_metrics
 from grpo.trainer.vine import VALUE_KIND, ValueBooks, sample_credit, split_points, value_task_id
 from grpo.trainer.waiting import WaitReporter
 from grpo.v1 import queue_pb2
@@ -64,6 +65,15 @@ CONSUMER = "trainer"  # one stable consumer name per run: a restarted trainer fi
 Kept = list[tuple[str, queue_pb2.GroupRecord]]
 T = TypeVar("T")
 REDIS_RETRY = RetryPolicy(base_s=0.5, cap_s=5.0)  # every Redis call of the loop; deadline_s is redis_outage_s
+# A step's push counts when it pushed nothing: logged every step, as the triage counts (see _collect).
+NO_PUSHES = {"push/ok": 0.0, "push/failed": 0.0, "push/bytes_sent": 0.0}
+
+
+def evaluation_due(step: int, s: TrainerSettings) -> bool:
+    """Whether the run evaluates at `step` (given eval data): the baseline at 0, every eval_every, the last."""
+    if step == 0:
+        return s.eval_before_train
+    return bool(s.eval_every and step % s.eval_every == 0) or step == s.steps
 
 
 class GrpoRun:
@@ -125,6 +135,14 @@ class GrpoRun:
                      self.acct.n_in_flight)  # fmt: skip
         self.publisher = Publisher(self.queue, self.rows, self.spec, s.run_id, cursor)
         s.output_dir.mkdir(parents=True, exist_ok=True)
+        # The row already logged for the step we start at (a resume), and whether that step still owes its
+        # evaluation: due there and no eval/accuracy in the row (stopped mid-evaluation, or killed in it).
+        resumed_row = last_row_at(s.output_dir / "metrics.jsonl", self.step) if path is not None else None
+        self.eval_owed = bool(self.eval_rows) and evaluation_due(self.step, s) and not evaluated(resumed_row)
+        self.resumed_row = resumed_row if self.eval_owed else None
+        # The owed step's row is written again with the evaluation: drop the old one (and its TensorBoard events)
+        # so that step has one row.
+        start_step = (self.step - 1 if self.eval_owed else self.step) if path is not None else -1
         self.sink = MetricsSink(
             tensorboard_dir=s.output_dir / "tensorboard",
             jsonl_path=s.output_dir / "metrics.jsonl",
@@ -132,7 +150,7 @@ class GrpoRun:
             wandb_project=s.wandb_project,
             wandb_run_name=s.run_id,
             run_config=s.model_dump(mode="json", exclude={"token", "weights_token"}),
-            start_step=self.step if path is not None else -1,  # a fresh run starts fresh files, as the ledger
+            start_step=start_step,  # a fresh run (-1) starts fresh files, as the ledger
         )
         self.control.update(eval_history=tuple(
             (r["step"], r["eval/accuracy"]) for r in read_metrics(s.output_dir / "metrics.jsonl")
@@ -150,20 +168,13 @@ class GrpoRun:
     # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
         s = self.s
-        self.control.update(phase="grpo", total_steps=s.steps, step=self.step)
+        self.control.update(phase="grpo", total_steps=s.steps, step=self.step, policy_version=self.version)
+        if self.step < s.steps or self.eval_owed:
+            self._start_replicas()
         if self.step < s.steps:
-            self._start_replicas()
             self.reader.recover_pending()
-            if self.step == 0 and self.eval_rows and s.eval_before_train:
-                self.sink.log(0, self._evaluate())  # the baseline the run's gain is measured against
-        elif self.eval_rows:  # every step done, but the final evaluation was lost with the trainer (run_mode)
-            log.warning("run %r: step %d's metrics and final evaluation were lost with the trainer that did it; "
-                        "evaluating its checkpoint again", s.run_id, self.step)  # fmt: skip
-            self._start_replicas()
-            if self.control.stopping:  # before the evaluation: the next start does it
-                self.control.update(phase="stopped")
-                return
-            self.sink.log(self.step, self._evaluate())
+        if self.eval_owed:  # the baseline (step 0), or an evaluation a stop or a crash took from this step
+            self._evaluate_owed()
         while self.step < s.steps and not self.control.stopping:
             self._serve_checkpoint_requests()
             push_s = self._sync_replicas()
@@ -178,22 +189,25 @@ class GrpoRun:
             push_s += self._sync_replicas() if kept else 0.0
             self.step += 1
             self.acct.check()
-            metrics = {**collect_metrics, **train_metrics, **self.acct.summary(), **self.push_stats}
+            metrics = {**collect_metrics, **train_metrics, **self.acct.summary(), **NO_PUSHES, **self.push_stats}
             self.push_stats = {}
             metrics.update({"time/wait_rollouts_s": wait_s, "time/push_s": push_s, "policy_version": self.version})
             metrics["time/step_s"] = time.monotonic() - started
             if self.step % s.checkpoint_every == 0:
                 self._checkpoint()
-            if self.eval_rows and ((s.eval_every and self.step % s.eval_every == 0) or self.step == s.steps):
+            if self.eval_rows and evaluation_due(self.step, s):
                 metrics.update(self._evaluate())
             self.sink.log(self.step, metrics)
             self._publish_status(metrics)
         if self.last_checkpoint_step != self.step or self.acct.recent:
             self._checkpoint()
-        if self.step >= s.steps:
+        # A final evaluation cut short is owed, not done: no final/, so the next start evaluates again
+        # (service.final_evaluation_lost) before the run counts as finished.
+        done = self.step >= s.steps and not self.eval_owed
+        if done:
             self._save_final()
         self._serve_checkpoint_requests()
-        self.control.update(phase="done" if self.step >= s.steps else "stopped")
+        self.control.update(phase="done" if done else "stopped")
 
     def close(self) -> None:
         """Release the follower ranks and the metrics files (idempotent; also after a failure)."""
@@ -293,6 +307,7 @@ class GrpoRun:
         quota = StepQuota(need=s.prompts_per_step, refill_budget=budget)
         kept: Kept = []
         kept_ids: set[str] = set()
+        sampled: list[queue_pb2.GroupRecord] = []  # every ok group that resolved its task, kept or dropped
         outcomes: Counter[str] = Counter()
         self.outcomes, self.failures = outcomes, Counter()
         staleness: list[int] = []
@@ -338,6 +353,8 @@ class GrpoRun:
                 self.acct.superseded += 1
                 self.reader.ack_now(entry.entry_id)
                 continue
+            if record.status == "ok":
+                sampled.append(record)
             if verdict == "train":
                 kept.append((entry.entry_id, record))
                 kept_ids.add(record.group_id)
@@ -349,8 +366,11 @@ class GrpoRun:
                 self.reader.defer_ack(entry.entry_id)
             self._on_resolved(quota, verdict)
         resolved = sum(v for k, v in outcomes.items() if k not in ("duplicate", "superseded", "regenerate"))
-        metrics = group_metrics([r for _, r in kept])
-        metrics.update({f"groups/{k}": float(v) for k, v in outcomes.items()})
+        # rollout/* describe what the policy sampled this step, not the subset the filters kept for the update.
+        metrics = group_metrics(sampled)
+        # Every verdict every step (0 when none): a Prometheus gauge keeps its last value, and a count from an
+        # earlier step would read as this step's.
+        metrics.update({f"groups/{k}": float(outcomes.get(k, 0)) for k in GROUP_VERDICTS})
         metrics["groups/zero_variance_fraction"] = outcomes.get("zero_variance", 0) / max(resolved, 1)
         metrics["groups/refills"] = float(quota.refills)
         if staleness:
@@ -514,7 +534,9 @@ class GrpoRun:
                 fut.set_exception(exc)
 
     def _evaluate(self) -> dict[str, float]:
-        self.control.update(phase="eval")
+        """Evaluate the current weights for self.step; a stop cuts it short and leaves that step's evaluation owed."""
+        # The status names the step and version being evaluated, and the books as that step left them.
+        self.control.update(phase="eval", step=self.step, policy_version=self.version, **self._books())
         try:
             metrics = evaluate(
                 self.reader, self.eval_rows, self.spec, run_id=self.s.run_id,
@@ -524,10 +546,30 @@ class GrpoRun:
             )  # fmt: skip
         finally:
             self.control.update(phase="grpo")
+        self.eval_owed = metrics.get("eval/stopped", 0.0) > 0
         if "eval/accuracy" in metrics:
             history = (*self.control.status().eval_history, (self.step, metrics["eval/accuracy"]))
             self.control.update(eval_history=history)
         return metrics
+
+    def _evaluate_owed(self) -> None:
+        """Evaluate the weights of the step the run starts at and log its row: the baseline, or (resumed) an
+        evaluation a stop cut short or a crash lost after the step's checkpoint. The step keeps one row: the
+        old one's training metrics, when it was logged, with the new evaluation."""
+        old = {k: v for k, v in (self.resumed_row or {}).items() if k not in ("step", "time")}
+        if self.step > 0 and not old:
+            log.warning("run %r: step %d's metrics and evaluation were lost with the trainer that did it (killed "
+                        "after the step's checkpoint); evaluating its checkpoint again, the step's training "
+                        "metrics stay lost", self.s.run_id, self.step)  # fmt: skip
+        elif old:
+            log.warning("run %r: step %d's evaluation was cut short by a stop; evaluating its checkpoint again",
+                        self.s.run_id, self.step)  # fmt: skip
+        if self.control.stopping:  # stopped before it began: the row stays as it was, the next start evaluates
+            if old:
+                self.sink.log(self.step, old)
+            return
+        metrics = {k: v for k, v in old.items() if not k.startswith("eval/")}
+        self.sink.log(self.step, {**metrics, **self._evaluate()})
 
     def _save_final(self) -> None:
         self.learner.save_final(self.s.output_dir / "final")
@@ -539,9 +581,13 @@ class GrpoRun:
             for r in self._live()
         )
         self.control.update(
-            step=self.step, policy_version=self.version, tasks_published=self.acct.published,
-            groups_trained=self.acct.trained,
-            dropped={**dict(self.acct.dropped), "duplicate": self.acct.duplicates},
-            in_flight=self.acct.n_in_flight, replicas=replicas,
+            step=self.step, policy_version=self.version, replicas=replicas, **self._books(),
             metrics={k: float(v) for k, v in metrics.items() if isinstance(v, int | float)},
         )  # fmt: skip
+
+    def _books(self) -> dict[str, Any]:
+        """The task books for the status: published = trained + Σ dropped + in_flight. Duplicates and superseded
+        groups settle no task, so they are counted beside the books, never in `dropped`."""
+        a = self.acct
+        return {"tasks_published": a.published, "groups_trained": a.trained, "dropped": dict(a.dropped),
+                "in_flight": a.n_in_flight, "duplicates": a.duplicates, "superseded": a.superseded}  # fmt: skip

@@ -23,7 +23,7 @@ from grpo.trainer.export import final_model_saved
 from grpo.trainer.grpc_api import register
 from grpo.trainer.http_api import http_routes
 from grpo.trainer.ranks import env_rank
-from grpo.trainer.report import read_metrics
+from grpo.trainer.report import evaluated, last_row_at
 
 log = logging.getLogger(__name__)
 
@@ -177,12 +177,13 @@ def finished_run(s: TrainerSettings) -> str | None:
 
 
 def final_evaluation_lost(s: TrainerSettings) -> bool:
-    """A GRPO run with eval data whose last step has no metrics row: the trainer was stopped after the last
-    checkpoint, in the final evaluation. GrpoRun then redoes that evaluation on the checkpoint's weights (on
-    replicas, through Redis) before it writes final/."""
+    """A GRPO run with eval data whose last step has no finished evaluation: no metrics row (the trainer was
+    killed after the last checkpoint, in the final evaluation) or a row without eval/accuracy (a stop cut the
+    evaluation short). GrpoRun then redoes that evaluation on the checkpoint's weights (on replicas, through
+    Redis) before it writes final/."""
     if s.mode != "grpo" or not s.eval_data:
         return False
-    return not any(r.get("step", 0) >= s.steps for r in read_metrics(s.output_dir / "metrics.jsonl"))
+    return not evaluated(last_row_at(s.output_dir / "metrics.jsonl", s.steps))
 
 
 def save_final_from(s: TrainerSettings, control: RunControl, path: Path) -> None:
