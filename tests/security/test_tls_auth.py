@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import make_channel
 from grpo.common.reward_client import RewardClient, RewardServiceError
+from grpo.common.weight_relay import Relayer, TensorPayload
 from grpo.common.weights import push_weights, weights_checksum
 from grpo.rollout.settings import RolloutSettings
 from grpo.rollout.worker import reward_client
@@ -106,6 +108,17 @@ def test_rollout_token_guards_every_method(tmp_path: Path) -> None:
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
             assert health.status == health_pb2.HealthCheckResponse.SERVING
+            # GetStatus (read-only) opens with the weights token too: a relaying replica holds only that one and
+            # asks a hop that refused a version whether it already holds it. Generate does not.
+            assert call_ok(calls[1][1], stub, bearer_metadata("w8ts"))
+            with pytest.raises(grpc.RpcError) as info:
+                calls[0][1](stub, bearer_metadata("w8ts"))
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        weights = perturbed(tiny_model_weights(), seed=7)
+        assert push_weights(proc.address, weights, 1, token="w8ts", timeout_s=60).version == 1
+        hop = pb.RelayHop(replica_id="r1", address=proc.address, data_port=proc.data_port)
+        (held,) = Relayer("trainer", "w8ts").relay([hop], TensorPayload(weights, 1, None), time.monotonic() + 60)
+        assert held.ok and held.version == 1, held  # refused as not newer, and found to hold exactly it
         assert proc.healthz()["status"] == "ok"  # HTTP health stays open
     finally:
         assert proc.stop() == 0, proc.log_text()[-2000:]

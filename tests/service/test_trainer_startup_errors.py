@@ -49,7 +49,10 @@ def run_error(argv: list[str], tmp_path: Path, rows: bytes | None = None) -> str
 
 def test_a_redis_url_without_a_redis_scheme(tmp_path: Path) -> None:
     line = settings_error(["--redis-url", "notaurl"], tmp_path)
-    assert line == "redis_url: Value error, redis_url must start with redis://, rediss:// or unix:// (got 'notaurl')"
+    assert line == "redis_url: Value error, redis_url must start with redis://, rediss:// or unix:// (got …'notaurl')"
+    # A mistyped scheme must not put the password into the container's log: only what follows the credentials.
+    line = settings_error(["--redis-url", "rediss//:S3CRETPW@redis.example:6379/0"], tmp_path)
+    assert line.endswith("(got …'redis.example:6379/0')") and "S3CRETPW" not in line
 
 
 def test_resume_from_a_folder_that_is_not_a_checkpoint(tmp_path: Path) -> None:

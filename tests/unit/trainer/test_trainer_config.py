@@ -170,6 +170,14 @@ def test_bad_values_name_the_field(data: Path, argv: list[str], field: str) -> N
     assert field in str(exc.value)
 
 
+def test_a_redis_password_stays_out_of_the_run_record(data: Path) -> None:
+    """W&B keeps the run's settings on a third party's servers."""
+    url = "rediss://default:S3CRETPW@redis.example:6379/0"
+    record = parse_settings(["--train-data", str(data), "--redis-url", url, "--token", "tok"]).run_record()
+    assert record["redis_url"] == "rediss://redis.example:6379/0" and "token" not in record
+    assert "S3CRETPW" not in json.dumps(record)  # (the start-up error: test_trainer_startup_errors.py)
+
+
 def test_tls_settings(data: Path, tmp_path: Path) -> None:
     cert, key = (str(p) for p in self_signed_cert(tmp_path))
     s = parse_settings(["--train-data", str(data), "--tls-cert-file", cert, "--tls-key-file", key,

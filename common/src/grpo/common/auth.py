@@ -12,6 +12,8 @@ from typing import Any
 import grpc
 
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+# A full method name -> the token it needs instead of the server's, or the tokens it accepts (any one of them).
+MethodTokens = dict[str, str | tuple[str, ...]]
 
 
 def token_matches(given: str | None, expected: str) -> bool:
@@ -24,7 +26,7 @@ def token_matches(given: str | None, expected: str) -> bool:
 class _TokenCheck:
     """The rule both interceptors apply: which token a method needs and whether the call carries it."""
 
-    def __init__(self, token: str | None, method_tokens: dict[str, str] | None = None) -> None:
+    def __init__(self, token: str | None, method_tokens: MethodTokens | None = None) -> None:
         self.token = token
         self.method_tokens = method_tokens or {}
 
@@ -34,8 +36,8 @@ class _TokenCheck:
         expected = self.method_tokens.get(method, self.token)
         if expected is None or method.startswith(OPEN_SERVICES):
             return None
-        metadata = dict(details.invocation_metadata or ())
-        if token_matches(metadata.get("authorization"), expected):
+        given = dict(details.invocation_metadata or ()).get("authorization")
+        if any(token_matches(given, token) for token in ((expected,) if isinstance(expected, str) else expected)):
             return None
         return f"{method} needs 'authorization: Bearer <token>' metadata"
 
@@ -43,7 +45,7 @@ class _TokenCheck:
 class BearerTokenInterceptor(_TokenCheck, grpc.ServerInterceptor):
     """Rejects calls without `authorization: Bearer <token>` (sync servers).
 
-    `method_tokens` maps a full method name to its own token (e.g. the weight-update
+    `method_tokens` maps a full method name to its own token, or to the tokens it accepts (e.g. the weight-update
     endpoint can require a different one from Generate).
     """
 

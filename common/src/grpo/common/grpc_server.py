@@ -14,7 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from grpo.common.auth import AioBearerTokenInterceptor, BearerTokenInterceptor
+from grpo.common.auth import AioBearerTokenInterceptor, BearerTokenInterceptor, MethodTokens
 from grpo.common.ports import PortInUse, PortSetting, check_port_free
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class GrpcServer:
         *,
         workers: int = 16,
         token: str | None = None,
-        method_tokens: dict[str, str] | None = None,
+        method_tokens: MethodTokens | None = None,
         credentials: grpc.ServerCredentials | None = None,
         setting: PortSetting | None = None,
     ) -> None:
@@ -129,7 +129,7 @@ class AioGrpcServer:
         port: int,
         *,
         token: str | None = None,
-        method_tokens: dict[str, str] | None = None,
+        method_tokens: MethodTokens | None = None,
         credentials: grpc.ServerCredentials | None = None,
         setting: PortSetting | None = None,
     ) -> None:

@@ -115,7 +115,8 @@ def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutSer
     from grpo.common.readiness import Readiness, grpc_health_check, redis_check
     from grpo.common.tiny_model import resolve_model
     from grpo.common.weight_data_port import WeightDataPort, server_ssl_context
-    from grpo.rollout.grpc_api import SERVICE_NAME, UPDATE_METHOD, register
+    from grpo.common.auth import MethodTokens
+    from grpo.rollout.grpc_api import SERVICE_NAME, STATUS_METHOD, UPDATE_METHOD, register
     from grpo.rollout.http_api import http_routes
     from grpo.rollout.service import Limits, RolloutService
 
@@ -124,7 +125,11 @@ def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutSer
     model = resolve_model(settings.model)
     limits = Limits(settings.max_prompts, settings.max_n, settings.max_new_tokens_cap)
     service = RolloutService(build_engine(settings, model), model, settings.replica_id, limits)
-    method_tokens = {UPDATE_METHOD: settings.weights_token} if settings.weights_token else None
+    method_tokens: MethodTokens = {}
+    if settings.weights_token:
+        method_tokens[UPDATE_METHOD] = settings.weights_token
+        if settings.token:  # relaying replicas hold only the weights token and ask a hop what it already holds
+            method_tokens[STATUS_METHOD] = (settings.token, settings.weights_token)
     grpc_server = GrpcServer(
         register(service, settings.weights_stream_timeout_s, relayer(settings, service)),
         [SERVICE_NAME],
@@ -132,7 +137,7 @@ def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutSer
         settings.grpc_port,
         workers=settings.grpc_workers,
         token=settings.token,
-        method_tokens=method_tokens,
+        method_tokens=method_tokens or None,
         credentials=server_credentials(settings.tls_cert_file, settings.tls_key_file),
         setting=PortSetting.of(settings, "grpc_port"),
     )

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
 UPDATE_METHOD = f"/{SERVICE_NAME}/UpdateWeights"
+STATUS_METHOD = f"/{SERVICE_NAME}/GetStatus"
 
 
 class StreamLimit:

@@ -295,7 +295,10 @@ class TrainerSettings(ServiceSettings):
     def _redis_url_value(cls, value: str) -> str:
         # redis-py's own error names no setting and surfaces as a traceback once the model has loaded.
         if not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"redis_url must start with redis://, rediss:// or unix:// (got {value!r})")
+            # Only what follows the credentials: a mistyped scheme must not put a password into the logs.
+            raise ValueError(
+                f"redis_url must start with redis://, rediss:// or unix:// (got …{value.rpartition('@')[2]!r})"
+            )
         return value
 
     @field_validator("run_id")
@@ -361,6 +364,16 @@ class TrainerSettings(ServiceSettings):
         for i, stage in enumerate(self.stages, 1):
             stage_settings(self, stage, i)  # a bad stage fails at start-up, naming it
         return self
+
+    def run_record(self) -> dict[str, Any]:
+        """The settings as a run's record (W&B's config, a third party's store): no tokens, and the Redis URL
+        without its password."""
+        from grpo.common.queue import redacted
+
+        return {
+            **self.model_dump(mode="json", exclude={"token", "weights_token"}),
+            "redis_url": redacted(self.redis_url),
+        }
 
     def algo_overrides(self) -> dict[str, object]:
         """The algorithm settings given explicitly (not None): they win over the preset's values."""

@@ -149,7 +149,7 @@ class GrpoRun:
             prometheus_registry=prometheus_registry,
             wandb_project=s.wandb_project,
             wandb_run_name=s.run_id,
-            run_config=s.model_dump(mode="json", exclude={"token", "weights_token"}),
+            run_config=s.run_record(),
             start_step=start_step,  # a fresh run (-1) starts fresh files, as the ledger
         )
         self.control.update(eval_history=tuple(

@@ -71,7 +71,7 @@ def _train(
     control.update(phase="sft", total_steps=s.steps, step=step)
     sink = MetricsSink(tensorboard_dir=s.output_dir / "tensorboard", jsonl_path=s.output_dir / "metrics.jsonl",
                        prometheus_registry=registry, wandb_project=s.wandb_project, wandb_run_name=s.run_id,
-                       run_config=s.model_dump(mode="json", exclude={"token", "weights_token"}),
+                       run_config=s.run_record(),
                        start_step=step if path is not None else -1)  # fmt: skip
 
     def checkpoint() -> str:
