@@ -86,7 +86,11 @@ def test_a_backlog_spends_the_requests_deadline_not_each_items_own(start_reward:
     body = {"items": _powers(400), "timeout_s": 1}
     results = httpx.post(f"{service.http_url}/v1/score", json=body, timeout=30).json()["results"]
     late = [r for r in results if r["reward"] is None]
-    assert late and all(r["status"] == "error" and "waiting for 1 workers" in r["error"] for r in late), late[:1]
+    assert late and all(r["status"] == "error" for r in late), late[:1]
+    # Each says the deadline ran out, and the pool says why: its backlog. (On a loaded machine the scoring
+    # layer's own guard, at the same deadline, can answer an item first, with the plain reason.)
+    assert all("waiting for 1 workers" in r["error"] or "request deadline" in r["error"] for r in late), late[:1]
+    assert any("waiting for 1 workers" in r["error"] for r in late), late[:1]
     assert not any(r["components"]["math"]["status"] == "timeout" for r in results)
     assert killed() <= 1  # at most the one running at the deadline
 

@@ -138,3 +138,18 @@ def mount_namespaces_held(pid: int) -> int:
         with contextlib.suppress(OSError):  # closed since the listing
             links.append(str(fd.readlink()))
     return sum(link.startswith("mnt:") for link in links)
+
+
+def poison_tokens(path: Path, text: str, head: str = "sequence") -> Path:
+    """Make the saved tiny model at `path` output nan for any input holding `text` (its tokens' embeddings set to
+    nan, as a broken checkpoint would), and finite scores for the rest; `head`: sequence or token classifier."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
+
+    loader = AutoModelForSequenceClassification if head == "sequence" else AutoModelForTokenClassification
+    model, tokenizer = loader.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    with torch.no_grad():
+        for token in tokenizer(text, add_special_tokens=False)["input_ids"]:
+            model.get_input_embeddings().weight[token] = float("nan")
+    model.save_pretrained(path)
+    return path

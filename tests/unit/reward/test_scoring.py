@@ -99,3 +99,24 @@ def test_code_judgement_all_or_nothing() -> None:
     assert code_judgement([_t("pass"), _t("fail"), _t("skipped")], partial_credit=False).score == 0.0
     assert code_judgement([_t("pass"), _t("pass")], partial_credit=False).score == 1.0
     assert code_judgement([_t("pass"), _t("skipped")]).score == 0.5  # a skipped test is not passed
+
+
+@pytest.mark.parametrize("failed", [FAILED, Judgement(None, "error", "plug-in raised ValueError")])
+def test_a_failing_informational_component_is_reported_and_does_not_null_the_reward(failed: Judgement) -> None:
+    result = combine("x", {"math": OK1, "probe": failed}, {"probe": 0.0})
+    assert (result.reward, result.status, result.error) == (1.0, "ok", "")
+    assert result.components["probe"].status == failed.status and result.components["probe"].score is None
+
+
+def test_a_failure_among_only_informational_components_is_an_error_not_a_zero() -> None:
+    result = combine("x", {"probe": FAILED, "format": OK1}, {"probe": 0.0, "format": 0.0})
+    assert (result.reward, result.status) == (None, "error") and "zygote died" in result.error
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_a_score_that_is_not_finite_never_reaches_the_sum(value: float) -> None:
+    weighted = combine("x", {"math": OK1, "rm": Judgement(value, "ok")}, {})
+    assert (weighted.reward, weighted.status) == (None, "error") and f"score is {value}" in weighted.error
+    assert weighted.components["rm"].score is None and weighted.components["rm"].status == "error"
+    informational = combine("x", {"math": OK1, "rm": Judgement(value, "ok")}, {"rm": 0.0})  # 0 × inf is nan
+    assert (informational.reward, informational.status) == (1.0, "ok")

@@ -118,3 +118,11 @@ def test_a_remote_code_prm_loads_as_qwen_math_prm_does(tmp_path: Path) -> None:
     completion = "x = 2\ny = 3\nso 5"
     judged = prm.score("Add 2 and 3.", completion, cut_at(completion, "\n"))
     assert len(judged) == 3 and all(j.score is not None and 0.0 < j.score < 1.0 for j in judged)
+
+
+def test_column_addition_of_operands_longer_than_int_conversion_allows() -> None:
+    a = "9" * 5000  # past Python's 4300-digit limit on int(str)
+    [right] = column_addition(f"{a}+1=", f"<answer>1{'0' * 5000}</answer>")
+    assert (right.score, right.status) == (1.0, "ok")
+    [wrong] = column_addition(f"{a}+1=", "<answer>12</answer>")
+    assert (wrong.score, wrong.status) == (0.0, "ok") and "(5001 digits), not 12" in wrong.detail

@@ -111,3 +111,17 @@ def test_overlong_uses_token_count_when_given() -> None:
     assert overlong_reward("x" * 400, 100, 20).score == -1.0  # 400 chars ~ 100 tokens
     assert overlong_reward("x" * 400, 100, 20, completion_tokens=10).score == 0.0
     assert overlong_reward("x" * 360, 100, 20).score == pytest.approx(-0.5)
+
+
+@pytest.mark.parametrize(
+    ("text", "en"),
+    [("résumé naïve café don't", 4), ("re\u0301sume\u0301", 1), ("Straße œuvre ŁÓDŹ Ærø", 4), ("it’s", 1)],
+)
+def test_accented_latin_words_are_one_word(text: str, en: int) -> None:
+    assert word_counts(text) == {"zh": 0, "en": en, "other": 0}
+
+
+def test_accented_english_reasoning_is_all_english() -> None:
+    judged = language_reward("<think>résumé naïve café</think><answer>x</answer>", "en")
+    assert (judged.score, judged.status) == (1.0, "ok")
+    assert language_reward("<think>привет résumé</think>", "en").score == 0.5

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,7 @@ from typing import Any, cast
 
 from grpo.reward import metrics
 from grpo.reward.errors import DeadlineExceeded
+from grpo.reward.plugin_threads import PluginThreads, PluginTimeout, contained
 from grpo.reward.pool import DeadlinePassed, PoolFull, TaskTimeout, WorkerPool
 from grpo.reward.schemas import (
     CodeTestResult,
@@ -60,6 +62,8 @@ class ComponentRunner:
         self.settings, self.pool, self.sandbox = settings, pool, sandbox
         self.code_threads, self.aux_threads = code_threads, aux_threads
         self.plugins: dict[str, RewardFn] = load_plugins(settings.plugins)
+        # Each plug-in on threads of its own: a hung one cannot stall the others, the reward model or the PRM.
+        self.plugin_threads = {name: PluginThreads(name, settings.plugin_timeout_s) for name in self.plugins}
         self.reward_model: Any = None
         self.prm: Any = None
         if settings.prm_path:
@@ -75,23 +79,34 @@ class ComponentRunner:
                 settings.reward_model_path, settings.reward_model_batch_size, settings.reward_model_max_length
             )
 
-    async def math(self, answer: str, gold: str, deadline: float, options: Any = None) -> VerifyMathResponse:
-        """One verification in a worker process, killed at min(math_timeout_s, deadline)."""
+    async def math(
+        self, answer: str, gold: str, deadline: float, options: Any = None, limit_s: float | None = None
+    ) -> VerifyMathResponse:
+        """One verification in a worker process, killed at min(its limit, deadline).
+
+        Its limit is `limit_s` (default math_timeout_s), from its start. Reaching it is a timeout (cannot judge:
+        the expression blew sympy up); the request's deadline stopping it first, or leaving it no time, is an
+        error (the service ran out of time, the item said nothing wrong).
+        """
         started = time.monotonic()
+        limit = limit_s or self.settings.math_timeout_s
         # A kill and its answer take a few ms: leave them inside the request deadline.
         last = deadline - 0.05
-        timeout = min(self.settings.math_timeout_s, last - started)
-        if timeout <= 0:
-            return VerifyMathResponse(correct=None, status="timeout", detail="no time left before the deadline")
-        try:  # math_timeout_s is the verification's own, from its start; waiting for a worker spends the request's
-            future = self.pool.submit(verify_math, answer, gold, options, timeout_s=timeout, deadline=last)
+        if last - started <= 0:
+            _observe("math", "error", started)
+            detail = "request deadline: no time was left for the verification"
+            return VerifyMathResponse(correct=None, status="error", detail=detail)
+        try:  # the limit is the verification's own, from its start; waiting for a worker spends the request's
+            # The pool tells its own limit (TaskTimeout) from the deadline cutting it short (DeadlinePassed).
+            future = self.pool.submit(verify_math, answer, gold, options, timeout_s=limit, deadline=last)
             verdict = await asyncio.wrap_future(future)
         except TaskTimeout as exc:  # the verification itself ran out (a sympy blow-up)
             wall = _observe("math", "timeout", started)
             return VerifyMathResponse(correct=None, status="timeout", detail=str(exc), wall_s=wall)
         except DeadlinePassed as exc:  # the service ran out: too little capacity for the request's items in time
             wall = _observe("math", "error", started)
-            detail = f"{exc} ({self.pool.queue_depth()} math items waiting for {self.pool.size} workers)"
+            waiting = f"{self.pool.queue_depth()} math items waiting for {self.pool.size} workers"
+            detail = f"request deadline: {exc} ({waiting})"
             return VerifyMathResponse(correct=None, status="error", detail=detail, wall_s=wall)
         except (PoolFull, Exception) as exc:  # worker crash, pool closed, full queue: infrastructure
             wall = _observe("math", "error", started)
@@ -211,6 +226,14 @@ class ComponentRunner:
     def start_batch(self, items: Sequence[ScoreItem], deadline: float) -> ScoreBatch:
         return ScoreBatch(self, items, deadline)
 
+    def plugin_problems(self) -> list[str]:
+        """Plug-ins whose every thread is stuck in a call past plugin_timeout_s (they can take no call)."""
+        return [why for threads in self.plugin_threads.values() if (why := threads.problem()) is not None]
+
+    def close(self) -> None:
+        for threads in self.plugin_threads.values():
+            threads.close()
+
 
 class ScoreBatch:
     """One /v1/score request: batched components (plug-ins, reward model) start once, items await them."""
@@ -234,31 +257,45 @@ class ScoreBatch:
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         try:
-            judged: list[Judgement] = await asyncio.wait_for(loop.run_in_executor(self.runner.aux_threads, fn), timeout)
+            run = loop.run_in_executor(self.runner.aux_threads, contained(fn))
+            judged: list[Judgement] = await asyncio.wait_for(run, timeout)
         except TimeoutError:
             judged = [Judgement(None, "error", f"{name} gave no answer within {timeout:.1f}s")] * len(ids)
-        except Exception as exc:
+        except Exception as exc:  # `contained` made SystemExit and the like Exceptions; our own cancel passes
             judged = [Judgement(None, "error", f"{name} raised {type(exc).__name__}: {exc}")] * len(ids)
+        self._count(name, judged, started)
+        return dict(zip(ids, judged, strict=True))
+
+    @staticmethod
+    def _count(name: str, judged: list[Judgement], started: float) -> None:
         for j in judged:
             metrics.VERDICTS.labels(name, j.status).inc()
         metrics.VERIFIER_SECONDS.labels(name).observe(time.monotonic() - started)
-        return dict(zip(ids, judged, strict=True))
 
     async def _plugin(self, name: str, items: list[ScoreItem]) -> dict[str, Judgement]:
-        fn = self.runner.plugins[name]
+        """One call for every item that asked for the plug-in, timed from when one of its threads starts it."""
+        fn, started = self.runner.plugins[name], time.monotonic()
         prompts, completions = [i.prompt for i in items], [i.completion for i in items]
         kwargs = [i.checks.plugins[name].kwargs for i in items]
-        timeout = min(self.runner.settings.plugin_timeout_s, self.deadline - time.monotonic())
-        return await self._in_thread(
-            name, lambda: run_plugin(fn, prompts, completions, kwargs), [i.id for i in items], timeout
-        )
+        try:
+            # Its answer a little before the item's own deadline, so the item reports the plug-in's reason.
+            judged = await self.runner.plugin_threads[name].call(
+                lambda: run_plugin(fn, prompts, completions, kwargs), self.deadline - 0.05
+            )
+        except PluginTimeout as exc:
+            judged = [Judgement(None, "error", str(exc))] * len(items)
+        except Exception as exc:  # run_plugin answers the plug-in's own failures; this is the machinery's
+            log.exception("plug-in %s could not be called", name)
+            judged = [Judgement(None, "error", f"{name} failed: {type(exc).__name__}: {exc}")] * len(items)
+        self._count(name, judged, started)
+        return dict(zip([i.id for i in items], judged, strict=True))
 
     async def _reward_model(self, items: list[ScoreItem]) -> dict[str, Judgement]:
         model = self.runner.reward_model
 
         def run() -> list[Judgement]:
             scores = model.score([i.prompt for i in items], [i.completion for i in items])
-            return [Judgement(s, "ok") for s in scores]
+            return [_model_judgement(s) for s in scores]
 
         timeout = self.deadline - time.monotonic()
         return await self._in_thread("reward_model", run, [i.id for i in items], timeout)
@@ -274,7 +311,7 @@ class ScoreBatch:
         loop = asyncio.get_running_loop()
         try:
             timeout = self.deadline - time.monotonic()
-            judged = await asyncio.wait_for(loop.run_in_executor(self.runner.aux_threads, run), timeout)
+            judged = await asyncio.wait_for(loop.run_in_executor(self.runner.aux_threads, contained(run)), timeout)
         except TimeoutError:
             why = "the PRM gave no answer before the request's deadline"
         except Exception as exc:
@@ -347,6 +384,13 @@ class ScoreBatch:
             task.cancel()
         if self._prm_batch is not None:
             self._prm_batch.cancel()
+
+
+def _model_judgement(score: float) -> Judgement:
+    """A reward model's score; nan or ±inf (a broken forward pass) fails that item, never reaches the sum."""
+    if not math.isfinite(score):
+        return Judgement(None, "error", f"reward model returned {score}")
+    return Judgement(score, "ok")
 
 
 def prm_spans(item: ScoreItem) -> list[tuple[int, int]]:

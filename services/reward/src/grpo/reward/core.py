@@ -128,10 +128,12 @@ class RewardCore:
         )
 
     def readiness_problems(self) -> list[str]:
-        """What keeps this server from doing its work: math workers, the sandbox, its languages (empty: ready)."""
+        """What keeps this server from doing its work: math workers, plug-ins whose every thread is stuck, the
+        sandbox, its languages (empty: ready)."""
         problems: list[str] = []
         if (why := self.pool.problem()) is not None:
             problems.append(f"math: {why}")
+        problems.extend(self.components.plugin_problems())
         if self.settings.sandbox == "off":  # a math-only server by choice
             return problems
         if self.sandbox is None:
@@ -212,7 +214,8 @@ class RewardCore:
         timeout = min(req.timeout_s or self.settings.math_timeout_s, self.settings.max_timeout_s)
         deadline = self.deadline(timeout, remaining_s)
         with self.admit(1):
-            return await self.components.math(req.answer, req.gold, deadline, req.math_options())
+            # The request's timeout_s is this verification's own limit: reaching it is a timeout, not an error.
+            return await self.components.math(req.answer, req.gold, deadline, req.math_options(), limit_s=timeout)
 
     async def execute(self, req: ExecuteRequest, remaining_s: float | None = None) -> ExecuteResponse:
         self._check_text("code", req.code, self.settings.max_code_chars)
@@ -320,6 +323,7 @@ class RewardCore:
                 log.exception("sandbox close failed")
         self._code_threads.shutdown(wait=False, cancel_futures=True)
         self._aux_threads.shutdown(wait=False, cancel_futures=True)
+        self.components.close()
 
 
 def _own_file_names(language: str) -> list[str]:

@@ -254,6 +254,17 @@ class RewardModelCheck(Model):
 class PluginCheck(Model):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the plug-in.")
 
+    @field_validator("kwargs")
+    @classmethod
+    def _not_reserved(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        from grpo.reward.verifiers.plugins import RESERVED_KWARGS
+
+        # The call passes these itself: one item's `prompts` would fail every item of the batch with a TypeError.
+        taken = sorted(RESERVED_KWARGS & set(kwargs))
+        if taken:
+            raise ValueError(f"kwargs {taken} are passed by the service itself (the batch's texts); rename them")
+        return kwargs
+
 
 class Span(Model):
     start: int = Field(ge=0, description="First character of the step in the completion.")

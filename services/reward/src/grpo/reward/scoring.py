@@ -13,20 +13,24 @@ Per component:
 
 | component | judged | cannot judge | failed |
 |---|---|---|---|
-| math | correct → 1, incorrect → 0, unparseable_answer → 0 (the model gave no answer) | unparseable_gold; timeout (the expression blew up sympy; worker killed) | error (verifier exception, worker crash, queue full) |
+| math | correct → 1, incorrect → 0, unparseable_answer → 0 (the model gave no answer) | unparseable_gold; timeout (the expression blew up sympy within math_timeout_s; worker killed) | error (verifier exception, worker crash, queue full, the request's deadline passing before or during the verification) |
 | code | passed / total over real verdicts (fail, compile_error, timeout, runtime_error, memory_limit, output_limit, skipped count as not passed); all-or-nothing with `partial_credit: false` | — | any test with sandbox_error, or the sandbox machinery itself failing |
 | format | 1 / 0.5 (a block empty) / 0 | — | — |
 | language | share of target-language words (0 when the reasoning has none) | target auto with a prompt that has no words | — |
 | overlong | 0 … -1 | — | — |
-| reward_model | the model's first logit | — | the model raised |
-| plug-ins | the returned float | the plug-in returned None | it raised, returned a non-number, or the wrong count |
+| reward_model | the model's first logit | — | the model raised, or returned nan / ±inf for the item |
+| plug-ins | the returned real number (bool as 1 / 0) | the plug-in returned None | it raised (SystemExit too), hung past plugin_timeout_s, returned a non-number (a string too), nan, ±inf, a number too large for a float, or the wrong count |
 
 Step scores (checks.steps) are reported beside the reward, never folded into it: 1 / 0 from a rule, a
-probability from a PRM, null when a step cannot be judged; a step scorer that failed makes the item an error.
+probability from a PRM (nan from the PRM fails the step), null when a step cannot be judged; a step scorer
+that failed makes the item an error.
 
-A component with weight 0 is informational: its result is reported, but it cannot null
-the reward. Components without a weight count 1. Weights are bounded (±1e6) so the sum stays
-finite; a sum that is not finite anyway is an error with the weights named, never a bare null.
+A component with weight 0 is informational: its result is reported (status and detail, failures included),
+but it adds nothing to the sum and cannot null the reward, neither by not judging nor by failing. The
+exception: when every component of an item has weight 0 there is no reward to protect, and a failure among
+them makes the item an error (a reward of 0 must never stand for a failure). Components without a weight
+count 1. Weights are bounded (±1e6) so the sum stays finite; a sum that is not finite anyway is an error with
+the weights named, never a bare null.
 """
 
 from __future__ import annotations
@@ -101,8 +105,14 @@ def _combine(
     reported: dict[str, ComponentResult],
 ) -> ScoreResult:
     failed, unjudged, reward = [], [], 0.0
+    informational = all(weights.get(name, 1.0) == 0 for name in components)
     for name, j in components.items():
         weight = weights.get(name, 1.0)
+        if j.score is not None and not math.isfinite(j.score):  # a verifier let nan through: never a score
+            j = Judgement(None, "error", f"the component's score is {j.score}")
+            reported[name] = ComponentResult(score=None, status=j.status, detail=j.detail)
+        if weight == 0 and not informational:  # reported above; adds nothing (0 × inf is nan), nulls nothing
+            continue
         if j.status in FAILED_STATUSES:
             failed.append(f"{name}: {j.status} ({j.detail})" if j.detail else f"{name}: {j.status}")
         elif j.score is None:

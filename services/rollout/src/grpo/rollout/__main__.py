@@ -109,13 +109,13 @@ def relayer(settings: RolloutSettings, service: RolloutService) -> Relayer:
 def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutService]:
     log.info("starting: loading %s with the %s engine", settings.model, settings.engine)
     # Heavy imports (torch, transformers) only after the settings are known to be valid.
+    from grpo.common.auth import MethodTokens
     from grpo.common.grpc_server import GrpcServer, server_credentials
     from grpo.common.http_server import HttpServer
     from grpo.common.ports import PortSetting, check_ports
     from grpo.common.readiness import Readiness, grpc_health_check, redis_check
     from grpo.common.tiny_model import resolve_model
     from grpo.common.weight_data_port import WeightDataPort, server_ssl_context
-    from grpo.common.auth import MethodTokens
     from grpo.rollout.grpc_api import SERVICE_NAME, STATUS_METHOD, UPDATE_METHOD, register
     from grpo.rollout.http_api import http_routes
     from grpo.rollout.service import Limits, RolloutService

@@ -1,8 +1,9 @@
 """R1's language-consistency reward: the share of target-language words in the reasoning.
 
-Words: each CJK ideograph counts as one word (Chinese has no spaces); a run of Latin
-letters is one English word; runs of other letters count against both targets; digits
-and symbols do not count. The reasoning is the think block, or the whole completion
+Words: each CJK ideograph counts as one word (Chinese has no spaces); a run of Latin-script
+letters is one English word, accented letters (résumé, naïve, decomposed accents too) and an
+apostrophe between letters (don't) included; runs of other letters count against both targets;
+digits and symbols do not count. The reasoning is the think block, or the whole completion
 when there is none. `auto` picks the prompt's dominant language.
 """
 
@@ -15,9 +16,17 @@ from grpo.reward.verifiers.result import Judgement
 
 LANGUAGES = ("en", "zh")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ffff]")
-_LATIN = re.compile(r"[A-Za-z]+")
+# The Latin-script letter blocks (Basic, Latin-1, Extended A/B, IPA, Extended Additional, C, D, E, fullwidth);
+# Latin-1's × and ÷ are symbols and not \w, so the ranges need not skip them. Combining accents
+# (U+0300-036F) continue a word: "é" may arrive as "e" + U+0301, which \w does not match.
+_LATIN_LETTER = (
+    "A-Za-z\u00c0-\u00ff\u0100-\u02af\u1e00-\u1eff\u2c60-\u2c7f\ua720-\ua7ff\uab30-\uab6f\uff21-\uff3a\uff41-\uff5a"
+)
+_LATIN = re.compile(
+    rf"[{_LATIN_LETTER}][{_LATIN_LETTER}\u0300-\u036f]*(?:['\u2019][{_LATIN_LETTER}][{_LATIN_LETTER}\u0300-\u036f]*)*"
+)
 # Letters (\w minus digits and underscore) outside Latin and CJK: Cyrillic, Greek, Arabic, ...
-_OTHER = re.compile(r"[^\W\d_A-Za-z\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ffff]+")
+_OTHER = re.compile(rf"[^\W\d_{_LATIN_LETTER}\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ffff]+")
 
 
 def word_counts(text: str) -> dict[str, int]:

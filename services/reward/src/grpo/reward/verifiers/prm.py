@@ -12,6 +12,7 @@ torch and transformers are imported only when a PRM is configured (the `reward-m
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import Any
 
@@ -84,8 +85,15 @@ class ProcessRewardModel:
         judged = []
         for k, (start, end) in enumerate(spans):
             if k < len(at):
-                judged.append(StepJudgement(start, end, float(good[at[k]]), "ok"))
+                judged.append(_step(start, end, float(good[at[k]])))
             else:
                 why = f"the step is past the PRM's {self.max_length}-token limit"
                 judged.append(StepJudgement(start, end, None, "cannot_judge", why))
         return judged
+
+
+def _step(start: int, end: int, good: float) -> StepJudgement:
+    """A step's P(good); nan (nan or infinite logits: a broken forward pass) fails the step, never a score."""
+    if not math.isfinite(good):
+        return StepJudgement(start, end, None, "error", f"the PRM returned {good}")
+    return StepJudgement(start, end, good, "ok")

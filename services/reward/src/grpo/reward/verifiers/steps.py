@@ -103,10 +103,29 @@ def column_addition(prompt: str, completion: str) -> list[StepJudgement]:
     start = steps[-1].end if steps else 0
     end = answers[-1].end() if answers else len(completion)
     said = answers[-1].group(1).strip() if answers else ""
-    right = said == str(int(a) + int(b))
-    detail = "" if right else f"the answer is {int(a) + int(b)}, not {said or 'missing'}"
+    total = add_decimal(a, b)
+    right = said == total
+    detail = "" if right else f"the answer is {_clip(total)}, not {_clip(said) or 'missing'}"
     steps.append(StepJudgement(start, max(start, end), float(right), "ok", detail))
     return steps
+
+
+def add_decimal(a: str, b: str) -> str:
+    """The sum of two non-negative decimal strings, without int(): Python refuses to convert strings of over
+    4300 digits (a guard against slow conversion), and a long operand is the task's business, not an error."""
+    width = max(len(a), len(b))
+    digits, carry = [], 0
+    for x, y in zip(reversed(a.zfill(width)), reversed(b.zfill(width)), strict=True):
+        carry, digit = divmod(int(x) + int(y) + carry, 10)
+        digits.append(str(digit))
+    if carry:
+        digits.append("1")
+    return "".join(reversed(digits)).lstrip("0") or "0"
+
+
+def _clip(text: str, keep: int = 40) -> str:
+    """A long number shown by its ends (a 5000-digit sum in a detail is no help)."""
+    return text if len(text) <= 2 * keep else f"{text[:keep]}…{text[-keep:]} ({len(text)} digits)"
 
 
 StepRule = Callable[[str, str], list[StepJudgement]]
