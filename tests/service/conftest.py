@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from grpo.local.procs import ChildFailed
 from tests.support.reward_proc import RewardService, start_reward_service, stop_reward_service
+from tests.support.rollout_proc import RolloutProc, start_rollout_service
+from tests.support.trainer_proc import ROLLOUT_ENV
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +53,20 @@ def live_reward(reward_service: RewardService) -> RewardService:
     """The session service, checked alive before each test that uses it."""
     reward_service.assert_alive()
     return reward_service
+
+
+@pytest.fixture
+def rollout_for(redis_url: str, live_reward: Any, tmp_path: Path) -> Iterator[Callable[..., RolloutProc]]:
+    """`start(run, *extra_args)`: a rollout replica with a worker loop for `run`, stopped after the test."""
+    started: list[RolloutProc] = []
+
+    def start(run: str, *extra: str) -> RolloutProc:
+        args = ("--redis-url", redis_url, "--reward-addr", live_reward.grpc_addr, "--replica-id", f"{run}-r1",
+                "--advertise-host", "127.0.0.1", *extra)  # fmt: skip
+        proc = start_rollout_service(*args, log_dir=tmp_path, env={**ROLLOUT_ENV, "GRPO_ROLLOUT_RUN": run})
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()

@@ -8,7 +8,6 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,27 +18,10 @@ from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
 from grpo.trainer.report import read_metrics, summarize
 from grpo.trainer.service import final_evaluation_lost, run_mode
-from tests.support.rollout_proc import RolloutProc, start_rollout_service
-from tests.support.trainer_proc import ROLLOUT_ENV, trainer_config, write_data
+from tests.support.trainer_proc import trainer_config, write_data
 
 pytestmark = pytest.mark.slow
 EVAL_SIZE = 32  # long enough an evaluation (seconds) for a stop to land inside it
-
-
-@pytest.fixture
-def rollout_for(redis_url: str, live_reward: Any, tmp_path: Path) -> Iterator[Callable[[str], RolloutProc]]:
-    started: list[RolloutProc] = []
-
-    def start(run: str) -> RolloutProc:
-        args = ("--redis-url", redis_url, "--reward-addr", live_reward.grpc_addr, "--replica-id", f"{run}-r1",
-                "--advertise-host", "127.0.0.1")  # fmt: skip
-        proc = start_rollout_service(*args, log_dir=tmp_path, env={**ROLLOUT_ENV, "GRPO_ROLLOUT_RUN": run})
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.stop()
 
 
 def settings(tmp_path: Path, run: str, redis_url: str, **extra: Any) -> TrainerSettings:

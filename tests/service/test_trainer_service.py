@@ -12,7 +12,6 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from grpo.trainer.accounting import DROP_REASONS
 from grpo.trainer.data import DataCursor, take
 from grpo.trainer.ledger import read_ledger
 from grpo.v1 import queue_pb2, trainer_pb2, trainer_pb2_grpc
-from tests.support.rollout_proc import RolloutProc, start_rollout_service, update_bytes
+from tests.support.rollout_proc import start_rollout_service, update_bytes
 from tests.support.trainer_proc import (
     ROLLOUT_ENV,
     read_metrics,
@@ -41,22 +40,6 @@ from tests.support.trainer_proc import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def rollout_for(redis_url: str, live_reward: Any, tmp_path: Path) -> Iterator[Callable[[str], RolloutProc]]:
-    started: list[RolloutProc] = []
-
-    def start(run: str, *extra: str) -> RolloutProc:
-        args = ("--redis-url", redis_url, "--reward-addr", live_reward.grpc_addr, "--replica-id", f"{run}-r1",
-                "--advertise-host", "127.0.0.1", *extra)  # fmt: skip
-        proc = start_rollout_service(*args, log_dir=tmp_path, env={**ROLLOUT_ENV, "GRPO_ROLLOUT_RUN": run})
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.stop()
 
 
 def load_weights(folder: Path) -> dict[str, Any]:
