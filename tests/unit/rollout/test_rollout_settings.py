@@ -37,12 +37,17 @@ def test_tls_weights_and_reward_retry_settings(tmp_path: Path) -> None:
         300.0, 30.0, None, None,
     )  # fmt: skip
     cert, key = (str(p) for p in self_signed_cert(tmp_path))  # the TLS files must exist and load
-    s = parse_settings(["--tls-cert-file", cert, "--tls-key-file", key, "--reward-tls-ca-file", "ca.pem",
+    s = parse_settings(["--tls-cert-file", cert, "--tls-key-file", key, "--reward-tls-ca-file", cert,
                         "--weights-stream-timeout-s", "20", "--reward-retry-budget-s", "5"])  # fmt: skip
-    assert (s.tls_cert_file, s.tls_key_file, s.reward_tls_ca_file) == (cert, key, "ca.pem")
+    assert (s.tls_cert_file, s.tls_key_file, s.reward_tls_ca_file) == (cert, key, cert)  # self-signed: its own CA
     assert (s.weights_stream_timeout_s, s.reward_retry_budget_s) == (20.0, 5.0)
     with pytest.raises((SystemExit, ValueError), match="tls_cert_file and tls_key_file must be set together"):
         parse_settings(["--tls-key-file", "k.pem"])
+    # The CAs a client trusts are read at start-up too, not at the first connection's handshake.
+    with pytest.raises((SystemExit, ValueError), match=r"reward_tls_ca_file ca\.pem: no such file"):
+        parse_settings(["--reward-tls-ca-file", "ca.pem"])
+    with pytest.raises((SystemExit, ValueError), match=r"relay_tls_ca_file .* is not a PEM file of CA certificates"):
+        parse_settings(["--relay-tls-ca-file", key])
 
 
 @pytest.mark.parametrize(("argv", "field"), [(["--engine", "tgi"], "engine"), (["--max-n", "0"], "max_n")])

@@ -181,8 +181,10 @@ def test_a_redis_password_stays_out_of_the_run_record(data: Path) -> None:
 def test_tls_settings(data: Path, tmp_path: Path) -> None:
     cert, key = (str(p) for p in self_signed_cert(tmp_path))
     s = parse_settings(["--train-data", str(data), "--tls-cert-file", cert, "--tls-key-file", key,
-                        "--rollout-tls-ca-file", "ca.pem"])  # fmt: skip
-    assert (s.tls_cert_file, s.tls_key_file, s.rollout_tls_ca_file) == (cert, key, "ca.pem")
+                        "--rollout-tls-ca-file", cert])  # fmt: skip
+    assert (s.tls_cert_file, s.tls_key_file, s.rollout_tls_ca_file) == (cert, key, cert)
+    with pytest.raises(ValidationError, match=r"rollout_tls_ca_file ca\.pem: no such file"):
+        parse_settings(["--train-data", str(data), "--rollout-tls-ca-file", "ca.pem"])
     with pytest.raises(ValidationError, match="tls_cert_file and tls_key_file must be set together"):
         parse_settings(["--train-data", str(data), "--tls-cert-file", cert])
     with pytest.raises(ValidationError, match=r"tls_cert_file c\.pem: no such file"):  # read at start-up, not first use
@@ -273,7 +275,7 @@ def test_each_algorithm_setting_offers_exactly_its_registry(field: str, registry
     assert choices - {None} == set(names), f"add the new name to TrainerSettings.{field} in grpo/trainer/config.py"
 
 
-def test_the_broadcast_transport_is_checked_at_start(data: Path) -> None:
+def test_the_broadcast_transport_is_checked_at_start(data: Path, tmp_path: Path) -> None:
     s = parse_settings(["--train-data", str(data)])
     assert s.weight_transport == "data_port"  # the default
     s = parse_settings(["--train-data", str(data), "--weight-transport", "broadcast", "--broadcast-address", "[::1]:0"])
@@ -281,10 +283,9 @@ def test_the_broadcast_transport_is_checked_at_start(data: Path) -> None:
     for bad in ("trainer", "0.0.0.0:29500", "[::]:0", "trainer:http"):
         with pytest.raises(ValidationError, match=f"broadcast_address '{re.escape(bad)}' must be host:port"):
             parse_settings(["--train-data", str(data), "--broadcast-address", bad])
+    ca = str(self_signed_cert(tmp_path)[0])
     with pytest.raises(ValidationError, match="sends the weights unencrypted"):
-        parse_settings(
-            ["--train-data", str(data), "--weight-transport", "broadcast", "--rollout-tls-ca-file", "ca.pem"]
-        )
+        parse_settings(["--train-data", str(data), "--weight-transport", "broadcast", "--rollout-tls-ca-file", ca])
 
 
 def test_zero_stage_from_flags_env_and_file(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

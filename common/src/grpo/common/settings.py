@@ -98,7 +98,21 @@ class ServiceSettings(BaseSettings):
             raise ValueError("tls_cert_file and tls_key_file must be set together")
         if cert and key:
             check_tls_pair(cert, key)
+        for name in type(self).model_fields:  # the CAs a client trusts: rollout's reward/relay, trainer's rollout
+            if name.endswith("tls_ca_file") and (path := getattr(self, name)):
+                check_ca_file(name, path)
         return self
+
+
+def check_ca_file(field: str, path: str) -> None:
+    """ValueError naming the setting unless `path` is a readable file of PEM CA certificates (else the first
+    connection would fail, long after start-up, as a TLS handshake error)."""
+    if not Path(path).is_file():
+        raise ValueError(f"{field} {path}: no such file")
+    try:
+        ssl.create_default_context(cafile=path)
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(f"{field} {path} is not a PEM file of CA certificates ({exc})") from None
 
 
 def check_tls_pair(cert_file: str, key_file: str) -> None:
