@@ -14,6 +14,24 @@ from grpo.common.net import free_port
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
+
+def torchrun(worker: Path, *args: str, ranks: int = 2) -> None:
+    """`worker` on `ranks` processes under torchrun (CPU, gloo), which must exit 0."""
+    launcher = Path(sys.executable).with_name("torchrun")
+    cmd = [str(launcher), f"--nproc-per-node={ranks}", f"--master-port={free_port()}", str(worker), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def run_source(source: str, tmp_path: Path) -> dict:
+    """A worker script (its source) on 2 ranks; the JSON result rank 0 writes to the path it is given."""
+    script, out = tmp_path / "worker.py", tmp_path / "r.json"
+    script.write_text(source)
+    torchrun(script, str(out))
+    return dict(json.loads(out.read_text()))
+
+
 WORKER = r"""
 import gc, json, sys
 from pathlib import Path
@@ -107,14 +125,7 @@ learner.close()
 def test_zero_bf16_holds_the_reference_at_the_policys_precision(tmp_path: Path) -> None:
     """DeepSpeed's bf16 mode casts the policy; the reference is held in bf16 too, so KL(π‖π_ref) starts at 0 (an
     fp32 reference would put bf16 rounding into the KL term). bf16 ZeRO runs on CPU/gloo too, so this runs here."""
-    script = tmp_path / "bf16_worker.py"
-    script.write_text(BF16_WORKER)
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", str(script), str(tmp_path / "r.json")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads((tmp_path / "r.json").read_text())
+    result = run_source(BF16_WORKER, tmp_path)
     assert result["policy_dtype"] == result["reference_dtype"] == "torch.bfloat16"
     # Micro-batch gradients summed in fp32, not bf16 (which lost 0.9 % of the gradient over 64 micro-batches).
     assert result["data_types"] == ["torch.bfloat16", "torch.float32"]
@@ -125,14 +136,8 @@ def test_zero_bf16_holds_the_reference_at_the_policys_precision(tmp_path: Path) 
 def run_zero(stage: int, offload: bool, tmp_path: Path) -> dict:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", str(script)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(
-        [*cmd, str(stage), str(int(offload)), str(tmp_path)], env=env, capture_output=True, text=True, timeout=540
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads((tmp_path / "result.json").read_text())
+    torchrun(script, str(stage), str(int(offload)), str(tmp_path))
+    return dict(json.loads((tmp_path / "result.json").read_text()))
 
 
 @pytest.mark.parametrize(("stage", "offload"), [(2, False), (3, True)], ids=["zero2", "zero3-offload"])
@@ -155,13 +160,8 @@ def test_ranks_give_the_one_process_update(world_size: int, stage: int, tmp_path
     aggregation, the reference model with two PPO epochs, per-token advantages, and SFT
     (tests/support/rank_equivalence.py).
     """
-    worker = Path(__file__).parents[1] / "support" / "rank_equivalence.py"
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), f"--nproc-per-node={world_size}", f"--master-port={free_port()}", str(worker)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     out = tmp_path / "result.json"
-    proc = subprocess.run([*cmd, str(stage), str(out)], env=env, capture_output=True, text=True, timeout=540)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    torchrun(Path(__file__).parents[1] / "support" / "rank_equivalence.py", str(stage), str(out), ranks=world_size)
     result = json.loads(out.read_text())
     assert (result["world_size"], result["stage"], len(result["results"])) == (world_size, stage, 17)
     for r in result["results"]:
@@ -208,13 +208,6 @@ def test_an_all_masked_batch_makes_no_update_on_any_rank(tmp_path: Path) -> None
     """Every completion truncated and masked: no rank steps (AdamW's momentum would move the weights on zero
     gradients), none waits on a collective the others skip, and the next real step moves all alike. 7 rows of
     uneven lengths over 2 ranks."""
-    script = tmp_path / "masked_worker.py"
-    script.write_text(MASKED_WORKER)
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", str(script), str(tmp_path / "r.json")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    r = json.loads((tmp_path / "r.json").read_text())
+    r = run_source(MASKED_WORKER, tmp_path)
     assert (r["skip"], r["skip_version"], r["step1_version"], r["version3"]) == (1.0, 1.0, 1.0, 2.0), r
     assert r["unchanged_by_skip"] and r["moved_after"] and r["ranks_equal"], r
