@@ -76,7 +76,7 @@ class ServiceSettings(BaseSettings):
     @field_validator("log_level", mode="before", check_fields=False)
     @classmethod
     def _known_log_level(cls, value: Any) -> Any:
-        # A service may declare log_level as a plain str: the names are checked here, not only by its type.
+        # Any case on the command line or in env; the services declare it as LogLevel, its names upper-case.
         if isinstance(value, str) and value.upper() in LOG_LEVELS:
             return value.upper()
         raise ValueError(f"{value!r} is not a log level; use one of {', '.join(LOG_LEVELS)}")

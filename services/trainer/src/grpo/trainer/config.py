@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from grpo.common.settings import ServiceSettings, load_settings, service_config
+from grpo.common.settings import LogLevel, ServiceSettings, load_settings, service_config
 
 PRESETS = ("grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "prm", "vineppo")
 # Fields that a preset may set; a None here means "take the preset's value".
@@ -269,7 +269,7 @@ class TrainerSettings(ServiceSettings):
     """PEM certificate for gRPC TLS (with tls_key_file); plaintext when unset."""
     tls_key_file: str | None = None
     """PEM private key for gRPC TLS."""
-    log_level: str = "INFO"
+    log_level: LogLevel = "INFO"
     """Logging level."""
     json_logs: bool = False
     """One JSON object per log line."""
