@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -26,3 +27,14 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     yield redis_server.url
     client.flushdb()
     client.close()
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    """A test that runs a CLI's main() in-process installs a handler on that test's captured stderr, which
+    pytest closes after it: every later log line in that worker was a "--- Logging error ---" traceback."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
