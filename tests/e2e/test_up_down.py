@@ -88,6 +88,8 @@ def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
     shown = json.loads(status.stdout)
     assert [p["alive"] for p in shown["processes"]] == [True] * 4
     assert shown["trainer"]["phase"] in ("starting", "grpo", "eval")
+    books = shown["trainer"]  # the groups beside the books too, not only the tasks in them
+    assert all(isinstance(books[k], int) for k in ("tasks_published", "groups_trained", "duplicates", "superseded"))
     assert set(shown["queues"]) == {"tasks", "groups"}
     assert [r["replica_id"] for r in shown["replicas"]] == ["updown-rollout-0"]
 

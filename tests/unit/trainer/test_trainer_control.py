@@ -41,6 +41,31 @@ def test_status_reflects_the_snapshot(served: tuple[RunControl, trainer_pb2_grpc
     assert status.metrics["rollout/reward_mean"] == 0.25
 
 
+def test_grpc_status_says_what_the_http_status_says(
+    served: tuple[RunControl, trainer_pb2_grpc.TrainerServiceStub],
+) -> None:
+    """Every field of /v1/status is in GetRunStatus, with the same value: a gRPC client once could not see
+    why a run failed, its evaluations, its stage, or the groups beside the books (duplicates, superseded)."""
+    control, stub = served
+    stage = {"index": 1, "mode": "sft", "steps": 4, "seconds": 2.5, "folder": "/runs/x/stage-1-sft",
+             "outcome": "SFT loss 2.1 → 0.4", "sft_loss_first": 2.1, "sft_loss_last": 0.4}  # fmt: skip
+    control.update(phase="failed", step=3, dropped={"stale": 2}, replicas=(ReplicaView("r1", "h:1", 4, 0.5),),
+                   metrics={"rollout/reward_mean": 0.25}, duplicates=5, superseded=6, error="every group failed",
+                   eval_history=((0, 0.25), (3, 0.5)), stage="2/2 grpo", stages=(stage,))  # fmt: skip
+    want = control.status().to_json()
+    got = stub.GetRunStatus(trainer_pb2.GetRunStatusRequest(), timeout=5)
+    assert set(want) == {f.name for f in trainer_pb2.RunStatus.DESCRIPTOR.fields}
+    for key in ("run_id", "phase", "step", "total_steps", "policy_version", "tasks_published", "groups_trained",
+                "in_flight", "duplicates", "superseded", "error", "stage"):  # fmt: skip
+        assert getattr(got, key) == want[key], key
+    assert dict(got.dropped) == want["dropped"] and dict(got.metrics) == want["metrics"]
+    assert [(r.replica_id, r.address, r.weight_version, r.last_seen_s) for r in got.replicas] == [("r1", "h:1", 4, 0.5)]
+    assert [(p.step, p.accuracy) for p in got.eval_history] == [(0, 0.25), (3, 0.5)]
+    (done,) = got.stages
+    assert (done.index, done.mode, done.steps, done.seconds, done.folder, done.outcome) == (
+        1, "sft", 4, 2.5, "/runs/x/stage-1-sft", "SFT loss 2.1 → 0.4")  # fmt: skip
+
+
 def test_checkpoint_request_is_served_between_steps(
     served: tuple[RunControl, trainer_pb2_grpc.TrainerServiceStub],
 ) -> None:

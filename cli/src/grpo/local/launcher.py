@@ -30,8 +30,8 @@ from grpo.local.procs import ChildFailed, Supervisor, same_process, stop_pid
 from grpo.local.stack import STATE_FILE, LaunchError, StackSpec, StackState, start_services
 
 log = logging.getLogger(__name__)
-TRAINER_FIELDS = ("phase", "step", "total_steps", "policy_version", "tasks_published", "groups_trained", "dropped",
-                  "in_flight", "error")  # fmt: skip
+TRAINER_FIELDS = ("phase", "stage", "step", "total_steps", "policy_version", "tasks_published", "groups_trained",
+                  "dropped", "in_flight", "duplicates", "superseded", "error")  # fmt: skip
 LAST_TRAINER_STATUS = "trainer_status.json"  # what `grpo status` last heard from the trainer, for after it exits
 
 

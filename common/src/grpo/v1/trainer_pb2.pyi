@@ -11,7 +11,7 @@ class GetRunStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RunStatus(_message.Message):
-    __slots__ = ("run_id", "phase", "step", "total_steps", "policy_version", "tasks_published", "groups_trained", "dropped", "in_flight", "replicas", "metrics")
+    __slots__ = ("run_id", "phase", "step", "total_steps", "policy_version", "tasks_published", "groups_trained", "dropped", "in_flight", "replicas", "metrics", "duplicates", "superseded", "error", "eval_history", "stage", "stages")
     class DroppedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,12 @@ class RunStatus(_message.Message):
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EVAL_HISTORY_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     phase: str
     step: int
@@ -48,7 +54,37 @@ class RunStatus(_message.Message):
     in_flight: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
     metrics: _containers.ScalarMap[str, float]
-    def __init__(self, run_id: _Optional[str] = ..., phase: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., tasks_published: _Optional[int] = ..., groups_trained: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., in_flight: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    duplicates: int
+    superseded: int
+    error: str
+    eval_history: _containers.RepeatedCompositeFieldContainer[EvalPoint]
+    stage: str
+    stages: _containers.RepeatedCompositeFieldContainer[StageOutcome]
+    def __init__(self, run_id: _Optional[str] = ..., phase: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., tasks_published: _Optional[int] = ..., groups_trained: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., in_flight: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., duplicates: _Optional[int] = ..., superseded: _Optional[int] = ..., error: _Optional[str] = ..., eval_history: _Optional[_Iterable[_Union[EvalPoint, _Mapping]]] = ..., stage: _Optional[str] = ..., stages: _Optional[_Iterable[_Union[StageOutcome, _Mapping]]] = ...) -> None: ...
+
+class EvalPoint(_message.Message):
+    __slots__ = ("step", "accuracy")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    accuracy: float
+    def __init__(self, step: _Optional[int] = ..., accuracy: _Optional[float] = ...) -> None: ...
+
+class StageOutcome(_message.Message):
+    __slots__ = ("index", "mode", "steps", "seconds", "folder", "outcome")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FOLDER_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    mode: str
+    steps: int
+    seconds: float
+    folder: str
+    outcome: str
+    def __init__(self, index: _Optional[int] = ..., mode: _Optional[str] = ..., steps: _Optional[int] = ..., seconds: _Optional[float] = ..., folder: _Optional[str] = ..., outcome: _Optional[str] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
     __slots__ = ("replica_id", "address", "weight_version", "last_seen_s")

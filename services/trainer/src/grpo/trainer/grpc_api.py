@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 import grpc
 
@@ -34,6 +35,23 @@ def to_proto(snap: StatusSnapshot) -> trainer_pb2.RunStatus:
             for r in snap.replicas
         ],
         metrics={k: float(v) for k, v in snap.metrics.items()},
+        duplicates=snap.duplicates,
+        superseded=snap.superseded,
+        error=snap.error,
+        eval_history=[trainer_pb2.EvalPoint(step=step, accuracy=acc) for step, acc in snap.eval_history],
+        stage=snap.stage,
+        stages=[_stage_proto(outcome) for outcome in snap.stages],
+    )
+
+
+def _stage_proto(outcome: dict[str, Any]) -> trainer_pb2.StageOutcome:
+    return trainer_pb2.StageOutcome(
+        index=int(outcome.get("index", 0)),
+        mode=str(outcome.get("mode", "")),
+        steps=int(outcome.get("steps") or 0),
+        seconds=float(outcome.get("seconds") or 0.0),
+        folder=str(outcome.get("folder", "")),
+        outcome=str(outcome.get("outcome", "")),
     )
 
 
