@@ -8,6 +8,7 @@ every step has a learning signal.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import sys
@@ -98,10 +99,10 @@ def test_grpo_steps_update_push_and_log(tmp_path: Path, redis_url: str, rollout_
 def test_a_run_whose_every_group_fails_exits_1_naming_why_and_writes_no_final_model(
     tmp_path: Path, redis_url: str, rollout_for: Any
 ) -> None:
-    """max_new_tokens over the rollout's cap: every task comes back failed. The run used to log only "every group
-    was dropped; no update", exit 0 and write final/ holding the starting model."""
-    rollout_for("cap", "--max-new-tokens-cap", "8")
-    config = trainer_config(tmp_path, "cap", redis_url, steps=20, max_new_tokens=16, max_failed_steps=2)
+    """Prompts too long for the model's context with max_new_tokens: every task comes back failed. The run used to
+    log only "every group was dropped; no update", exit 0 and write final/ holding the starting model."""
+    rollout_for("ctx")
+    config = trainer_config(tmp_path, "ctx", redis_url, steps=20, max_new_tokens=510, max_failed_steps=2)
     log = tmp_path / "trainer.log"
     proc = start_trainer(config, log)
     try:
@@ -111,11 +112,34 @@ def test_a_run_whose_every_group_fails_exits_1_naming_why_and_writes_no_final_mo
             proc.kill()
     text = log.read_text()
     assert code == 1, text[-4000:]
-    reason = "'invalid task: sampling.max_new_tokens = 16 is over the cap of 8'"
-    assert f"step 0: 3 of 3 group(s) failed: 3× {reason}" in text  # each step says why, as it happens
-    assert f"the run failed: every group failed for 2 steps in a row, so nothing was trained; the rollout reported: " \
-           f"6× {reason}" in text  # fmt: skip
+    step0 = next(line for line in text.splitlines() if "step 0: " in line and "failed" in line)  # each step says why
+    assert "step 0: 3 of 3 group(s) failed: " in step0, step0
+    assert re.search(r"'invalid task: prompts\[0\] has \d+ tokens; with max_new_tokens 510 that exceeds the model "
+                     r"context of 512 tokens", step0), step0  # fmt: skip
+    assert "the run failed: every group failed for 2 steps in a row, so nothing was trained; the rollout " \
+           "reported: " in text  # fmt: skip
     assert "Traceback" not in text
+    assert not (tmp_path / "out" / "final").exists()
+
+
+def test_max_new_tokens_over_a_replicas_cap_is_refused_before_the_first_step(
+    tmp_path: Path, redis_url: str, rollout_for: Any
+) -> None:
+    """Replicas say their max_new_tokens cap in the registry: a run asking for more fails at start-up, naming the
+    replica and both numbers (it took `max_failed_steps` steps of failed groups to find out)."""
+    rollout_for("cap", "--max-new-tokens-cap", "8")
+    config = trainer_config(tmp_path, "cap", redis_url, steps=20, max_new_tokens=16)
+    log = tmp_path / "trainer.log"
+    proc = start_trainer(config, log)
+    try:
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == 1, text[-4000:]
+    assert "max_new_tokens 16 is over what rollout replica(s) cap-r1 (cap 8) generate" in text, text[-4000:]
+    assert "Traceback" not in text and "step 0:" not in text  # before any task was published
     assert not (tmp_path / "out" / "final").exists()
 
 

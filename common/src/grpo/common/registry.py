@@ -31,6 +31,7 @@ class ReplicaInfo:
     tasks_done: int = 0
     tasks_failed: int = 0
     weights_data_port: int = 0  # its weights data port on the same host; 0 = none
+    max_new_tokens_cap: int = 0  # the largest max_new_tokens it generates; 0 = not said (an older replica)
 
 
 def _registry_keys(run: str) -> tuple[str, str]:
@@ -50,6 +51,7 @@ def _parse(raw: dict[bytes, bytes]) -> ReplicaInfo:
         tasks_done=int(get.get("tasks_done", "0")),
         tasks_failed=int(get.get("tasks_failed", "0")),
         weights_data_port=int(get.get("weights_data_port", "0")),
+        max_new_tokens_cap=int(get.get("max_new_tokens_cap", "0")),
     )
 
 
@@ -79,6 +81,7 @@ class ReplicaRegistry:
             "tasks_done": info.tasks_done,
             "tasks_failed": info.tasks_failed,
             "weights_data_port": info.weights_data_port,
+            "max_new_tokens_cap": info.max_new_tokens_cap,
         }
         pipe = self.client.pipeline(transaction=True)
         pipe.hset(key, mapping=fields)

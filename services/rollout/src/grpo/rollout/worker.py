@@ -116,7 +116,15 @@ class RolloutWorker:
         version, checksum = self.weight_info()
         c = self.stats.counts
         info = ReplicaInfo(
-            self.replica_id, self.address, version, checksum, time.time(), c["done"], c["failed"], self.data_port
+            self.replica_id,
+            self.address,
+            version,
+            checksum,
+            time.time(),
+            c["done"],
+            c["failed"],
+            self.data_port,
+            max_new_tokens_cap=self.options.max_new_tokens_cap,
         )
         self.registry.heartbeat(info)
         with self._lock:  # held across the touch: a task written meanwhile would look taken over

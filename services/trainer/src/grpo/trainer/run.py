@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from grpo.algo import group_advantages
 from grpo.common.queue import QueueUnavailable, RunQueue, connect
 from grpo.common.readiness import redis_check
-from grpo.common.registry import ReplicaRegistry
+from grpo.common.registry import ReplicaInfo, ReplicaRegistry
 from grpo.common.retry import RetryPolicy, retry
 from grpo.common.weight_broadcast import WeightBroadcaster
 from grpo.trainer.accounting import (
@@ -49,6 +49,7 @@ from grpo.trainer.consumer import (
 )
 from grpo.trainer.control import ReplicaView, RunControl
 from grpo.trainer.data import DataCursor, load_rows
+from grpo.trainer.errors import RunError
 from grpo.trainer.evaluation import eval_rows, evaluate
 from grpo.trainer.ledger import read_segment
 from grpo.trainer.metrics import MetricsSink
@@ -238,6 +239,7 @@ class GrpoRun:
             self.control.stop_event.wait(0.5)
             live = self._live()
         self.waiting.done()
+        check_replica_caps(live, self.s.max_new_tokens)
         newest = max([r.weight_version for r in live], default=0)
         # Above every version ever pushed from this output dir, not only the live replicas': restarted with the
         # trainer, they report 0, and the lost lineage's first version would be reused, its groups trained as
@@ -591,3 +593,14 @@ class GrpoRun:
         a = self.acct
         return {"tasks_published": a.published, "groups_trained": a.trained, "dropped": dict(a.dropped),
                 "in_flight": a.n_in_flight, "duplicates": a.duplicates, "superseded": a.superseded}  # fmt: skip
+
+
+def check_replica_caps(live: list[ReplicaInfo], max_new_tokens: int) -> None:
+    """RunError naming each replica that would refuse every task because the run's max_new_tokens is over its
+    cap: said at start-up, not after `max_failed_steps` steps of failed groups. (0: a replica that does not say.)"""
+    short = [f"{r.replica_id} (cap {r.max_new_tokens_cap})" for r in live if 0 < r.max_new_tokens_cap < max_new_tokens]
+    if short:
+        raise RunError(
+            f"max_new_tokens {max_new_tokens} is over what rollout replica(s) {', '.join(short)} generate: lower "
+            "max_new_tokens, or start the rollout service with a larger --max-new-tokens-cap"
+        )
