@@ -164,3 +164,36 @@ def test_parquet_and_json_array_rows_are_named_by_position(tmp_path: Path) -> No
     (tmp_path / "d.json").write_text(json.dumps([ROWS[0], {"prompt": "x", "checks": {"math": {}}}]))
     with pytest.raises(DataError, match=r"d.json row 2: checks.math.gold is missing"):
         load_rows(tmp_path / "d.json")
+
+
+@pytest.mark.parametrize(("gold", "text", "answer"), [(1e-07, "0.0000001", "0.0000001"), (1e16, "10000000000000000", "10^{16}"),
+                                                     (0.00001, "0.00001", "0.00001"), (2.5, "2.5", "\\frac{5}{2}")])  # fmt: skip
+def test_a_number_gold_is_written_out_so_the_verifier_reads_it(gold: float, text: str, answer: str) -> None:
+    """str(1e-07) is "1e-07", which the math verifier reads as 1·e - 7 (Euler's e): every right answer scored 0."""
+    from grpo.reward.verifiers.math import verify_math
+
+    checks = parse_row({"prompt": "?", "gold": gold}, "f line 1").checks
+    assert checks == {"math": {"gold": text}}
+    assert verify_math(f"\\boxed{{{answer}}}", checks["math"]["gold"]).status == "correct"
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(DataError, match="finite"):
+            parse_row({"prompt": "?", "gold": bad}, "f line 1")
+
+
+def test_a_top_level_gold_keeps_the_math_checks_settings() -> None:
+    """`gold` is shorthand for math.gold: it replaced the whole math check (precision, extraction) before."""
+    row = {"prompt": "?", "gold": "0.33", "checks": {"math": {"precision": 2, "extraction": ["expr"]}, "format": {}}}
+    assert parse_row(row, "f line 1").checks == {
+        "math": {"precision": 2, "extraction": ["expr"], "gold": "0.33"},
+        "format": {},
+    }
+    same = {"prompt": "?", "gold": 7, "checks": {"math": {"gold": "7"}}}
+    assert parse_row(same, "f line 1").checks == {"math": {"gold": "7"}}
+    with pytest.raises(DataError, match=r"f line 1: 'gold' \('7'\) and checks.math.gold \('8'\) differ"):
+        parse_row({"prompt": "?", "gold": 7, "checks": {"math": {"gold": "8"}}}, "f line 1")
+
+
+def test_a_folder_is_named_as_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "hf-dataset").mkdir()
+    with pytest.raises(DataError, match=r"hf-dataset is a folder: give one \.jsonl, \.json or \.parquet file"):
+        load_rows(tmp_path / "hf-dataset")

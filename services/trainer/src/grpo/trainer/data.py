@@ -3,16 +3,19 @@
 A row is `{"prompt": str | [{"role", "content"}, ...], "task_type": "math", "checks": {...},
 "id": optional, "response": optional (SFT)}`. `checks` is the reward service's Checks shape
 (`{"math": {"gold": "42"}, "format": {}}`, `{"code": {"tests": [{"stdio": {...}}]}}`); a
-top-level `gold` is shorthand for `{"math": {"gold": gold}}`.
+top-level `gold` is shorthand for `{"math": {"gold": gold}}` (merged into a `math` check that has other
+settings; a number is written out in positional notation).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +117,7 @@ def parse_row(raw: dict[str, Any], where: str, *, need_response: bool = False) -
     if not isinstance(checks, dict):
         raise DataError(f"{where}: 'checks' must be a mapping like {{'math': {{'gold': '42'}}}}, got {checks!r}")
     if "gold" in raw:
-        gold = raw["gold"]
-        if isinstance(gold, bool) or not isinstance(gold, str | int | float):  # a number is its text; a dict is not
-            raise DataError(f"{where}: 'gold' must be a string (or a number), the reference answer; got {gold!r}")
-        checks = {**checks, "math": {"gold": str(gold)}}
+        checks = _with_gold(checks, gold_text(raw["gold"], where), where)
     if not need_response and not checks:
         raise DataError(f"{where}: no 'checks' (or 'gold'): nothing could score the completions")
     try:
@@ -137,6 +137,28 @@ def parse_row(raw: dict[str, Any], where: str, *, need_response: bool = False) -
         response=response if isinstance(response, str) else None,
         where=where,
     )
+
+
+def gold_text(gold: Any, where: str) -> str:
+    """A top-level gold as the text the math verifier reads. A number is written out in positional notation:
+    str(1e-07) is "1e-07", which a LaTeX reader takes for 1·e - 7 (Euler's e), and every answer would be wrong."""
+    if isinstance(gold, str):
+        return gold
+    if isinstance(gold, bool) or not isinstance(gold, int | float):  # a number is its text; a dict is not
+        raise DataError(f"{where}: 'gold' must be a string (or a number), the reference answer; got {gold!r}")
+    if isinstance(gold, float) and not math.isfinite(gold):
+        raise DataError(f"{where}: 'gold' must be a finite number, got {gold!r}")
+    return str(gold) if isinstance(gold, int) else format(Decimal(repr(gold)).normalize(), "f")
+
+
+def _with_gold(checks: dict[str, Any], gold: str, where: str) -> dict[str, Any]:
+    """`checks` with math.gold set to the top-level gold, keeping the math check's other settings."""
+    math_check = checks.get("math") or {}
+    if not isinstance(math_check, dict):
+        raise DataError(f"{where}: checks.math must be a mapping, got {math_check!r}")
+    if "gold" in math_check and str(math_check["gold"]) != gold:
+        raise DataError(f"{where}: 'gold' ({gold!r}) and checks.math.gold ({math_check['gold']!r}) differ; keep one")
+    return {**checks, "math": {**math_check, "gold": gold}}
 
 
 def check_required(checks: dict[str, Any], where: str) -> None:
@@ -212,6 +234,8 @@ def _read_raw(path: Path) -> Located:
 
 def load_rows(path: Path, *, need_response: bool = False) -> list[PromptRow]:
     """All rows of a JSONL/Parquet file, validated; raises DataError naming the file and row."""
+    if path.is_dir():
+        raise DataError(f"{path} is a folder: give one .jsonl, .json or .parquet file")
     if not path.is_file():
         raise DataError(f"dataset file not found: {path}")
     raw_rows = _read_raw(path)

@@ -33,8 +33,9 @@ def encode_prompt(tokenizer: Any, row: PromptRow, apply_chat_template: bool) -> 
 
 def to_pair(tokenizer: Any, row: PromptRow, apply_chat_template: bool) -> SftPair:
     response = list(tokenizer.encode(row.response or "", add_special_tokens=False))
-    if tokenizer.eos_token_id is not None:
-        response.append(int(tokenizer.eos_token_id))  # the model must learn to stop
+    eos = tokenizer.eos_token_id
+    if eos is not None and response[-1:] != [int(eos)]:  # the model must learn to stop (once, if the data has it)
+        response.append(int(eos))
     return SftPair(encode_prompt(tokenizer, row, apply_chat_template), response)
 
 
