@@ -99,10 +99,16 @@ def test_grpo_steps_update_push_and_log(tmp_path: Path, redis_url: str, rollout_
 def test_a_run_whose_every_group_fails_exits_1_naming_why_and_writes_no_final_model(
     tmp_path: Path, redis_url: str, rollout_for: Any
 ) -> None:
-    """Prompts too long for the model's context with max_new_tokens: every task comes back failed. The run used to
-    log only "every group was dropped; no update", exit 0 and write final/ holding the starting model."""
-    rollout_for("ctx")
-    config = trainer_config(tmp_path, "ctx", redis_url, steps=20, max_new_tokens=510, max_failed_steps=2)
+    """Checks the reward service refuses (a math extraction target it does not know): every task comes back failed.
+    The run used to log only "every group was dropped; no update", exit 0 and write final/ holding the starting
+    model."""
+    rollout_for("refused")
+    rows = [{"id": f"q{i}", "prompt": f"What is {i} + {i}?", "checks": {"math": {"gold": str(2 * i),
+             "extraction": ["words"]}}} for i in range(8)]  # fmt: skip
+    data = tmp_path / "refused.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = trainer_config(tmp_path, "refused", redis_url, steps=20, max_failed_steps=2, train_data=str(data),
+                            reward_weights={"math": 1.0}, overlong_soft_penalty=False)  # fmt: skip
     log = tmp_path / "trainer.log"
     proc = start_trainer(config, log)
     try:
@@ -113,13 +119,38 @@ def test_a_run_whose_every_group_fails_exits_1_naming_why_and_writes_no_final_mo
     text = log.read_text()
     assert code == 1, text[-4000:]
     step0 = next(line for line in text.splitlines() if "step 0: " in line and "failed" in line)  # each step says why
-    assert "step 0: 3 of 3 group(s) failed: " in step0, step0
-    assert re.search(r"'invalid task: prompts\[0\] has \d+ tokens; with max_new_tokens 510 that exceeds the model "
-                     r"context of 512 tokens", step0), step0  # fmt: skip
+    assert "step 0: 3 of 3 group(s) failed: 3× " in step0 and "extraction" in step0, step0
     assert "the run failed: every group failed for 2 steps in a row, so nothing was trained; the rollout " \
-           "reported: " in text  # fmt: skip
+           "reported: 6× " in text  # fmt: skip
     assert "Traceback" not in text
     assert not (tmp_path / "out" / "final").exists()
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_or_left_out(
+    tmp_path: Path, redis_url: str, rollout_for: Any
+) -> None:
+    """A prompt whose tokens and max_new_tokens overflow the model's context fails on every epoch (and an evaluation
+    counts it as failed, not wrong): refused at start-up naming its line, or left out with `overlong_prompts: drop`."""
+    rollout_for("long")
+    rows = [{"id": f"q{i}", "prompt": f"What is {i} + {i}?", "gold": str(2 * i)} for i in range(6)]
+    rows.insert(3, {"id": "long", "prompt": "What is " + " + ".join(["1"] * 300) + "?", "gold": "300"})
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = trainer_config(tmp_path, "long", redis_url, steps=1, train_data=str(data), eval_before_train=False)
+    log = tmp_path / "trainer.log"
+    proc = start_trainer(config, log)
+    assert proc.wait(timeout=120) == 1
+    text = log.read_text()
+    assert re.search(rf"1 of 7 prompts \(the first: {re.escape(str(data))} line 4, \d+ tokens\) leave no room for "
+                     r"max_new_tokens 16 in the model's context of 512 tokens", text), text[-3000:]  # fmt: skip
+    assert "overlong_prompts: drop" in text and "Traceback" not in text
+    config = trainer_config(tmp_path, "long", redis_url, steps=1, train_data=str(data), eval_before_train=False,
+                            overlong_prompts="drop")  # fmt: skip
+    run_trainer(config, tmp_path / "trainer2.log")
+    text = (tmp_path / "trainer2.log").read_text()
+    assert "1 of 7 prompts" in text and "left out (overlong_prompts: drop)" in text
+    assert "invalid task" not in text  # the rollout never saw it
+    assert (tmp_path / "out" / "final").is_dir()
 
 
 def test_max_new_tokens_over_a_replicas_cap_is_refused_before_the_first_step(

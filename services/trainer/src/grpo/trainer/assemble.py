@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from grpo.trainer.config import TrainerSettings
@@ -86,6 +86,38 @@ def check_step_credit(settings: TrainerSettings, algo: LossConfig, rows: Sequenc
             f"(the first: {missing[0].where}) have no checks.steps: set `step_check`, e.g. {{source: rule, rule: "
             f"column_addition}} or {{source: cut, delimiter: '\\n\\n'}}, or add checks.steps to the rows"
         )
+
+
+def model_context(model: str) -> int:
+    """The policy model's context length in tokens (its config's max_position_embeddings)."""
+    from transformers import AutoConfig
+
+    from grpo.common.tiny_model import resolve_model
+
+    config = AutoConfig.from_pretrained(resolve_model(model))
+    return int(getattr(config, "max_position_embeddings", 0) or 0)
+
+
+def fit_prompts(
+    rows: Sequence[PromptRow], prompt_tokens: Callable[[PromptRow], int], settings: TrainerSettings, context: int
+) -> list[PromptRow]:
+    """The rows whose prompt leaves room for max_new_tokens in the model's context. The rollout refuses the others
+    on every epoch (and an evaluation counts them as failed, not wrong): DataError naming the first under
+    `overlong_prompts: error`, left out and counted under `drop`."""
+    if context <= 0:
+        return list(rows)
+    room = context - settings.max_new_tokens
+    lengths = [prompt_tokens(row) for row in rows]
+    over = [(row, n) for row, n in zip(rows, lengths, strict=True) if n > room]
+    if not over:
+        return list(rows)
+    first, n = over[0]
+    what = (f"{len(over)} of {len(rows)} prompts (the first: {first.where}, {n} tokens) leave no room for "
+            f"max_new_tokens {settings.max_new_tokens} in the model's context of {context} tokens")  # fmt: skip
+    if settings.overlong_prompts == "error" or len(over) == len(rows):
+        raise DataError(f"{what}: shorten them, lower max_new_tokens, or set overlong_prompts: drop to leave them out")
+    log.warning("%s: left out (overlong_prompts: drop)", what)
+    return [row for row, n in zip(rows, lengths, strict=True) if n <= room]
 
 
 def check_reward_weights(spec: TaskSpec, rows: Sequence[PromptRow]) -> None:

@@ -102,6 +102,9 @@ class TrainerSettings(ServiceSettings):
     """Stop strings (kept in the text)."""
     apply_chat_template: bool = False
     """Wrap text prompts as one user message in the chat template (chat-message prompts always use it)."""
+    overlong_prompts: Literal["error", "drop"] = "error"
+    """A prompt whose tokens plus max_new_tokens exceed the model's context fails every time it is sampled: refuse
+    the run naming its row (`error`), or leave such rows out, counted in the log (`drop`)."""
 
     beta: float | None = Field(None, ge=0)
     """KL coefficient to the reference model (0: no reference model is loaded). None: the preset's."""

@@ -35,7 +35,15 @@ from grpo.trainer.accounting import (
     resolved_groups,
     triage,
 )
-from grpo.trainer.assemble import build_learner, check_reward_weights, check_step_credit, resolve_algo, task_spec
+from grpo.trainer.assemble import (
+    build_learner,
+    check_reward_weights,
+    check_step_credit,
+    fit_prompts,
+    model_context,
+    resolve_algo,
+    task_spec,
+)
 from grpo.trainer.checkpoint import Outcomes, latest_checkpoint, rewind
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.consumer import (
@@ -48,15 +56,17 @@ from grpo.trainer.consumer import (
     to_samples,
 )
 from grpo.trainer.control import ReplicaView, RunControl
-from grpo.trainer.data import DataCursor, load_rows
+from grpo.trainer.data import DataCursor, PromptRow, load_rows
 from grpo.trainer.errors import RunError
 from grpo.trainer.evaluation import eval_rows, evaluate
+from grpo.trainer.export import load_tokenizer
 from grpo.trainer.ledger import read_segment
 from grpo.trainer.metrics import MetricsSink
 from grpo.trainer.publisher import Publisher
 from grpo.trainer.pusher import ReplicaTarget, highest_pushed, push_mode, push_to_replicas, record_pushed
 from grpo.trainer.ranks import RankDriver
 from grpo.trainer.report import evaluated, last_row_at, read_metrics
+from grpo.trainer.sft import encode_prompt
 from grpo.trainer.vine import VALUE_KIND, ValueBooks, sample_credit, split_points, value_task_id
 from grpo.trainer.waiting import WaitReporter
 from grpo.v1 import queue_pb2
@@ -89,9 +99,15 @@ class GrpoRun:
         self.zero_variance_on = self.algo.zero_variance_basis()  # resolved (and checked) once
         self.spec = task_spec(s, self.algo)
         assert s.train_data is not None
-        self.rows = load_rows(s.train_data)
+        tokenizer, context = load_tokenizer(s.model), model_context(s.model)
+
+        def prompt_tokens(row: PromptRow) -> int:
+            return len(encode_prompt(tokenizer, row, s.apply_chat_template))
+
+        self.rows = fit_prompts(load_rows(s.train_data), prompt_tokens, s, context)
         check_step_credit(s, self.algo, self.rows)
-        self.eval_rows = eval_rows(load_rows(s.eval_data), s.eval_size) if s.eval_data else []
+        held_out = fit_prompts(load_rows(s.eval_data), prompt_tokens, s, context) if s.eval_data else []
+        self.eval_rows = eval_rows(held_out, s.eval_size)
         check_reward_weights(self.spec, [*self.rows, *self.eval_rows])  # eval tasks carry the weights too
         client = connect(s.redis_url)
         self.queue = RunQueue(client, s.run_id)
