@@ -132,3 +132,17 @@ def test_guard_only_checks_closed_numbers() -> None:
     assert numerically_different(1 / sympy.factorial(2004), 1 / sympy.factorial(2006))
     assert not numerically_different(sympy.sqrt(2), sympy.Float("1.41421356"))
     assert not numerically_different(sympy.Rational(1, 3), sympy.Rational(2, 6))
+
+
+@pytest.mark.parametrize("gold", ["#### 72", "####72", "Natalia sold 48/2 = 24 clips.\n48 + 24 = 72\n#### 72"])
+def test_a_gsm8k_gold_is_read_after_its_marker(gold: str) -> None:
+    """GSM8K's answers end "#### 72": that gold was read as the text "#### 72", and every answer scored 0."""
+    assert verify_math("<answer>72</answer>", gold).status == "correct"
+    assert verify_math("<answer>71</answer>", gold).status == "incorrect"
+
+
+def test_a_gold_read_only_as_text_cannot_judge_another_answer() -> None:
+    """ "# 72" parses to no math: only the same text matches it, so a different answer is null, never 0."""
+    verdict = verify_math("<answer>72</answer>", "# 72")
+    assert (verdict.status, verdict.correct) == ("unparseable_gold", None)
+    assert "could only be read as text" in verdict.detail

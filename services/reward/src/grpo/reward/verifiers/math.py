@@ -40,6 +40,7 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")
 _WORD_ARGUMENT = re.compile(r"\\(?:begin|end|text|mathrm|mathbf|operatorname)\s*\{[^{}]*\}")  # words, not prose
 _DELIMITED = re.compile(r"\$|\\\(|\\\[|\\boxed|\\fbox")
+_GSM8K_MARKER = re.compile(r"(?:^|\n)\s*####\s*(?=\S[^\n]*$)")  # the last line's "#### 72"
 _PLAIN_NUMBER = re.compile(r"^[+-]?[\d\s.,]*\d[\d\s.,]*%?$")  # 1 000, 1,000.5, 1000,99: left to the number reader
 _BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # Between two boxes, a self-correction ("\\boxed{3}, no wait: \\boxed{4}") makes the last box the answer; without
@@ -113,6 +114,12 @@ def malformed(gold: str) -> str | None:
     if opened != closed:
         return f"{opened} opening and {closed} closing brackets"
     return None
+
+
+def gold_answer(gold: str) -> str:
+    """The answer part of a gold: what follows GSM8K's `####` marker (a whole solution, or `#### 72`), else all."""
+    marker = _GSM8K_MARKER.search(gold)
+    return gold[marker.end() :] if marker else gold
 
 
 def _parse(text: str, options: MathOptions) -> list[Any]:
@@ -196,7 +203,7 @@ def verify_math(answer: str, gold: str, options: MathOptions | None = None) -> M
         why = malformed(gold)
         if why:
             return MathVerdict("unparseable_gold", None, detail=f"gold {gold[:200]!r} is malformed: {why}")
-        gold_parsed = _parse(gold, options)
+        gold_parsed = _parse(gold_answer(gold), options)
         if not gold_parsed:
             return MathVerdict("unparseable_gold", None, detail=f"cannot parse gold {gold[:200]!r}")
         region = after_correction(answer_region(answer))
@@ -207,6 +214,9 @@ def verify_math(answer: str, gold: str, options: MathOptions | None = None) -> M
         extracted = _extracted(answer_parsed, region)
         # A gold of 1/0 against a real answer: no answer could be judged right, so it is the data's fault, not
         # the answer's. Both undefined (`12:00` against `1:00`, read as ratios) their texts decide, as above.
+        if not correct and not any(isinstance(p, sympy.Basic | sympy.MatrixBase) for p in gold_parsed):
+            # A gold read only as text ("# 72") is matched by string equality: another answer cannot be judged.
+            return MathVerdict("unparseable_gold", None, extracted, f"gold {gold[:200]!r} could only be read as text")
         if not correct and undefined_number(gold_parsed) and not undefined_number(answer_parsed):
             return MathVerdict("unparseable_gold", None, extracted,
                                f"gold {gold[:200]!r} reads as an undefined number (a division by zero)")  # fmt: skip
