@@ -153,6 +153,31 @@ def test_a_prompt_too_long_for_the_context_is_refused_or_left_out(
     assert (tmp_path / "out" / "final").is_dir()
 
 
+def test_a_run_that_trained_on_no_group_fails_naming_why(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
+    """Every group the same reward (the random tiny model never writes the format): each step is "no update". The
+    run used to exit 0 and write final/ holding the starting weights, a "finished" run that learned nothing."""
+    rollout_for("flat")
+    rows = [{"id": f"q{i}", "prompt": f"What is {i} + {i}?", "checks": {"format": {}}} for i in range(8)]
+    data = tmp_path / "flat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = trainer_config(tmp_path, "flat", redis_url, steps=2, train_data=str(data), reward_weights={"format": 1.0},
+                            overlong_soft_penalty=False)  # fmt: skip
+    log = tmp_path / "trainer.log"
+    proc = start_trainer(config, log)
+    try:
+        code = proc.wait(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == 1, text[-4000:]
+    assert "step 0: every group was dropped (zero_variance 3); no update" in text, text[-4000:]
+    assert "2 steps trained on no group (tasks dropped: zero_variance 6): every sample of a group got the same " \
+           "reward" in text  # fmt: skip
+    assert "Traceback" not in text
+    assert not (tmp_path / "out" / "final").exists()
+
+
 def test_max_new_tokens_over_a_replicas_cap_is_refused_before_the_first_step(
     tmp_path: Path, redis_url: str, rollout_for: Any
 ) -> None:

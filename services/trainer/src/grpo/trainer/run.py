@@ -221,6 +221,8 @@ class GrpoRun:
         # A final evaluation cut short is owed, not done: no final/, so the next start evaluates again
         # (service.final_evaluation_lost) before the run counts as finished.
         done = self.step >= s.steps and not self.eval_owed
+        if done and self.acct.trained == 0:
+            raise RunError(nothing_trained(self.step, self.acct.dropped))
         if done:
             self._save_final()
         self._serve_checkpoint_requests()
@@ -424,7 +426,8 @@ class GrpoRun:
     def _train(self, kept: Kept) -> dict[str, float]:
         """One update on the kept groups; then they count as trained and their acks wait for a checkpoint."""
         if not kept:
-            log.warning("step %d: every group was dropped; no update", self.step)
+            verdicts = ", ".join(f"{verdict} {n}" for verdict, n in sorted(self.outcomes.items()) if n)
+            log.warning("step %d: every group was dropped (%s); no update", self.step, verdicts or "none came")
             return {}
         g = self.algo.group_size
         rewards = torch.tensor([s.reward for _, r in kept for s in r.samples], dtype=torch.float32)
@@ -620,3 +623,13 @@ def check_replica_caps(live: list[ReplicaInfo], max_new_tokens: int) -> None:
             f"max_new_tokens {max_new_tokens} is over what rollout replica(s) {', '.join(short)} generate: lower "
             "max_new_tokens, or start the rollout service with a larger --max-new-tokens-cap"
         )
+
+
+def nothing_trained(steps: int, dropped: dict[str, int]) -> str:
+    """Why a run that updated the policy on no group is a failure, not a finished run with its starting weights."""
+    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(dropped.items()) if n) or "none"
+    hint = ""
+    if dropped.get("zero_variance", 0) * 2 > sum(dropped.values()):
+        hint = (": every sample of a group got the same reward, so no group had an advantage. Start from a model "
+                "that sometimes solves the task (an SFT stage, as the demo's), or check that the reward varies")  # fmt: skip
+    return f"{steps} steps trained on no group (tasks dropped: {reasons}){hint}; no final model was written"
