@@ -47,3 +47,11 @@ def test_valid_request_converts() -> None:
 def test_bad_sampling_params(override: dict, message: str) -> None:
     with pytest.raises(BadRequest, match=message):
         sampling_params(_params(**override), LIMITS)
+
+
+def test_temperature_left_out_means_sampling_and_zero_means_greedy() -> None:
+    unset = rollout_pb2.SamplingParams(n=4, max_new_tokens=8)
+    assert not unset.HasField("temperature")
+    assert sampling_params(unset, LIMITS).temperature == 1.0
+    assert sampling_params(_params(temperature=0.0), LIMITS).temperature == 0.0
+    assert sampling_params(_params(temperature=0.5), LIMITS).temperature == 0.5

@@ -254,12 +254,27 @@ class WeightAssembler:
             else:
                 tensors[spec.name] = torch.empty(tuple(spec.shape), dtype=to_torch_dtype(spec.dtype))
             offset += size
+        check_finite(tensors)
         return self.header.version, digest, tensors
 
     def close(self) -> None:
         """Release the hashing thread of a stream that will not be finished (rejected, cancelled)."""
         if self.hash is not None:
             self.hash.close()
+
+
+def check_finite(tensors: dict[str, torch.Tensor]) -> None:
+    """WeightUpdateError naming the first floating tensor with a NaN or an infinity.
+
+    The sha256 only proves the bytes are the ones sent: a trainer that diverged sends NaNs faithfully, and a
+    replica that loaded them would stay ready while every sample came out as EOS with a NaN log-prob. Every
+    transport (stream, data port, broadcast, relay) ends in `finish`, so this one check covers them all."""
+    import torch
+
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise WeightUpdateError(f"tensor {name} has {bad} non-finite value(s) (NaN or infinity)")
 
 
 def assemble(chunks: Iterable[StreamMessage], specs: Specs, loaded_version: int) -> tuple[int, str, dict]:

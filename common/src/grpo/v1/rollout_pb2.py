@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15grpo/v1/rollout.proto\x12\x07grpo.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"~\n\x06Prompt\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12%\n\x08messages\x18\x02 \x01(\x0b\x32\x11.grpo.v1.MessagesH\x00\x12\x1b\n\x13\x61pply_chat_template\x18\x03 \x01(\x08\x12\x18\n\x10prefix_token_ids\x18\x04 \x03(\x05\x42\x06\n\x04kind\"2\n\x08Messages\x12&\n\x08messages\x18\x01 \x03(\x0b\x32\x14.grpo.v1.ChatMessage\"\x90\x01\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_seed\"^\n\x0fGenerateRequest\x12 \n\x07prompts\x18\x01 \x03(\x0b\x32\x0f.grpo.v1.Prompt\x12)\n\x08sampling\x18\x02 \x01(\x0b\x32\x17.grpo.v1.SamplingParams\"V\n\nCompletion\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\"R\n\x0cPromptResult\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12(\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x13.grpo.v1.Completion\"{\n\x10GenerateResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.grpo.v1.PromptResult\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x17\n\x0fweight_checksum\x18\x03 \x01(\t\x12\x0e\n\x06wall_s\x18\x04 \x01(\x01\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"j\n\x0cWeightHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\x07tensors\x18\x02 \x03(\x0b\x32\x13.grpo.v1.TensorSpec\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\"N\n\x0bWeightChunk\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x15.grpo.v1.WeightHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"\x85\x01\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x11\n\treceive_s\x18\x03 \x01(\x01\x12\x0f\n\x07\x61pply_s\x18\x04 \x01(\x01\x12%\n\x07relayed\x18\x05 \x03(\x0b\x32\x14.grpo.v1.RelayResult\"g\n\x08RelayHop\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tdata_port\x18\x03 \x01(\x05\x12#\n\x08\x63hildren\x18\x04 \x03(\x0b\x32\x11.grpo.v1.RelayHop\",\n\tRelayPlan\x12\x1f\n\x04hops\x18\x01 \x03(\x0b\x32\x11.grpo.v1.RelayHop\"\xaa\x01\n\x0bRelayResult\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x0f\n\x07seconds\x18\x07 \x01(\x01\x12\x0e\n\x06sender\x18\x08 \x01(\t\x12\x17\n\x0frerouted_around\x18\t \x01(\t\"\x12\n\x10GetStatusRequest\"\xf6\x01\n\rRolloutStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12\x17\n\x0fweight_checksum\x18\x05 \x01(\t\x12\x12\n\ntasks_done\x18\x06 \x01(\x03\x12\x14\n\x0ctasks_failed\x18\x07 \x01(\x03\x12\x18\n\x10tokens_generated\x18\x08 \x01(\x03\x12\x14\n\x0ctokens_per_s\x18\t \x01(\x01\x12\x0c\n\x04\x62usy\x18\n \x01(\x05\x12\x19\n\x11weights_data_port\x18\x0b \x01(\x05\x32\xda\x01\n\x0eRolloutService\x12?\n\x08Generate\x12\x18.grpo.v1.GenerateRequest\x1a\x19.grpo.v1.GenerateResponse\x12G\n\rUpdateWeights\x12\x14.grpo.v1.WeightChunk\x1a\x1e.grpo.v1.UpdateWeightsResponse(\x01\x12>\n\tGetStatus\x12\x19.grpo.v1.GetStatusRequest\x1a\x16.grpo.v1.RolloutStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15grpo/v1/rollout.proto\x12\x07grpo.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"~\n\x06Prompt\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12%\n\x08messages\x18\x02 \x01(\x0b\x32\x11.grpo.v1.MessagesH\x00\x12\x1b\n\x13\x61pply_chat_template\x18\x03 \x01(\x08\x12\x18\n\x10prefix_token_ids\x18\x04 \x03(\x05\x42\x06\n\x04kind\"2\n\x08Messages\x12&\n\x08messages\x18\x01 \x03(\x0b\x32\x14.grpo.v1.ChatMessage\"\xa5\x01\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\x05\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x01\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x07\n\x05_seed\"^\n\x0fGenerateRequest\x12 \n\x07prompts\x18\x01 \x03(\x0b\x32\x0f.grpo.v1.Prompt\x12)\n\x08sampling\x18\x02 \x01(\x0b\x32\x17.grpo.v1.SamplingParams\"V\n\nCompletion\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\"R\n\x0cPromptResult\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12(\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x13.grpo.v1.Completion\"{\n\x10GenerateResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.grpo.v1.PromptResult\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x17\n\x0fweight_checksum\x18\x03 \x01(\t\x12\x0e\n\x06wall_s\x18\x04 \x01(\x01\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"j\n\x0cWeightHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\x07tensors\x18\x02 \x03(\x0b\x32\x13.grpo.v1.TensorSpec\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\"N\n\x0bWeightChunk\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x15.grpo.v1.WeightHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"\x85\x01\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x11\n\treceive_s\x18\x03 \x01(\x01\x12\x0f\n\x07\x61pply_s\x18\x04 \x01(\x01\x12%\n\x07relayed\x18\x05 \x03(\x0b\x32\x14.grpo.v1.RelayResult\"g\n\x08RelayHop\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tdata_port\x18\x03 \x01(\x05\x12#\n\x08\x63hildren\x18\x04 \x03(\x0b\x32\x11.grpo.v1.RelayHop\",\n\tRelayPlan\x12\x1f\n\x04hops\x18\x01 \x03(\x0b\x32\x11.grpo.v1.RelayHop\"\xaa\x01\n\x0bRelayResult\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x0f\n\x07seconds\x18\x07 \x01(\x01\x12\x0e\n\x06sender\x18\x08 \x01(\t\x12\x17\n\x0frerouted_around\x18\t \x01(\t\"\x12\n\x10GetStatusRequest\"\xf6\x01\n\rRolloutStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12\x17\n\x0fweight_checksum\x18\x05 \x01(\t\x12\x12\n\ntasks_done\x18\x06 \x01(\x03\x12\x14\n\x0ctasks_failed\x18\x07 \x01(\x03\x12\x18\n\x10tokens_generated\x18\x08 \x01(\x03\x12\x14\n\x0ctokens_per_s\x18\t \x01(\x01\x12\x0c\n\x04\x62usy\x18\n \x01(\x05\x12\x19\n\x11weights_data_port\x18\x0b \x01(\x05\x32\xda\x01\n\x0eRolloutService\x12?\n\x08Generate\x12\x18.grpo.v1.GenerateRequest\x1a\x19.grpo.v1.GenerateResponse\x12G\n\rUpdateWeights\x12\x14.grpo.v1.WeightChunk\x1a\x1e.grpo.v1.UpdateWeightsResponse(\x01\x12>\n\tGetStatus\x12\x19.grpo.v1.GetStatusRequest\x1a\x16.grpo.v1.RolloutStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,33 +38,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MESSAGES']._serialized_start=208
   _globals['_MESSAGES']._serialized_end=258
   _globals['_SAMPLINGPARAMS']._serialized_start=261
-  _globals['_SAMPLINGPARAMS']._serialized_end=405
-  _globals['_GENERATEREQUEST']._serialized_start=407
-  _globals['_GENERATEREQUEST']._serialized_end=501
-  _globals['_COMPLETION']._serialized_start=503
-  _globals['_COMPLETION']._serialized_end=589
-  _globals['_PROMPTRESULT']._serialized_start=591
-  _globals['_PROMPTRESULT']._serialized_end=673
-  _globals['_GENERATERESPONSE']._serialized_start=675
-  _globals['_GENERATERESPONSE']._serialized_end=798
-  _globals['_TENSORSPEC']._serialized_start=800
-  _globals['_TENSORSPEC']._serialized_end=856
-  _globals['_WEIGHTHEADER']._serialized_start=858
-  _globals['_WEIGHTHEADER']._serialized_end=964
-  _globals['_WEIGHTCHUNK']._serialized_start=966
-  _globals['_WEIGHTCHUNK']._serialized_end=1044
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1047
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1180
-  _globals['_RELAYHOP']._serialized_start=1182
-  _globals['_RELAYHOP']._serialized_end=1285
-  _globals['_RELAYPLAN']._serialized_start=1287
-  _globals['_RELAYPLAN']._serialized_end=1331
-  _globals['_RELAYRESULT']._serialized_start=1334
-  _globals['_RELAYRESULT']._serialized_end=1504
-  _globals['_GETSTATUSREQUEST']._serialized_start=1506
-  _globals['_GETSTATUSREQUEST']._serialized_end=1524
-  _globals['_ROLLOUTSTATUS']._serialized_start=1527
-  _globals['_ROLLOUTSTATUS']._serialized_end=1773
-  _globals['_ROLLOUTSERVICE']._serialized_start=1776
-  _globals['_ROLLOUTSERVICE']._serialized_end=1994
+  _globals['_SAMPLINGPARAMS']._serialized_end=426
+  _globals['_GENERATEREQUEST']._serialized_start=428
+  _globals['_GENERATEREQUEST']._serialized_end=522
+  _globals['_COMPLETION']._serialized_start=524
+  _globals['_COMPLETION']._serialized_end=610
+  _globals['_PROMPTRESULT']._serialized_start=612
+  _globals['_PROMPTRESULT']._serialized_end=694
+  _globals['_GENERATERESPONSE']._serialized_start=696
+  _globals['_GENERATERESPONSE']._serialized_end=819
+  _globals['_TENSORSPEC']._serialized_start=821
+  _globals['_TENSORSPEC']._serialized_end=877
+  _globals['_WEIGHTHEADER']._serialized_start=879
+  _globals['_WEIGHTHEADER']._serialized_end=985
+  _globals['_WEIGHTCHUNK']._serialized_start=987
+  _globals['_WEIGHTCHUNK']._serialized_end=1065
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1068
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1201
+  _globals['_RELAYHOP']._serialized_start=1203
+  _globals['_RELAYHOP']._serialized_end=1306
+  _globals['_RELAYPLAN']._serialized_start=1308
+  _globals['_RELAYPLAN']._serialized_end=1352
+  _globals['_RELAYRESULT']._serialized_start=1355
+  _globals['_RELAYRESULT']._serialized_end=1525
+  _globals['_GETSTATUSREQUEST']._serialized_start=1527
+  _globals['_GETSTATUSREQUEST']._serialized_end=1545
+  _globals['_ROLLOUTSTATUS']._serialized_start=1548
+  _globals['_ROLLOUTSTATUS']._serialized_end=1794
+  _globals['_ROLLOUTSERVICE']._serialized_start=1797
+  _globals['_ROLLOUTSERVICE']._serialized_end=2015
 # @@protoc_insertion_point(module_scope)

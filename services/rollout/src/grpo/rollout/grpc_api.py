@@ -16,7 +16,7 @@ from grpo.common.weight_data_port import DATA_TOKEN_KEY, valid_token
 from grpo.common.weight_receiver import StreamMessage, decode_chunk
 from grpo.common.weight_relay import Relayer, ReplicaRelay, plan_in, relayed_trailer
 from grpo.common.weights import WeightUpdateError
-from grpo.rollout.engines.base import PromptOutput, SamplingParams
+from grpo.rollout.engines.base import GenerationCancelled, PromptOutput, SamplingParams
 from grpo.rollout.service import Limits, RolloutService, WeightsBroken
 from grpo.rollout.weight_updates import UpdateBusy
 from grpo.v1 import rollout_pb2, rollout_pb2_grpc
@@ -63,6 +63,10 @@ class StreamLimit:
         self._timer.cancel()
 
 
+# What a request that leaves sampling.temperature out gets: sampling, as vLLM and TRL default to (proto3's 0 would
+# be greedy, and n greedy samples are n copies of one).
+DEFAULT_TEMPERATURE = 1.0
+
 # The sampler works in float32 (largest value ~3.4e38, smallest ~1.4e-45). logits / temperature overflows to inf
 # (and softmax to NaN) once temperature < |logit| / 3.4e38, and a top_p under ~1e-45 is 0, which keeps no token.
 # 1e-30 keeps logits up to ~3e8 finite, far above any model's, and refuses nothing that samples differently:
@@ -80,10 +84,11 @@ def sampling_params(msg: rollout_pb2.SamplingParams, limits: Limits) -> Sampling
         raise BadRequest(f"sampling.n must be >= 1 (got {msg.n})")
     if msg.n > limits.max_n:
         raise BadRequest(f"sampling.n = {msg.n} is over this replica's limit of {limits.max_n}")
-    if not (math.isfinite(msg.temperature) and msg.temperature >= 0):  # NaN passes `< 0`, and fails in sampling
-        raise BadRequest(f"sampling.temperature must be a finite number >= 0 (got {msg.temperature}); 0 means greedy")
-    if 0 < msg.temperature < MIN_SAMPLING_VALUE:
-        raise BadRequest(f"sampling.temperature {msg.temperature} is too small to sample with (float32 logits "
+    temperature = msg.temperature if msg.HasField("temperature") else DEFAULT_TEMPERATURE
+    if not (math.isfinite(temperature) and temperature >= 0):  # NaN passes `< 0`, and fails in sampling
+        raise BadRequest(f"sampling.temperature must be a finite number >= 0 (got {temperature}); 0 means greedy")
+    if 0 < temperature < MIN_SAMPLING_VALUE:
+        raise BadRequest(f"sampling.temperature {temperature} is too small to sample with (float32 logits "
                          f"overflow); give 0 for greedy or at least {MIN_SAMPLING_VALUE}")  # fmt: skip
     if not 0 <= msg.top_p <= 1:
         raise BadRequest(f"sampling.top_p must be in (0, 1] (got {msg.top_p}); 0 means 1")
@@ -102,7 +107,7 @@ def sampling_params(msg: rollout_pb2.SamplingParams, limits: Limits) -> Sampling
         raise BadRequest("sampling.stop must not contain empty strings")
     return SamplingParams(
         n=msg.n,
-        temperature=msg.temperature,
+        temperature=temperature,
         top_p=msg.top_p or 1.0,
         top_k=msg.top_k,
         max_new_tokens=msg.max_new_tokens,
@@ -124,11 +129,16 @@ def encode_prompts(service: RolloutService, prompts: list[rollout_pb2.Prompt], m
         if p.WhichOneof("kind") == "messages":
             if not p.messages.messages:
                 raise BadRequest(f"prompts[{i}].messages is empty")
-            ids = service.encode([{"role": m.role, "content": m.content} for m in p.messages.messages], chat=True)
+            prompt: str | list[dict[str, str]] = [{"role": m.role, "content": m.content} for m in p.messages.messages]
+            chat = True
         else:
             if not p.text and not p.apply_chat_template:
                 raise BadRequest(f"prompts[{i}] is empty: set text or messages")
-            ids = service.encode(p.text, chat=p.apply_chat_template)
+            prompt, chat = p.text, p.apply_chat_template
+        try:
+            ids = service.encode(prompt, chat=chat)
+        except Exception as exc:  # the tokenizer's refusal (no chat template, a template's own check) is the request's
+            raise BadRequest(f"prompts[{i}] could not be encoded: {type(exc).__name__}: {exc}") from exc
         if not ids:
             raise BadRequest(f"prompts[{i}] has no tokens")
         prefix = list(p.prefix_token_ids)
@@ -186,9 +196,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         except BadRequest as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
-            outputs, version, checksum = self.service.generate(prompts, params)
+            outputs, version, checksum = self.service.generate(prompts, params, wanted=context.is_active)
         except WeightsBroken as exc:  # until a complete update: another replica, or a retry then, can serve it
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except GenerationCancelled as exc:
+            # The caller has its status already (gRPC ended the call); this one is for the server's own records.
+            left = context.time_remaining()
+            expired = left is not None and left <= 0
+            log.info("generate dropped: %s", exc)
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED, str(exc))
+        except Exception as exc:  # an engine failure: the caller gets what failed, not gRPC's bare UNKNOWN
+            log.exception("generate failed")
+            context.abort(grpc.StatusCode.INTERNAL, f"generation failed on replica {self.service.replica_id}: "
+                          f"{type(exc).__name__}: {exc}")  # fmt: skip
         return to_response(outputs, version, checksum, time.monotonic() - start)
 
     def UpdateWeights(

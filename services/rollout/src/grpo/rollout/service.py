@@ -18,9 +18,9 @@ from typing import Any
 
 from grpo.common.weight_data_port import WeightDataPort
 from grpo.common.weights import WeightUpdateError
-from grpo.rollout.engines.base import Engine, PromptOutput, SamplingParams
+from grpo.rollout.engines.base import Engine, GenerationCancelled, PromptOutput, SamplingParams, always
 from grpo.rollout.stats import GenerationStats, Metrics
-from grpo.rollout.weight_updates import UpdateBusy, UpdateResult, WeightUpdates
+from grpo.rollout.weight_updates import UpdateBusy, UpdateResult, WeightUpdates, acquire
 
 log = logging.getLogger(__name__)
 
@@ -90,23 +90,36 @@ class RolloutService:
     def encode(self, prompt: str | list[dict[str, str]], chat: bool = False) -> list[int]:
         """Token ids of a text prompt or a message list; messages always go through the chat template."""
         if isinstance(prompt, str) and not chat:
-            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+            # The tokenizer's own special tokens (Llama's, Gemma's, Mistral's BOS): the model was trained with them.
+            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, **chat_template_mode(messages))
+        # The template's text already holds the BOS it wants: a second one would be added here.
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, source: str = "grpc"
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        source: str = "grpc",
+        wanted: Callable[[], bool] = always,
     ) -> tuple[list[PromptOutput], int, str]:
-        """(outputs, weight version, checksum): every sample comes from that one version."""
+        """(outputs, weight version, checksum): every sample comes from that one version.
+
+        Raises GenerationCancelled once `wanted()` is false (the caller went away): while waiting for the engine,
+        or during the engine's call, so that abandoned calls do not queue up holding it."""
         start = time.monotonic()
         self.stats.started()
         try:
-            with self._gen_lock:
+            if not wanted() or not acquire(self._gen_lock, float("inf"), wanted):
+                raise GenerationCancelled("the caller went away while waiting for the engine")
+            try:
                 if self.broken is not None:
                     raise WeightsBroken(f"replica {self.replica_id} is not serving: {self.broken}")
-                outputs = self.engine.generate(prompts, params)
+                outputs = self.engine.generate(prompts, params, wanted)
                 version, checksum = self.version, self.checksum
+            finally:
+                self._gen_lock.release()
         finally:
             self.stats.ended()
         tokens = sum(len(s.token_ids) for o in outputs for s in o.samples)
@@ -169,4 +182,21 @@ class RolloutService:
         self.engine.close()
 
 
-__all__ = ["Limits", "RolloutService", "Status", "UpdateBusy", "UpdateResult", "WeightUpdateError", "WeightsBroken"]
+def chat_template_mode(messages: list[dict[str, str]]) -> dict[str, bool]:
+    """apply_chat_template's mode: continue a final assistant message (a begun answer, as TRL and vLLM do),
+    else open a new assistant turn after the conversation."""
+    if messages and messages[-1].get("role") == "assistant":
+        return {"continue_final_message": True, "add_generation_prompt": False}
+    return {"add_generation_prompt": True}
+
+
+__all__ = [
+    "GenerationCancelled",
+    "Limits",
+    "RolloutService",
+    "Status",
+    "UpdateBusy",
+    "UpdateResult",
+    "WeightUpdateError",
+    "WeightsBroken",
+]

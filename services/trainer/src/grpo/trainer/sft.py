@@ -24,11 +24,16 @@ def encode_prompt(tokenizer: Any, row: PromptRow, apply_chat_template: bool) -> 
     """Token ids exactly as the rollout service encodes the same prompt (so SFT and RL see one format)."""
     messages = row.messages()
     if isinstance(row.prompt, str):
-        if not apply_chat_template:
-            return list(tokenizer.encode(row.prompt, add_special_tokens=False))
+        if not apply_chat_template:  # with the tokenizer's BOS, as grpo.rollout.service.RolloutService.encode
+            return list(tokenizer.encode(row.prompt, add_special_tokens=True))
         messages = [{"role": "user", "content": row.prompt}]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    # A final assistant message is a begun answer to continue, not a turn to close (RolloutService.encode).
+    if messages and messages[-1].get("role") == "assistant":
+        mode = {"continue_final_message": True, "add_generation_prompt": False}
+    else:
+        mode = {"add_generation_prompt": True}
+    text = tokenizer.apply_chat_template(messages, tokenize=False, **mode)
+    return list(tokenizer.encode(text, add_special_tokens=False))  # the template's text holds its own BOS
 
 
 def to_pair(tokenizer: Any, row: PromptRow, apply_chat_template: bool) -> SftPair:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,17 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
+    # A prompt's samples depend on (seed, the prompt's index in the request), never on the other prompts.
     seed: int | None = None
+
+
+def always() -> bool:
+    """The default `wanted`: a caller that never goes away (the Redis worker)."""
+    return True
+
+
+class GenerationCancelled(RuntimeError):
+    """The caller went away (cancelled, or past its deadline): the call was dropped before it finished."""
 
 
 @dataclass
@@ -49,8 +60,13 @@ class Engine(ABC):
     max_context: int
 
     @abstractmethod
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[PromptOutput]:
-        """`params.n` samples for each tokenised prompt, in prompt order."""
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, wanted: Callable[[], bool] = always
+    ) -> list[PromptOutput]:
+        """`params.n` samples for each tokenised prompt, in prompt order.
+
+        Raises GenerationCancelled once `wanted()` is false (checked as often as the engine can), so that a call
+        whose caller has gone away stops holding the engine."""
 
     @abstractmethod
     def weight_specs(self) -> dict[str, tuple[str, tuple[int, ...]]]:

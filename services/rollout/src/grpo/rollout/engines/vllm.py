@@ -11,11 +11,13 @@ import json
 import logging
 import os
 import struct
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo.rollout.engines.base import Engine, PromptOutput, Sample, SamplingParams
+from grpo.rollout.engines.base import Engine, GenerationCancelled, PromptOutput, Sample, SamplingParams, always
+from grpo.rollout.engines.sampling import prompt_seed, stop_token_ids
 
 if TYPE_CHECKING:
     import torch
@@ -62,8 +64,9 @@ def resolve_in_process(in_process: bool | None, on_cpu: bool, env: str | None) -
     return on_cpu
 
 
-def to_vllm_params(params: SamplingParams) -> dict[str, Any]:
-    """Our sampling params as `vllm.SamplingParams` keyword arguments."""
+def to_vllm_params(params: SamplingParams, stop_ids: Iterable[int] = ()) -> dict[str, Any]:
+    """Our sampling params as `vllm.SamplingParams` keyword arguments; `stop_ids` are the stop strings that are
+    one special token (`stop_token_ids`): vLLM matches stop strings in text it decodes without them."""
     return {
         # vLLM refuses greedy with n > 1; greedy samples are identical, so one is copied n times.
         "n": 1 if params.temperature == 0 else params.n,
@@ -72,6 +75,7 @@ def to_vllm_params(params: SamplingParams) -> dict[str, Any]:
         "top_k": params.top_k if params.top_k > 0 else 0,  # vLLM: 0 (or -1) = off
         "max_tokens": params.max_new_tokens,
         "stop": list(params.stop),
+        "stop_token_ids": sorted(stop_ids),
         "include_stop_str_in_output": True,  # the contract: stop strings stay in the text
         "seed": params.seed,
         "logprobs": 0,  # the sampled token's log-prob only
@@ -143,13 +147,26 @@ class VLLMEngine(Engine):
         self.max_context = int(model_config.max_model_len)
         log.info("vllm engine: %s (%s), in_process=%s, %d tensors", self.model_path, dtype, self.in_process, len(specs))
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[PromptOutput]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, wanted: Callable[[], bool] = always
+    ) -> list[PromptOutput]:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
-        sampling = VllmSamplingParams(**to_vllm_params(params))
+        kwargs = to_vllm_params(params, stop_token_ids(self.tokenizer, params.stop))
+        sampling: VllmSamplingParams | list[VllmSamplingParams] = VllmSamplingParams(**kwargs)
+        if params.seed is not None:  # one seed per prompt, from (seed, index), as the hf engine's generators
+            sampling = [
+                VllmSamplingParams(**{**kwargs, "seed": prompt_seed(params.seed, i)}) for i in range(len(prompts))
+            ]
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        # `LLM.generate` runs the whole batch in one blocking call with no hook to stop it part-way: the caller is
+        # checked before (nothing started) and after (its results are dropped rather than sent to nobody).
+        if not wanted():
+            raise GenerationCancelled("the caller went away before generation began")
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        if not wanted():
+            raise GenerationCancelled("the caller went away while the batch was generated")
         results = []
         for out in outputs:
             samples = [to_sample(c) for c in sorted(out.outputs, key=lambda c: c.index)]
