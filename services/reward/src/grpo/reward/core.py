@@ -41,6 +41,7 @@ from grpo.reward.settings import RewardSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+TEST_DATA_FIELDS = ("stdin", "expected_stdout")  # a test's fields capped by max_test_chars, not max_code_chars
 
 
 class RewardCore:
@@ -76,6 +77,7 @@ class RewardCore:
                 self.settings.sandbox,
                 workers=self.settings.sandbox_workers or self.settings.workers,
                 languages=self.settings.languages,
+                max_output_bytes=self.settings.max_output_bytes,
             )
         except (SandboxUnavailable, OSError, ValueError) as exc:
             # The service still verifies math; code requests answer sandbox_error (never a 0).
@@ -146,10 +148,12 @@ class RewardCore:
 
     # ---- limits -----------------------------------------------------------------------
 
-    def _check_text(self, name: str, text: str, limit: int) -> None:
+    def _check_text(self, name: str, text: str, limit: int, setting: str = "") -> None:
+        """Refuse `text` past `limit`, naming the server `setting` that sets it where there is one."""
         if len(text) > limit:
             metrics.REJECTED.labels("too_large").inc()
-            raise InputError(f"{name} has {len(text)} characters; the limit is {limit}")
+            which = f" ({setting})" if setting else ""
+            raise InputError(f"{name} has {len(text)} characters; the limit is {limit}{which}")
 
     def _check_tests(self, where: str, tests: list[Any]) -> None:
         if len(tests) > self.settings.max_tests:
@@ -157,7 +161,9 @@ class RewardCore:
         for i, test in enumerate(tests):
             for key, text in code_test_dict(test).items():
                 if isinstance(text, str):
-                    self._check_text(f"{where}[{i}].{key}", text, self.settings.max_code_chars)
+                    # A test's data (stdin, expected output) runs to megabytes; an assert test is a program.
+                    setting = "max_test_chars" if key in TEST_DATA_FIELDS else "max_code_chars"
+                    self._check_text(f"{where}[{i}].{key}", text, getattr(self.settings, setting), setting)
 
     def languages(self) -> list[str]:
         return sorted(self.components.sandbox.languages) if self.components.sandbox is not None else []
@@ -188,11 +194,11 @@ class RewardCore:
             metrics.REJECTED.labels("too_large").inc()
             raise InputError(f"{len(req.items)} items; the limit per request is {s.max_items}")
         for i, item in enumerate(req.items):
-            self._check_text(f"items[{i}].completion", item.completion, s.max_text_chars)
-            self._check_text(f"items[{i}].prompt", item.prompt, s.max_text_chars)
+            self._check_text(f"items[{i}].completion", item.completion, s.max_text_chars, "max_text_chars")
+            self._check_text(f"items[{i}].prompt", item.prompt, s.max_text_chars, "max_text_chars")
             checks = item.checks
             if checks.math is not None:
-                self._check_text(f"items[{i}].checks.math.gold", checks.math.gold, s.max_text_chars)
+                self._check_text(f"items[{i}].checks.math.gold", checks.math.gold, s.max_text_chars, "max_text_chars")
             if checks.code is not None:
                 self._check_tests(f"items[{i}].checks.code.tests", checks.code.tests)
                 self._check_language(f"items[{i}].checks.code.language", checks.code.language, checks.code.tests)
@@ -209,8 +215,8 @@ class RewardCore:
     # ---- operations (coroutines for the core loop) ------------------------------------
 
     async def verify_math(self, req: VerifyMathRequest, remaining_s: float | None = None) -> VerifyMathResponse:
-        self._check_text("answer", req.answer, self.settings.max_text_chars)
-        self._check_text("gold", req.gold, self.settings.max_text_chars)
+        self._check_text("answer", req.answer, self.settings.max_text_chars, "max_text_chars")
+        self._check_text("gold", req.gold, self.settings.max_text_chars, "max_text_chars")
         timeout = min(req.timeout_s or self.settings.math_timeout_s, self.settings.max_timeout_s)
         deadline = self.deadline(timeout, remaining_s)
         with self.admit(1):
@@ -218,7 +224,7 @@ class RewardCore:
             return await self.components.math(req.answer, req.gold, deadline, req.math_options(), limit_s=timeout)
 
     async def execute(self, req: ExecuteRequest, remaining_s: float | None = None) -> ExecuteResponse:
-        self._check_text("code", req.code, self.settings.max_code_chars)
+        self._check_text("code", req.code, self.settings.max_code_chars, "max_code_chars")
         self._check_language("language", req.language, [])
         own = _own_file_names(req.language)
         reserved = sorted(n for n in req.files if any(fnmatch.fnmatchcase(n, p) for p in own))
@@ -227,8 +233,8 @@ class RewardCore:
                 f"files: {reserved} are the program's own file names in {req.language} ({', '.join(own)}); rename them"
             )
         for name, text in req.files.items():
-            self._check_text(f"files[{name!r}]", text, self.settings.max_text_chars)
-        self._check_text("stdin", req.stdin, self.settings.max_text_chars)
+            self._check_text(f"files[{name!r}]", text, self.settings.max_text_chars, "max_text_chars")
+        self._check_text("stdin", req.stdin, self.settings.max_test_chars, "max_test_chars")
         # req.timeout_s limits the program; the request itself may take the default deadline.
         deadline = self.deadline(None, remaining_s)
         with self.admit(1):
@@ -236,7 +242,7 @@ class RewardCore:
         return result
 
     async def verify_code(self, req: VerifyCodeRequest, remaining_s: float | None = None) -> VerifyCodeResponse:
-        self._check_text("code", req.code, self.settings.max_code_chars)
+        self._check_text("code", req.code, self.settings.max_code_chars, "max_code_chars")
         self._check_tests("tests", req.tests)
         self._check_language("language", req.language, req.tests)
         self._check_checker("checker.language", req.checker)

@@ -63,6 +63,12 @@ class RewardSettings(ServiceSettings):
     """Longest code (or whole completion given as code) and longest test program."""
     max_text_chars: int = Field(default=400_000, ge=1)
     """Longest completion, prompt, answer or gold."""
+    max_test_chars: int = Field(default=16 << 20, ge=1)
+    """Longest test data: a stdin/stdout test's `stdin` or `expected_stdout`, and /v1/execute's `stdin`
+    (CodeContests and TACO tests run to megabytes). A request is still bounded by max_body_bytes."""
+    max_output_bytes: int = Field(default=16 << 20, ge=1, le=1 << 30)
+    """Most bytes of stdout a code run may write; past it the run is stopped as output_limit. stderr does not
+    count: a run's is kept to its first and last 32 KiB, and only a flood (256 MiB) stops it."""
     default_timeout_s: float = Field(default=60.0, gt=0)
     """Request deadline when the request sets none."""
     max_timeout_s: float = Field(default=600.0, gt=0)

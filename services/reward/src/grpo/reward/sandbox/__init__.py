@@ -5,16 +5,20 @@ from __future__ import annotations
 import os
 from collections.abc import Collection
 
-from grpo.reward.sandbox.base import STATUSES, ExecResult, Limits, Sandbox, SandboxUnavailable
+from grpo.reward.sandbox.base import DEFAULT_MAX_OUTPUT_BYTES, STATUSES, ExecResult, Limits, Sandbox, SandboxUnavailable
 
 __all__ = ["STATUSES", "ExecResult", "Limits", "Sandbox", "SandboxUnavailable", "make_sandbox"]
 
 
 def make_sandbox(
-    kind: str = "auto", workers: int = os.cpu_count() or 2, languages: Collection[str] | None = None
+    kind: str = "auto",
+    workers: int = os.cpu_count() or 2,
+    languages: Collection[str] | None = None,
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
 ) -> Sandbox:
     """Start a sandbox of `kind` ("namespace", or "auto" = the same) and prove it works with one run; with
-    `languages`, it serves those of the installed toolchains only.
+    `languages`, it serves those of the installed toolchains only; `max_output_bytes` caps the stdout of runs whose
+    limits set no cap.
 
     Raises SandboxUnavailable with an actionable message when the machine lacks what the sandbox needs;
     there is deliberately no weaker fallback that would run untrusted code unconfined.
@@ -23,7 +27,7 @@ def make_sandbox(
 
     if kind not in ("auto", "namespace"):
         raise ValueError(f"unknown sandbox kind {kind!r}; choose 'auto' or 'namespace'")
-    sandbox = NamespaceSandbox(workers=workers, languages=languages)
+    sandbox = NamespaceSandbox(workers=workers, languages=languages, max_output_bytes=max_output_bytes)
     probe = sandbox.run("print(6 * 7)", limits=Limits(timeout_s=10.0))
     if probe.status != "ok" or probe.stdout.strip() != "42" or not probe.proof:
         sandbox.close()

@@ -14,6 +14,10 @@ if TYPE_CHECKING:
 
     from grpo.reward.sandbox.languages import Launch
 
+# A run's stdout cap unless its limits or the sandbox set one (the service: settings.max_output_bytes). As large as
+# the expected output a test may hold (settings.max_test_chars): a correct program must be able to print it.
+DEFAULT_MAX_OUTPUT_BYTES = 16 << 20
+
 STATUSES = ("ok", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error")
 
 
@@ -50,8 +54,10 @@ class Limits:
     """Wall-clock deadline; past it the whole process tree is killed."""
     memory_mb: int = 512
     """Address-space limit per process (RLIMIT_AS)."""
-    max_output_bytes: int = 1_000_000
-    """stdout + stderr together; past it the run is killed with status output_limit."""
+    max_output_bytes: int | None = None
+    """stdout; past it the run is killed with status output_limit. None: the sandbox's cap (DEFAULT_MAX_OUTPUT_BYTES
+    unless it was given another). stderr does not count: only its first and last 32 KiB are kept (confine.py), and
+    only a flood of it (STDERR_FLOOD_BYTES) stops the run."""
     max_processes: int = 64
     """Processes and threads of the run (RLIMIT_NPROC on a uid no one else uses)."""
     max_file_bytes: int = 16 << 20
@@ -70,7 +76,7 @@ class Limits:
         checks = {
             "timeout_s": 0 < self.timeout_s <= 3600,
             "memory_mb": 16 <= self.memory_mb <= 1 << 20,
-            "max_output_bytes": 0 < self.max_output_bytes <= 1 << 30,
+            "max_output_bytes": self.max_output_bytes is None or 0 < self.max_output_bytes <= 1 << 30,
             "max_processes": 1 <= self.max_processes <= 4096,
             "max_file_bytes": 0 <= self.max_file_bytes <= 1 << 40,
             "scratch_mb": 1 <= self.scratch_mb <= 1 << 16,

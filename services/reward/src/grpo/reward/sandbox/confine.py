@@ -445,6 +445,21 @@ def stdin_fd(data: bytes | int) -> int:
     return stdin
 
 
+M_MMAP_THRESHOLD = -3
+
+
+def keep_heap_small() -> None:
+    """Every allocation of 128 KiB or more its own mapping, unmapped when freed, for the life of the zygote.
+
+    glibc's default threshold is dynamic: freeing a large block raises it to that block's size (up to 32 MiB), so
+    later blocks that size come from the heap and stay resident once freed. After a request read back a few 16 MB
+    files the zygote stayed at ~50 MB, and forget_peak could reset its high-water mark only to that: every later
+    run reported a 50 MB peak (a print(1) at a 40 MB limit was a memory_limit). A fixed threshold turns the
+    dynamic one off; a run's outputs, read-back files and replies all come and go as mappings.
+    """
+    libc.mallopt(M_MMAP_THRESHOLD, 128 << 10)
+
+
 def forget_peak() -> None:
     """Reset this process's peak resident size to its current size, before a run's init is spawned from it.
 
@@ -505,14 +520,50 @@ def decode_request(data: bytes) -> tuple[int, list[tuple[int, int]], list[str], 
     return stdin, list(zip(words[::2], words[1::2], strict=True)), strings[:nargs], env
 
 
+STDERR_KEEP_BYTES = 32 << 10  # a run's stderr is kept to its first and its last this many bytes
+STDERR_FLOOD_BYTES = 256 << 20  # past this much stderr the run is stopped (output_limit): a flood, not debugging
+PROOF_KEEP_BYTES = 64  # more than the nonce on the proof fd is no proof; the rest is read and dropped
+
+
+class Output:
+    """What a run wrote to one of its fds, kept bounded while it is read: stdout whole (the caller stops the run
+    past its cap), stderr's head and tail (a traceback's end and Go's first words both matter, megabytes of debug
+    output between them do not), the proof fd's first bytes."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.seen = name, 0
+        self.head, self.tail = bytearray(), bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        self.seen += len(chunk)
+        if self.name == "err":
+            room = max(0, STDERR_KEEP_BYTES - len(self.head))
+            self.head += chunk[:room]
+            self.tail += chunk[room:]
+            if len(self.tail) > 2 * STDERR_KEEP_BYTES:  # trimmed now and then, not on every chunk
+                del self.tail[:-STDERR_KEEP_BYTES]
+        elif self.name != "proof" or len(self.head) <= PROOF_KEEP_BYTES:
+            self.head += chunk
+
+    def data(self) -> bytes:
+        if not self.tail:
+            return bytes(self.head)
+        if len(self.tail) <= STDERR_KEEP_BYTES:
+            return bytes(self.head + self.tail)
+        cut = self.seen - len(self.head) - STDERR_KEEP_BYTES
+        return bytes(self.head) + f"\n[... {cut} bytes of stderr cut ...]\n".encode() + self.tail[-STDERR_KEEP_BYTES:]
+
+
 def read_outputs(done: int, readers: dict[str, int], limits: dict, deadline: float) -> tuple[str | None, dict]:
     """Read outputs until every writer is gone and `done` is readable, the deadline passes, or the output limit
-    is hit: (None, or the verdict "timeout" / "output_limit"; the bytes read per reader name)."""
-    bufs = {fd: bytearray() for fd in readers.values()}
+    is hit: (None, or the verdict "timeout" / "output_limit"; the bytes read per reader name). Only stdout counts
+    against the cap; stderr is kept bounded (Output) and stops the run only as a flood; the proof fd never counts."""
+    outputs = {fd: Output(name) for name, fd in readers.items()}
     poller = select.poll()
-    for fd in (*bufs, done):
+    for fd in (*outputs, done):
         poller.register(fd, select.POLLIN)
-    open_fds, verdict, total = {*bufs, done}, None, 0
+    open_fds, verdict = {*outputs, done}, None
+    stop_at = {"out": limits["max_output_bytes"], "err": STDERR_FLOOD_BYTES}
     while open_fds:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -524,13 +575,13 @@ def read_outputs(done: int, readers: dict[str, int], limits: dict, deadline: flo
                 poller.unregister(fd)
                 open_fds.discard(fd)
                 continue
-            bufs[fd] += chunk
-            if fd != readers.get("status"):  # the program can write to out, err and the proof fd
-                total += len(chunk)
-        if total > limits["max_output_bytes"]:
-            verdict = "output_limit"
+            output = outputs[fd]
+            output.add(chunk)
+            if output.seen > stop_at.get(output.name, output.seen):
+                verdict = "output_limit"
+        if verdict is not None:
             break
-    return verdict, {name: bytes(bufs[fd]) for name, fd in readers.items()}
+    return verdict, {output.name: output.data() for output in outputs.values()}
 
 
 def outcome(
@@ -544,7 +595,7 @@ def outcome(
     return {
         "exit_code": exit_code,
         "stdout": got["out"][:cap].decode("utf-8", "replace"),
-        "stderr": got["err"][:cap].decode("utf-8", "replace"),
+        "stderr": got["err"].decode("utf-8", "replace"),  # already bounded (Output)
         "proof": nonce is not None and got["proof"] == nonce,
         "cpu_s": cpu_s,
         "peak_mb": peak_mb,

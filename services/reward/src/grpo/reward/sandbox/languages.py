@@ -34,8 +34,11 @@ if TYPE_CHECKING:
     from grpo.reward.sandbox.base import Sandbox
 
 # `posix` is built in and already loaded; `import os` would cost about a millisecond under -S.
+# -S also skips `site`, which is what defines `exit` and `quit`: contest solutions and checkers call them, so they
+# are sys.exit here (a SystemExit that leaves `exec` early, before the proof is written, as `exit()` does in python3).
 PYTHON_DRIVER = (
     "import posix, sys\n"
+    "__builtins__.exit = __builtins__.quit = sys.exit\n"
     "sys.argv = ['main.py', *sys.argv[1:]]\n"
     "with open('main.py', 'rb') as f:\n"
     "    code = compile(f.read(), 'main.py', 'exec')\n"
@@ -58,6 +61,10 @@ class Launch:
     stack_mb: int | None = None
     extra_memory_mb: int = 0  # the runtime's own needs, on top of the program's limit
     collect_max_bytes: int | None = None  # what `collect` may bring back in all; None: the run's scratch size
+    # The resident peak a run may reach is its limit plus this (None: plus extra_memory_mb): Go's allowance is
+    # address space it maps and never touches, not memory it may use.
+    resident_extra_mb: int | None = None
+    env: dict[str, str] = field(default_factory=dict)  # on top of the sandbox's own environment
 
 
 @dataclass(frozen=True)
@@ -75,10 +82,17 @@ class Toolchain:
     stack_mb: int | None = None
     extra_memory_mb: int = 0  # what the runtime itself needs on top of the program's limit (JVM metaspace, V8)
     headers: tuple[str, ...] = ()  # files from include/ written beside the source for the build
+    resident_extra_mb: int | None = None  # Launch.resident_extra_mb
+    env: tuple[tuple[str, str], ...] = ()  # a run's environment on top of the sandbox's; "{memory_mb}" as in `run`
 
 
 INCLUDE = Path(__file__).parent / "include"
-NODE = ("node", "--max-old-space-size={memory_mb}", "--stack-size=16000", "main.js")
+# V8 must meet its own stack limit before the kernel's: past RLIMIT_STACK a deep recursion is a SIGSEGV with an
+# empty stderr, not a RangeError the program can catch. So node runs with an 8 MiB stack (set, not inherited) and
+# V8 uses 7000 KiB of it, leaving room for the C++ frames that build the RangeError. (Not a larger stack: glibc
+# and libuv size threads' stacks by RLIMIT_STACK, and under RLIMIT_DATA V8's helper threads would not start.)
+NODE_STACK_MB = 8
+NODE = ("node", "--max-old-space-size={memory_mb}", "--stack-size=7000", "main.js")
 # TypeScript is transpiled without type checking (as ts-node --transpile-only, esbuild and bun do): programs use
 # `require` and `process` without @types/node; syntax errors still fail the build with tsc's messages.
 TS_TRANSPILE = (
@@ -101,20 +115,30 @@ JVM = (
     "-XX:ActiveProcessorCount=1",
     "-XX:-UsePerfData",
 )
+JAVA_ENTRY, JAVA_STACK_MB = "GrpoSandboxMain", 64
 TOOLCHAINS: dict[str, Toolchain] = {
     "c": Toolchain("main.c", ("./main",), ("gcc", "-std=c17", "-O2", "-pipe", "-o", "main", "main.c", "-lm"), ("main",),
                    stack_mb=64),
     # testlib.h beside the source: Codeforces-style checkers, validators and generators `#include "testlib.h"`.
     "cpp": Toolchain("main.cpp", ("./main",), ("g++", "-std=c++17", "-O2", "-pipe", "-o", "main", "main.cpp"),
                      ("main",), stack_mb=64, headers=("testlib.h",)),
+    # Main runs on a thread with a 64 MiB stack (include/GrpoSandboxMain.java): recursion 200,000 deep, as C's and
+    # Rust's stacks allow, where the JVM's default 1 MiB overflowed at ~30,000 frames. Its reservation is counted
+    # by RLIMIT_DATA, hence 64 MiB more for the runtime; only the pages touched are resident.
     "java": Toolchain(
-        "Main.java", ("java", *JVM, "-cp", ".", "Main"), ("javac", "-J-Xmx512m", "-encoding", "UTF-8", "Main.java"),
-        ("*.class",), extra_memory_mb=256,
+        "Main.java", ("java", *JVM, "-cp", ".", JAVA_ENTRY),
+        ("javac", "-J-Xmx512m", "-encoding", "UTF-8", "Main.java", f"{JAVA_ENTRY}.java"), ("*.class",),
+        extra_memory_mb=256 + JAVA_STACK_MB, resident_extra_mb=256, headers=(f"{JAVA_ENTRY}.java",),
     ),
-    "javascript": Toolchain("main.js", NODE, extra_memory_mb=128),
+    "javascript": Toolchain("main.js", NODE, extra_memory_mb=128, stack_mb=NODE_STACK_MB),
     "typescript": Toolchain("main.ts", NODE, ("node", "-e", TS_TRANSPILE), ("main.js",), needs=("typescript",),
-                            extra_memory_mb=128),
-    "go": Toolchain("main.go", ("./main",), ("go", "build", "-ldflags=-s -w", "-o", "main", "main.go"), ("main",)),
+                            extra_memory_mb=128, stack_mb=NODE_STACK_MB),
+    # Go maps writable memory it never touches (a 32 MiB arena index, heap arenas ahead of use), which RLIMIT_DATA
+    # counts: hello world needs ~48 MiB of it, a program touching 60 MiB ~128. So the rlimit gets 128 MiB on
+    # top, GOMEMLIMIT keeps the heap under the program's limit, and what it really uses is bounded by its resident
+    # peak at the limit itself (resident_extra_mb=0): past it, memory_limit.
+    "go": Toolchain("main.go", ("./main",), ("go", "build", "-ldflags=-s -w", "-o", "main", "main.go"), ("main",),
+                    extra_memory_mb=128, resident_extra_mb=0, env=(("GOMEMLIMIT", "{memory_mb}MiB"),)),
     "rust": Toolchain("main.rs", ("./main",), ("rustc", "-O", "--edition", "2021", "-C", "strip=symbols",
                                                "-C", "linker={gcc}", "-o", "main", "main.rs"), ("main",), stack_mb=64),
     "bash": Toolchain("main.sh", ("bash", "main.sh"), memory_kind="as"),
@@ -189,6 +213,8 @@ def run_launch(
     return Launch(
         files=files, argv=argv_for(chain.run, tools, memory_mb), binary_files=dict(built or {}), held=frozenset(built or {}),
         memory_kind=chain.memory_kind, stack_mb=chain.stack_mb, extra_memory_mb=chain.extra_memory_mb,
+        resident_extra_mb=chain.resident_extra_mb,
+        env={name: value.replace("{memory_mb}", str(memory_mb)) for name, value in chain.env},
     )  # fmt: skip
 
 

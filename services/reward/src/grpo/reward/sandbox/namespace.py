@@ -18,12 +18,20 @@ import time
 from collections import OrderedDict
 from collections.abc import Collection, Generator
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from grpo.reward.sandbox.base import ExecResult, Limits, Sandbox, SandboxUnavailable, check_text
+from grpo.reward.sandbox.base import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    ExecResult,
+    Limits,
+    Sandbox,
+    SandboxUnavailable,
+    check_text,
+)
 from grpo.reward.sandbox.init_program import init_program
 from grpo.reward.sandbox.languages import Launch, available
 
@@ -303,11 +311,44 @@ def classify(reply: dict[str, Any]) -> tuple[str, int | None]:
     # A native program that ignores a failed allocation crashes; at its memory limit, that crash is the limit.
     if reply.get("peak_mb", 0.0) >= 0.9 * reply.get("memory_limit_mb", float("inf")):
         return "memory_limit", exit_code
+    # A binary whose static data alone is past the rlimit (`static char a[300 << 20]`) dies in its exec, a SIGSEGV
+    # or SIGKILL from the kernel before it has run or written anything.
+    never_ran = exit_code in (-signal.SIGSEGV, -signal.SIGKILL) and not reply["stdout"] and reply.get("cpu_s", 1) < 0.05
+    if never_ran and reply.get("image_mb", 0.0) > reply.get("rlimit_mb", float("inf")):
+        return "memory_limit", exit_code
     return "runtime_error", exit_code
+
+
+PT_LOAD, PF_W = 1, 2
+
+
+def writable_image_mb(binary: bytes) -> float:
+    """MiB of writable memory an ELF64 (little-endian) binary's loadable segments need (data and bss, which
+    RLIMIT_DATA counts at its exec); 0.0 for anything else (a script)."""
+    if len(binary) < 64 or binary[:6] != b"\x7fELF\x02\x01":
+        return 0.0
+    (phoff,) = struct.unpack_from("<Q", binary, 32)
+    phentsize, phnum = struct.unpack_from("<HH", binary, 54)
+    total = 0
+    for i in range(phnum):
+        at = phoff + i * phentsize
+        if at + 56 > len(binary):
+            break
+        kind, flags = struct.unpack_from("<II", binary, at)
+        if kind == PT_LOAD and flags & PF_W:
+            total += struct.unpack_from("<Q", binary, at + 40)[0]  # p_memsz
+    return total / (1 << 20)
+
+
+def image_mb(launch: Launch) -> float:
+    """writable_image_mb of the built program a native run executes (./main), else 0.0."""
+    program = launch.binary_files.get(launch.argv[0].removeprefix("./")) if launch.argv[0].startswith("./") else None
+    return writable_image_mb(program) if program else 0.0
 
 
 # The last words of a program that ran out of memory: libc, libstdc++, Go, Rust, the JVM, V8 (Python: MemoryError).
 OUT_OF_MEMORY = ("Cannot allocate memory", "cannot allocate", "std::bad_alloc", "runtime: out of memory",
+                 "fatal error: out of memory",  # Go, e.g. "... allocating heap arena map"
                  "memory allocation of", "java.lang.OutOfMemoryError",
                  "JavaScript heap out of memory", "Allocation failed - process out of memory")  # fmt: skip
 
@@ -321,15 +362,18 @@ def _died_of_memory(stderr: str) -> bool:
 
 
 def request_for(launch: Launch, limits: Limits) -> dict[str, Any]:
-    """The zygote's request: what to write, what to exec, with which limits (stdin follows it raw)."""
+    """The zygote's request: what to write, what to exec, with which limits (stdin follows it raw). `limits` has
+    its output cap resolved (NamespaceSandbox._limits)."""
+    resident_extra = launch.extra_memory_mb if launch.resident_extra_mb is None else launch.resident_extra_mb
     return {
         "argv": launch.argv,
         "files": launch.files,
         "collect": list(launch.collect),
-        "env": RUN_ENV,
+        "env": {**RUN_ENV, **launch.env},
         "limits": {
             "timeout_s": limits.timeout_s,
             "memory_mb": limits.memory_mb + launch.extra_memory_mb,
+            "resident_mb": limits.memory_mb + resident_extra,
             "memory_kind": launch.memory_kind,
             "stack_mb": launch.stack_mb,
             "collect_max_bytes": launch.collect_max_bytes or limits.scratch_mb << 20,
@@ -362,10 +406,12 @@ class NamespaceSandbox(Sandbox):
         uid_base: int = 200_000,
         acquire_timeout_s: float = 600.0,
         languages: Collection[str] | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> None:
         if os.geteuid() != 0:
             raise SandboxUnavailable(f"running as uid {os.geteuid()}, not root: {REMEDY}")
         self.workers = workers
+        self.max_output_bytes = max_output_bytes  # the stdout cap of runs whose limits set none
         self.acquire_timeout_s = acquire_timeout_s
         self.interpreter = interpreter or _default_interpreter()
         self.languages = available(self.interpreter)
@@ -423,11 +469,19 @@ class NamespaceSandbox(Sandbox):
             if zygote in self._all:
                 self._all.remove(zygote)
 
-    def execute(self, launch: Launch, stdin: str = "", limits: Limits | None = None) -> ExecResult:
+    def _limits(self, limits: Limits | None) -> Limits:
+        """`limits` (or the defaults) checked, with this sandbox's stdout cap where they set none."""
         limits = limits or Limits()
+        if limits.max_output_bytes is None:
+            limits = replace(limits, max_output_bytes=self.max_output_bytes)
         limits.validate()
+        return limits
+
+    def execute(self, launch: Launch, stdin: str = "", limits: Limits | None = None) -> ExecResult:
+        limits = self._limits(limits)
         check_text(launch, [stdin])
         req = request_for(launch, limits)
+        image = image_mb(launch)
         zygote = self._take()
         if zygote is None:
             why = "sandbox is closed" if self._closed else f"no sandbox worker free within {self.acquire_timeout_s}s"
@@ -444,17 +498,17 @@ class NamespaceSandbox(Sandbox):
             self._replace(zygote)
         else:
             self._idle.put(zygote)
-        return self._result(reply, req, limits, started)
+        return self._result(reply, {**req, "image_mb": image}, limits, started)
 
     def execute_many(
         self, launch: Launch, stdins: list[str], limits: Limits | None = None, stream: bool = False
     ) -> Generator[ExecResult, None, None]:
         """Runs of one launch, one per stdin, in one namespace on one zygote (batch.py), results in
         order. Closing the iterator early stops the batch; runs not started are not run."""
-        limits = limits or Limits()
-        limits.validate()
+        limits = self._limits(limits)
         check_text(launch, stdins)
         req = {**request_for(launch, limits), "batch": True, "stream": stream}
+        judged = {**req, "image_mb": image_mb(launch)}  # what _result reads; not sent to the zygote
         # One run costs less as a prepared single run than a batch's set-up and tear-down.
         if req["limits"]["memory_mb"] < BATCH_MIN_MEMORY_MB or launch.collect or len(stdins) <= 1:
             yield from super().execute_many(launch, stdins, limits)
@@ -476,7 +530,7 @@ class NamespaceSandbox(Sandbox):
                 if "error" in reply:
                     raise ZygoteError(reply["error"])
                 done += 1
-                yield self._result(reply, req, limits, time.monotonic() - reply.get("wall_s", 0.0))
+                yield self._result(reply, judged, limits, time.monotonic() - reply.get("wall_s", 0.0))
                 if stream and done < len(stdins):
                     zygote.control("next")
             zygote.control("close")
@@ -517,7 +571,9 @@ class NamespaceSandbox(Sandbox):
     def _result(self, reply: dict[str, Any], req: dict[str, Any], limits: Limits, started: float) -> ExecResult:
         """The ExecResult of one zygote reply."""
         reply["cpu_limit_s"] = limits.effective_cpu_s()
-        reply["memory_limit_mb"] = req["limits"]["memory_mb"]
+        reply["memory_limit_mb"] = req["limits"]["resident_mb"]
+        reply["rlimit_mb"] = req["limits"]["memory_mb"]
+        reply["image_mb"] = req.get("image_mb", 0.0)
         status, exit_code = classify(reply)
         if status == "sandbox_error":
             detail = reply.get("error") or reply.get("setup_error")

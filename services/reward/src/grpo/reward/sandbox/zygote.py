@@ -314,6 +314,7 @@ def stock(
 def main() -> int:
     cfg = json.loads(sys.argv[1])
     confine.libc.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the service died -> so do we
+    confine.keep_heap_small()  # before anything large is allocated: our size is every run's floor of peak memory
     uid = cfg["uid_base"] + os.getpid()  # unique among live zygotes, so RLIMIT_NPROC is per run
     os.set_inheritable(cfg["fd_channel"], False)  # passed to us inheritable; no run may have it
     channel = socket.socket(fileno=cfg["fd_channel"])

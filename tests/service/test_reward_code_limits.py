@@ -1,0 +1,68 @@
+"""Code limits seen through the API of a real reward service: test data of megabytes (max_test_chars), the stdout
+cap (max_output_bytes) and stderr, exit() in Python solutions and checkers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.reward_proc import RewardService, start_reward_service, stop_reward_service
+
+SUM = "import sys\nprint(sum(map(int, sys.stdin.read().split())))"
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[RewardService]:
+    """Small caps, so that crossing them costs little: 1 MB of test data, 300 kB of stdout."""
+    started = start_reward_service("--max-test-chars", "1000000", "--max-output-bytes", "300000", workers=1)
+    yield started
+    stop_reward_service(started)
+
+
+def verify(service: RewardService, **body: Any) -> httpx.Response:
+    return httpx.post(f"{service.http_url}/v1/verify/code", json=body, timeout=120)
+
+
+def test_test_data_of_megabytes_is_not_capped_at_the_code_limit(service: RewardService) -> None:
+    """stdin and expected_stdout were capped at max_code_chars (200,000): CodeContests tests run to megabytes."""
+    numbers = "\n".join(map(str, range(120_000)))  # 779 kB
+    reply = verify(service, code=SUM, tests=[{"stdin": numbers, "expected_stdout": str(sum(range(120_000)))}])
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["tests"][0]["verdict"] == "pass"
+    expected = " ".join(map(str, range(40_000)))  # 228,889 characters
+    answer = verify(service, code="print(*range(40_000))", tests=[{"expected_stdout": expected}])
+    assert answer.status_code == 200 and answer.json()["passed"] == 1, answer.text[:500]
+
+
+def test_test_data_past_max_test_chars_is_400_naming_it(service: RewardService) -> None:
+    reply = verify(service, code=SUM, tests=[{"stdin": "1 " * 600_000, "expected_stdout": "600000"}])
+    assert reply.status_code == 400 and "max_test_chars" in reply.text and "tests[0].stdin" in reply.text
+    code = verify(service, code="#" * 200_001, tests=[{"stdin": "", "expected_stdout": ""}])
+    assert code.status_code == 400 and "max_code_chars" in code.text
+
+
+def test_the_stdout_cap_is_the_servers_setting_and_stderr_does_not_count(service: RewardService) -> None:
+    within = verify(service, code="print('a' * 299_999)", tests=[{"expected_stdout": "a" * 299_999}])
+    assert within.json()["tests"][0]["verdict"] == "pass", within.text[:300]
+    over = verify(service, code="print('a' * 300_000)", tests=[{"expected_stdout": "a" * 300_000}])
+    assert over.json()["tests"][0]["verdict"] == "output_limit"
+    debug = "import sys\nfor i in range(70000):\n    print('debug line', i, file=sys.stderr)\nprint(42)"  # 1.2 MB
+    noisy = verify(service, code=debug, tests=[{"expected_stdout": "42"}, {"expected_stdout": "42"}])
+    assert [t["verdict"] for t in noisy.json()["tests"]] == ["pass", "pass"]
+    executed = httpx.post(f"{service.http_url}/v1/execute", json={"code": debug}, timeout=60).json()
+    assert executed["status"] == "ok" and executed["stdout"] == "42\n" and len(executed["stderr"]) < 70_000
+
+
+def test_exit_in_a_solution_and_in_a_python_checker(service: RewardService) -> None:
+    solution = "n = int(input())\nif n < 0:\n    print(-1)\n    exit()\nprint(n)"
+    tests = [{"stdin": "-5", "expected_stdout": "-1"}, {"stdin": "7", "expected_stdout": "7"}]
+    assert verify(service, code=solution, tests=tests).json()["passed"] == 2
+    checker = {"language": "python", "code": "import sys\nexit(0 if open(sys.argv[2]).read().split() == "
+               "open(sys.argv[3]).read().split() else 1)"}  # fmt: skip
+    judged = verify(
+        service, code="print(1)", checker=checker, tests=[{"expected_stdout": "1"}, {"expected_stdout": "2"}]
+    )
+    assert [t["verdict"] for t in judged.json()["tests"]] == ["pass", "fail"], judged.text[:500]
