@@ -213,6 +213,55 @@ def test_every_preset_has_an_example_config_that_runs_from_the_repo_root(monkeyp
         check_step_credit(s, algo, rows)
 
 
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_example_config_can_learn_the_shipped_task(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What made the examples train on nothing (reproduced in review): a random start with no cold start (every
+    group scores the same, so every group is skipped), step credit from a PRM the reward service has no
+    prm_path for (every group fails), steps cut at a delimiter addition answers never hold (one step: outcome
+    credit again), and an overlong ramp that punishes complete answers. Checked with the reward service's own
+    step code and the tiny model's tokenizer on the shipped worked answers."""
+    from transformers import AutoTokenizer
+
+    from grpo.common.tiny_model import TINY_NAMES, resolve_model
+    from grpo.reward.verifiers.steps import STEP_RULES, cut_at
+    from grpo.trainer.data import load_rows
+    from grpo.trainer.stages import plan_stages
+
+    monkeypatch.chdir(Path(__file__).parents[3])
+    s = parse_settings(["--config", f"services/trainer/configs/{name}.yaml"])
+    stages = [stage.settings for stage in plan_stages(s)] or [s]
+    first, grpo = stages[0], [stage for stage in stages if stage.mode == "grpo"]
+    assert len(grpo) == 1, "one GRPO stage: the preset's"
+    # A randomly initialised model never answers right: it needs the cold start before GRPO.
+    assert first.model not in TINY_NAMES or first.mode == "sft", f"{name}: the built-in tiny model without SFT"
+    assert stages.index(grpo[0]) > 0, f"{name}: GRPO must run from the SFT model, after the cold start"
+    worked = load_rows(Path(first.train_data), need_response=True)[:200]
+    assert worked
+
+    g = grpo[0]
+    algo = resolve_algo(g)
+    if algo.credit in ("process", "vineppo"):
+        check = g.step_check or {}
+        # The reward service scores `prm` steps only with its prm_path, which the shipped services do not set.
+        assert check.get("source") in ("rule", "cut"), f"{name}: step_check {check} needs the reward's prm_path"
+        for row in worked:
+            assert isinstance(row.prompt, str) and row.response
+            if check["source"] == "rule":
+                judged = STEP_RULES[check["rule"]](row.prompt, row.response)
+                assert all(j.status == "ok" and j.score == 1 for j in judged), (name, row.response, judged)
+                steps = len(judged)
+            else:
+                steps = len(cut_at(row.response, check.get("delimiter") or "\n"))
+            assert steps >= 2, f"{name}: {check} gives {row.response!r} {steps} step(s): no credit per step"
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(first.model))  # GRPO's model is SFT's: same tokenizer
+    longest = max(len(tokenizer.encode(row.response or "", add_special_tokens=False)) for row in worked) + 1  # EOS
+    assert longest <= g.max_new_tokens - overlong_buffer(g, algo), (
+        f"{name}: the overlong ramp (from token {g.max_new_tokens - overlong_buffer(g, algo)}) punishes complete "
+        f"answers of up to {longest} tokens"
+    )
+
+
 def test_task_spec_and_overlong_cap(data: Path) -> None:
     s = parse_settings(["--train-data", str(data), "--preset", "dapo", "--max-new-tokens", "16", "--group-size", "4"])
     algo = resolve_algo(s)

@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from grpo.common.logs import setup_logging
 
@@ -79,6 +79,29 @@ def bad_options(exc: ValidationError) -> list[str]:
     return problems
 
 
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+def pooled_evaluations(count: int) -> str:
+    """What `eval_accuracy_after` pooled, in words: the report pools up to three evaluations, fewer in a short run."""
+    if count <= 0:
+        return "no evaluation after GRPO"
+    return "the last evaluation" if count == 1 else f"mean of the last {count} evaluations"
+
+
+def accuracy_line(summary: dict[str, Any]) -> str:
+    """The demo's closing headline from its summary.json: before (after SFT) → after, and what "after" pooled.
+
+    The count comes from the summary, not a fixed "three": `--quick` pools two evaluations and `--steps 2` one.
+    """
+    pooled = pooled_evaluations(int(summary.get("eval_after_evaluations") or 0))
+    return (
+        f"held-out accuracy: {_pct(summary['eval_accuracy_before'])} after SFT → {_pct(summary['eval_accuracy_after'])} "
+        f"after {summary['grpo_steps']} GRPO steps ({pooled}); {summary['wall_seconds']:.0f} s in all"
+    )
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
@@ -106,10 +129,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 1
     run_dir = args.runs_dir / summary["run_id"]
-    before, after = summary["eval_accuracy_before"], summary["eval_accuracy_after"]
     sys.stdout.write(
-        f"\nheld-out accuracy: {100 * before:.1f} % after SFT → {100 * (after or 0):.1f} % after {summary['grpo_steps']} "
-        f"GRPO steps (mean of the last three evaluations); {summary['wall_seconds']:.0f} s in all\n"
+        f"\n{accuracy_line(summary)}\n"
         f"summary:     {run_dir / 'summary.json'}\nreport:      {run_dir / 'report.md'} (PNG plots beside it)\n"
         f"tensorboard: tensorboard --logdir {run_dir / 'tensorboard'}\n"
     )

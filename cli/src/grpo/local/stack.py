@@ -21,6 +21,7 @@ import yaml
 from pydantic import ValidationError
 
 from grpo.common.net import free_port
+from grpo.common.tiny_model import TINY_NAMES, ModelNotFound, check_model
 from grpo.local.procs import Child, Supervisor, http_ok, port_open
 from grpo.local.redis_server import find_redis_server
 
@@ -32,6 +33,10 @@ SETTINGS = {
     "grpo.rollout": ("grpo.rollout.settings", "RolloutSettings"),
     "grpo.trainer": ("grpo.trainer.config", "TrainerSettings"),
 }
+
+
+# The sections whose service loads a model (`model`, and the trainer's stages); each checks it at start-up.
+MODEL_SECTIONS = ("rollout", "trainer")
 
 
 class LaunchError(ValueError):
@@ -121,7 +126,8 @@ def plan_services(spec: StackSpec, redis_url: str, *, with_trainer: bool = True)
 
 
 def settings_problems(planned: list[Planned]) -> list[str]:
-    """Every bad key or value of every section, one `section.field: message` each (replicas share a section)."""
+    """Every bad key or value of every section, one `section.field: message` each (replicas share a section), and
+    every model a section names that its service's start-up check would refuse."""
     problems: list[str] = []
     checked: set[str] = set()
     for service in planned:
@@ -140,6 +146,38 @@ def settings_problems(planned: list[Planned]) -> list[str]:
                     close = difflib.get_close_matches(field_name, settings_cls.model_fields, n=1)
                     message = f"unknown setting{f' (did you mean {close[0]}?)' if close else ''}"
                 problems.append(f"{service.section}{'.' + field_name if field_name else ''}: {message}")
+        if service.section in MODEL_SECTIONS:
+            problems += model_problems(service.section, service.values)
+    return problems
+
+
+def models_to_load(values: dict[str, Any]) -> list[tuple[str, str]]:
+    """(setting, model) for every model a rollout or trainer section names: `model`, and each stage's own.
+
+    Read from the raw section, not the validated settings, so a bad model is reported beside the section's other
+    problems; a value that is not text is left to the settings class, which names it already.
+    """
+    models = [("model", values["model"])] if isinstance(values.get("model"), str) else []
+    stages = values.get("stages")
+    for i, stage in enumerate(stages if isinstance(stages, list) else [], 1):  # 1-based, as the trainer names stages
+        if isinstance(stage, dict) and isinstance(stage.get("model"), str):
+            models.append((f"stages[{i}].model", stage["model"]))
+    return models
+
+
+def model_problems(section: str, values: dict[str, Any]) -> list[str]:
+    """The service's own model check (it runs it first thing, grpo.common.tiny_model.check_model) done here too, so
+    a missing folder or an unknown hub id stops `grpo up` before anything starts instead of one service after all
+    the others are up. The built-in tiny model is skipped: it cannot be missing (the service builds it), and
+    building it here would load torch in the launcher."""
+    problems = []
+    for name, model in models_to_load(values):
+        if model in TINY_NAMES:
+            continue
+        try:
+            check_model(model)
+        except ModelNotFound as exc:
+            problems.append(f"{section}.{name}: {exc}")
     return problems
 
 
