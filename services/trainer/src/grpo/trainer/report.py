@@ -191,7 +191,7 @@ def report_markdown(summary: dict[str, Any], plots: Sequence[Path]) -> str:
         "",
         f"* held-out accuracy before GRPO (after SFT): **{_pct(summary['eval_accuracy_before'])}**"
         + _judged(summary.get("eval_before_judged"), summary.get("eval_before_problems")),
-        f"* held-out accuracy after GRPO (the last three evaluations, pooled): "
+        f"* held-out accuracy after GRPO (the last three evaluations or fewer, pooled): "
         f"**{_pct(summary['eval_accuracy_after'])}**"
         + _judged(
             summary.get("eval_after_judged"),
