@@ -22,6 +22,7 @@ import redis
 
 from grpo.common.net import free_port
 from grpo.common.queue import GROUPS_GROUP, stream_keys
+from grpo.common.registry import ReplicaRegistry
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.common.weights import weights_checksum
 from grpo.local.procs import spawn
@@ -200,6 +201,8 @@ def test_max_new_tokens_over_a_replicas_cap_is_refused_before_the_first_step(
     assert "max_new_tokens 16 is over what rollout replica(s) cap-r1 (cap 8) generate" in text, text[-4000:]
     assert "Traceback" not in text and "step 0:" not in text  # before any task was published
     assert not (tmp_path / "out" / "final").exists()
+    (said,) = ReplicaRegistry(redis.Redis.from_url(redis_url), "cap").live_replicas()  # what the trainer read
+    assert (said.max_new_tokens_cap, said.max_context) == (8, 512)  # the tiny model's context, from the engine
 
 
 def test_a_final_evaluation_lost_with_the_trainer_is_redone_on_restart(

@@ -32,6 +32,7 @@ class ReplicaInfo:
     tasks_failed: int = 0
     weights_data_port: int = 0  # its weights data port on the same host; 0 = none
     max_new_tokens_cap: int = 0  # the largest max_new_tokens it generates; 0 = not said (an older replica)
+    max_context: int = 0  # prompt + completion tokens its engine holds; 0 = not said
 
 
 def _registry_keys(run: str) -> tuple[str, str]:
@@ -52,6 +53,7 @@ def _parse(raw: dict[bytes, bytes]) -> ReplicaInfo:
         tasks_failed=int(get.get("tasks_failed", "0")),
         weights_data_port=int(get.get("weights_data_port", "0")),
         max_new_tokens_cap=int(get.get("max_new_tokens_cap", "0")),
+        max_context=int(get.get("max_context", "0")),
     )
 
 
@@ -82,6 +84,7 @@ class ReplicaRegistry:
             "tasks_failed": info.tasks_failed,
             "weights_data_port": info.weights_data_port,
             "max_new_tokens_cap": info.max_new_tokens_cap,
+            "max_context": info.max_context,
         }
         pipe = self.client.pipeline(transaction=True)
         pipe.hset(key, mapping=fields)

@@ -98,9 +98,11 @@ class RolloutWorker:
         stats: WorkerStats | None = None,
         on_written: Callable[[bool], None] | None = None,
         broken: Callable[[], str | None] = lambda: None,
+        max_context: int = 0,
     ) -> None:
         self.generate, self.weight_info, self.score = generate, weight_info, score
         self.broken = broken  # why this replica cannot generate now (mixed weights), or None
+        self.max_context = max_context  # the engine's context, said in the registry (the trainer checks prompts)
         self.queue, self.registry = queue, registry
         self.replica_id, self.address, self.options = replica_id, address, options
         self.data_port = data_port
@@ -125,6 +127,7 @@ class RolloutWorker:
             c["failed"],
             self.data_port,
             max_new_tokens_cap=self.options.max_new_tokens_cap,
+            max_context=self.max_context,
         )
         self.registry.heartbeat(info)
         with self._lock:  # held across the touch: a task written meanwhile would look taken over
@@ -425,6 +428,7 @@ def run_worker(service: RolloutService, settings: RolloutSettings, stop_event: t
         stats=WorkerStats(service.metrics.registry),
         on_written=service.record_task,
         broken=lambda: service.broken,
+        max_context=service.engine.max_context,
     )
     log.info(
         "worker %s: run %s on %s, reward service %s",

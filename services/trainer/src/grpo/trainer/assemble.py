@@ -100,24 +100,23 @@ def model_context(model: str) -> int:
 
 def fit_prompts(
     rows: Sequence[PromptRow], prompt_tokens: Callable[[PromptRow], int], settings: TrainerSettings, context: int
-) -> list[PromptRow]:
-    """The rows whose prompt leaves room for max_new_tokens in the model's context. The rollout refuses the others
-    on every epoch (and an evaluation counts them as failed, not wrong): DataError naming the first under
-    `overlong_prompts: error`, left out and counted under `drop`."""
-    if context <= 0:
-        return list(rows)
-    room = context - settings.max_new_tokens
+) -> tuple[list[PromptRow], int]:
+    """The rows whose prompt leaves room for max_new_tokens in the model's context, and the longest of their
+    prompts in tokens. The rollout refuses the others on every epoch (and an evaluation counts them as failed, not
+    wrong): DataError naming the first under `overlong_prompts: error`, left out and counted under `drop`."""
     lengths = [prompt_tokens(row) for row in rows]
+    room = context - settings.max_new_tokens if context > 0 else max(lengths, default=0)
     over = [(row, n) for row, n in zip(rows, lengths, strict=True) if n > room]
     if not over:
-        return list(rows)
+        return list(rows), max(lengths, default=0)
     first, n = over[0]
     what = (f"{len(over)} of {len(rows)} prompts (the first: {first.where}, {n} tokens) leave no room for "
             f"max_new_tokens {settings.max_new_tokens} in the model's context of {context} tokens")  # fmt: skip
     if settings.overlong_prompts == "error" or len(over) == len(rows):
         raise DataError(f"{what}: shorten them, lower max_new_tokens, or set overlong_prompts: drop to leave them out")
     log.warning("%s: left out (overlong_prompts: drop)", what)
-    return [row for row, n in zip(rows, lengths, strict=True) if n <= room]
+    kept = [(row, n) for row, n in zip(rows, lengths, strict=True) if n <= room]
+    return [row for row, _ in kept], max(n for _, n in kept)
 
 
 def check_reward_weights(spec: TaskSpec, rows: Sequence[PromptRow]) -> None:

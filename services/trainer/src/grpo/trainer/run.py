@@ -104,10 +104,12 @@ class GrpoRun:
         def prompt_tokens(row: PromptRow) -> int:
             return len(encode_prompt(tokenizer, row, s.apply_chat_template))
 
-        self.rows = fit_prompts(load_rows(s.train_data), prompt_tokens, s, context)
+        self.rows, longest = fit_prompts(load_rows(s.train_data), prompt_tokens, s, context)
         check_step_credit(s, self.algo, self.rows)
-        held_out = fit_prompts(load_rows(s.eval_data), prompt_tokens, s, context) if s.eval_data else []
+        held_out, longest_held_out = fit_prompts(load_rows(s.eval_data), prompt_tokens, s, context) if s.eval_data \
+            else ([], 0)  # fmt: skip
         self.eval_rows = eval_rows(held_out, s.eval_size)
+        self.longest_prompt = max(longest, longest_held_out)  # what every replica's context must hold
         check_reward_weights(self.spec, [*self.rows, *self.eval_rows])  # eval tasks carry the weights too
         client = connect(s.redis_url)
         self.queue = RunQueue(client, s.run_id)
@@ -257,7 +259,7 @@ class GrpoRun:
             self.control.stop_event.wait(0.5)
             live = self._live()
         self.waiting.done()
-        check_replica_caps(live, self.s.max_new_tokens)
+        check_replica_caps(live, self.s.max_new_tokens, self.longest_prompt)
         newest = max([r.weight_version for r in live], default=0)
         # Above every version ever pushed from this output dir, not only the live replicas': restarted with the
         # trainer, they report 0, and the lost lineage's first version would be reused, its groups trained as
@@ -614,14 +616,24 @@ class GrpoRun:
                 "in_flight": a.n_in_flight, "duplicates": a.duplicates, "superseded": a.superseded}  # fmt: skip
 
 
-def check_replica_caps(live: list[ReplicaInfo], max_new_tokens: int) -> None:
-    """RunError naming each replica that would refuse every task because the run's max_new_tokens is over its
-    cap: said at start-up, not after `max_failed_steps` steps of failed groups. (0: a replica that does not say.)"""
+def check_replica_caps(live: list[ReplicaInfo], max_new_tokens: int, longest_prompt: int = 0) -> None:
+    """RunError naming each replica that would refuse tasks: the run's max_new_tokens over its cap, or the longest
+    prompt with max_new_tokens past its engine's context (vLLM's --max-model-len may be below the model's). Said
+    at start-up, not after `max_failed_steps` steps of failed groups. (0: a replica that does not say.)"""
     short = [f"{r.replica_id} (cap {r.max_new_tokens_cap})" for r in live if 0 < r.max_new_tokens_cap < max_new_tokens]
     if short:
         raise RunError(
             f"max_new_tokens {max_new_tokens} is over what rollout replica(s) {', '.join(short)} generate: lower "
             "max_new_tokens, or start the rollout service with a larger --max-new-tokens-cap"
+        )
+    need = longest_prompt + max_new_tokens
+    small = [f"{r.replica_id} ({r.max_context})" for r in live if 0 < r.max_context < need]
+    if small:
+        raise RunError(
+            f"the longest prompt ({longest_prompt} tokens) with max_new_tokens {max_new_tokens} needs a context of "
+            f"{need} tokens, more than rollout replica(s) {', '.join(small)} hold: raise the rollout's context "
+            "(vLLM: --vllm-max-model-len), lower max_new_tokens, or leave long prompts out (overlong_prompts: drop "
+            "drops only those past the model's own context)"
         )
 
 
