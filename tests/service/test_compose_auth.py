@@ -37,7 +37,7 @@ ADDRESSES = ("GRPO_CACHE_DIR", "HF_HOME", "GRPO_ROLLOUT_REDIS_URL", "GRPO_ROLLOU
 
 def addition_task(task_id: str) -> queue_pb2.PromptTask:
     return queue_pb2.PromptTask(
-        task_id=task_id, policy_version=5, prompt=rollout_pb2.Prompt(text="002+003="), task_type="math",
+        task_id=task_id, policy_version=0, prompt=rollout_pb2.Prompt(text="002+003="), task_type="math",
         checks=reward_pb2.Checks(math=reward_pb2.MathCheck(gold="5"), format=reward_pb2.FormatCheck()),
         sampling=rollout_pb2.SamplingParams(n=2, temperature=1.0, max_new_tokens=16, seed=1),
     )  # fmt: skip

@@ -80,7 +80,7 @@ def worker(service: RolloutService, redis_url: str, reward_addr: str, replica_id
 def math_task(task_id: str, a: int, b: int, *, n: int = 4, text: str | None = None) -> queue_pb2.PromptTask:
     return queue_pb2.PromptTask(
         task_id=task_id,
-        policy_version=7,
+        policy_version=0,  # what a fresh replica holds: no trainer pushes in these tests
         prompt=rollout_pb2.Prompt(text=text or f"What is {a} + {b}? Answer inside <answer></answer>."),
         checks=reward_pb2.Checks(math=reward_pb2.MathCheck(gold=str(a + b)), format=reward_pb2.FormatCheck()),
         sampling=rollout_pb2.SamplingParams(n=n, temperature=1.0, max_new_tokens=24, seed=1),

@@ -235,11 +235,10 @@ def test_a_final_evaluation_lost_with_the_trainer_is_redone_on_restart(
     assert "evaluating its checkpoint again" in (tmp_path / "trainer-2.log").read_text()
 
 
-def test_evaluation_counts_only_groups_from_the_evaluated_weights(
-    tmp_path: Path, redis_url: str, rollout_for: Any
-) -> None:
-    """A replica on other weights (restarted onto the model from disk, or not pushed yet) answers eval tasks:
-    its groups must not be reported as policy version 1's accuracy. They are asked again after a push."""
+def test_evaluation_waits_for_the_evaluated_weights(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
+    """A replica on other weights (restarted onto the model from disk, or not pushed yet) takes no eval task
+    published under weights it lacks: nothing it makes is reported as policy version 1's accuracy. The waiting
+    evaluation has the trainer push (sync_replicas), and the replica answers with version 1."""
     from grpo.common.queue import RunQueue
     from grpo.trainer.consumer import GroupReader
     from grpo.trainer.data import load_rows
@@ -254,20 +253,55 @@ def test_evaluation_counts_only_groups_from_the_evaluated_weights(
     spec = TaskSpec(group_size=4, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8, stop=("e",),
                     reward_weights=(("math", 1.0),), apply_chat_template=False)  # fmt: skip
     pushes: list[int] = []
+    calls = 0
 
     def push() -> None:  # what the trainer's _sync_replicas does for a replica that lacks the version
-        if replica_status(rollout.address).weight_version < 1:
+        nonlocal calls
+        calls += 1
+        if calls >= 3 and replica_status(rollout.address).weight_version < 1:  # after ~1 s of waiting
             tensors = load_weights(ensure_tiny_model())
             pushes.append(sum(r.ok for r in push_to_replicas([ReplicaTarget("ev-r1", rollout.address)], tensors, 1)))
 
     metrics = evaluate(
         GroupReader(queue, "trainer"), rows, spec, run_id="ev", round_id="0", policy_version=1, temperature=0.0,
-        timeout_s=120, on_wrong_weights=push,
+        timeout_s=120, sync_replicas=push,
     )  # fmt: skip
-    assert pushes == [1], pushes  # the first wrong group triggered one push
-    assert metrics["eval/wrong_weights"] >= 1
+    assert pushes == [1], pushes  # the waiting evaluation pushed once
+    assert metrics["eval/wrong_weights"] == 0  # nothing was made with version 0's weights
     assert (metrics["eval/completed"], metrics["eval/missing"], metrics["eval/failed"]) == (3, 0, 0)
     assert replica_status(rollout.address).weight_version == 1
+    assert "taking tasks again" in rollout.log_text()  # the replica said it waited, and for what
+
+
+def test_a_replica_restarted_mid_run_gets_the_weights_before_a_task(
+    tmp_path: Path, redis_url: str, rollout_for: Any
+) -> None:
+    """SIGKILLed and started again under its id, one step off-policy: the new process holds the model from disk.
+    It used to make a step or two of groups with it, all dropped as stale (their prompts never trained, steps with
+    no update), while the trainer kept the old process's confirmation. Now it takes no task published under
+    weights it lacks, and the trainer pushes to the new incarnation while it waits for groups."""
+    first = rollout_for("rs")
+    config = trainer_config(tmp_path, "rs", redis_url, steps=10, max_staleness=1)
+    log = tmp_path / "trainer.log"
+    proc = start_trainer(config, log)
+    out = tmp_path / "out"
+    try:
+        wait_for(lambda: any(r["step"] >= 3 for r in read_metrics(out)), 120, "step 3", proc, log)
+        first.proc.kill()
+        first.proc.wait()
+        second = rollout_for("rs")
+        assert proc.wait(timeout=240) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == list(range(1, 11))
+    assert rows[-1]["tasks/dropped/stale"] == 0 and all(r["groups/stale"] == 0 for r in rows), [
+        (r["step"], r["groups/stale"]) for r in rows]  # fmt: skip
+    assert rows[-1]["tasks/balanced"] == 1.0
+    from grpo.trainer.pusher import replica_status
+
+    assert replica_status(second.address).weight_version == rows[-1]["policy_version"]  # the new one was pushed to
 
 
 def test_status_api_checkpoint_and_sigterm(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:

@@ -33,6 +33,7 @@ class ReplicaInfo:
     weights_data_port: int = 0  # its weights data port on the same host; 0 = none
     max_new_tokens_cap: int = 0  # the largest max_new_tokens it generates; 0 = not said (an older replica)
     max_context: int = 0  # prompt + completion tokens its engine holds; 0 = not said
+    incarnation: str = ""  # new at each start of the replica's process: a restart under the same id is a new one
 
 
 def _registry_keys(run: str) -> tuple[str, str]:
@@ -54,6 +55,7 @@ def _parse(raw: dict[bytes, bytes]) -> ReplicaInfo:
         weights_data_port=int(get.get("weights_data_port", "0")),
         max_new_tokens_cap=int(get.get("max_new_tokens_cap", "0")),
         max_context=int(get.get("max_context", "0")),
+        incarnation=get.get("incarnation", ""),
     )
 
 
@@ -85,6 +87,7 @@ class ReplicaRegistry:
             "weights_data_port": info.weights_data_port,
             "max_new_tokens_cap": info.max_new_tokens_cap,
             "max_context": info.max_context,
+            "incarnation": info.incarnation,
         }
         pipe = self.client.pipeline(transaction=True)
         pipe.hset(key, mapping=fields)

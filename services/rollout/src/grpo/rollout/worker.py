@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -45,6 +46,8 @@ LOOP_RETRY = RetryPolicy(base_s=0.5, cap_s=10.0)  # the read loop: forever, rese
 BATCH_RETRY = RetryPolicy(base_s=0.5, cap_s=5.0)  # one task that failed to generate (attempts from settings)
 WRITE_RETRY = RetryPolicy(base_s=0.5, cap_s=5.0, attempts=5)  # append + ack through a short Redis outage
 BROKEN_WAIT_S = 1.0  # how often a replica with mixed weights looks again (a complete push repairs it)
+BEHIND_WAIT_S = 0.5  # how often a replica behind the tasks' weights looks again (the trainer's push brings it up)
+BEHIND_REPORT_S = 15.0  # how often it says so
 
 Scorer = Callable[[list[reward_pb2.ScoreItem]], list[reward_pb2.ScoreResult]]
 OUTCOMES = ("done", "failed", "reclaimed", "dropped", "invalid", "redis_errors")
@@ -103,6 +106,10 @@ class RolloutWorker:
         self.generate, self.weight_info, self.score = generate, weight_info, score
         self.broken = broken  # why this replica cannot generate now (mixed weights), or None
         self.max_context = max_context  # the engine's context, said in the registry (the trainer checks prompts)
+        self.incarnation = uuid.uuid4().hex  # this process's start: the trainer pushes again to a restarted replica
+        self._wanted_version = 0  # the newest policy version of a task put back for want of its weights
+        self._behind_since: float | None = None
+        self._behind_said = 0.0
         self.queue, self.registry = queue, registry
         self.replica_id, self.address, self.options = replica_id, address, options
         self.data_port = data_port
@@ -122,12 +129,13 @@ class RolloutWorker:
             self.address,
             version,
             checksum,
-            time.time(),
-            c["done"],
-            c["failed"],
-            self.data_port,
+            heartbeat=time.time(),
+            tasks_done=c["done"],
+            tasks_failed=c["failed"],
+            weights_data_port=self.data_port,
             max_new_tokens_cap=self.options.max_new_tokens_cap,
             max_context=self.max_context,
+            incarnation=self.incarnation,
         )
         self.registry.heartbeat(info)
         with self._lock:  # held across the touch: a task written meanwhile would look taken over
@@ -192,7 +200,7 @@ class RolloutWorker:
                 try:
                     if first:
                         self.queue.ensure_groups()
-                    if self._paused(stop_event):
+                    if self._paused(stop_event) or self._behind(stop_event):
                         continue
                     entries = self._next_entries(own_pending=first)
                     first = False
@@ -236,6 +244,39 @@ class RolloutWorker:
         stop_event.wait(BROKEN_WAIT_S)
         return True
 
+    def _behind(self, stop_event: threading.Event) -> bool:
+        """Take no task while our weights are older than those of a task we put back: a replica that joins or
+        restarts mid-run holds the model from disk until the trainer's push (which comes as soon as the registry
+        shows it), and every group it made before would be dropped as stale, its prompt never trained."""
+        version = self.weight_info()[0]
+        if version >= self._wanted_version:
+            if self._behind_since is not None:
+                log.info("weights v%d arrived after %.1fs: taking tasks again", version,
+                         time.monotonic() - self._behind_since)  # fmt: skip
+                self._behind_since = None
+            return False
+        now = time.monotonic()
+        if self._behind_since is None:
+            self._behind_since = now
+        if now - self._behind_said >= BEHIND_REPORT_S:
+            self._behind_said = now
+            log.info("holding weights v%d, the run's tasks are published under v%d: waiting for the trainer's push "
+                     "(%.0fs so far)", version, self._wanted_version, now - self._behind_since)  # fmt: skip
+        stop_event.wait(BEHIND_WAIT_S)
+        return True
+
+    def _put_back_newer(self, entries: list[Entry[queue_pb2.PromptTask]]) -> list[Entry[queue_pb2.PromptTask]]:
+        """The entries our weights can serve; those published under newer weights go back to the group at once
+        (another replica takes them, or we do once the push has come) and set the version `_behind` waits for."""
+        version = self.weight_info()[0]
+        newer = {e.entry_id: e.message.policy_version for e in entries
+                 if e.message is not None and e.message.policy_version > version}  # fmt: skip
+        if not newer:
+            return entries
+        self._wanted_version = max(newer.values())
+        self._release(list(newer))
+        return [e for e in entries if e.entry_id not in newer]
+
     def _next_entries(self, own_pending: bool) -> list[Entry[queue_pb2.PromptTask]]:
         """Our own unacked tasks after a restart, then dead replicas' tasks, then new ones."""
         n = self.options.worker_batch_tasks
@@ -263,6 +304,7 @@ class RolloutWorker:
                 self._write(entry, failed_record(entry.message, self.replica_id, error))
             else:
                 valid.append(entry)
+        valid = self._put_back_newer(valid)
         ids = [e.entry_id for e in valid]
         self._lease(ids, hold=True)
         finished = False

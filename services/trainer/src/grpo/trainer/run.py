@@ -78,6 +78,7 @@ T = TypeVar("T")
 REDIS_RETRY = RetryPolicy(base_s=0.5, cap_s=5.0)  # every Redis call of the loop; deadline_s is redis_outage_s
 # A step's push counts when it pushed nothing: logged every step, as the triage counts (see _collect).
 NO_PUSHES = {"push/ok": 0.0, "push/failed": 0.0, "push/bytes_sent": 0.0}
+RESYNC_S = 2.0  # while groups are awaited, how often the registry is read for replicas that lack the weights
 
 
 def evaluation_due(step: int, s: TrainerSettings) -> bool:
@@ -175,7 +176,10 @@ class GrpoRun:
             (r["step"], r["eval/accuracy"]) for r in read_metrics(s.output_dir / "metrics.jsonl")
             if "eval/accuracy" in r and r["step"] <= self.step
         ))  # fmt: skip
-        self.confirmed: dict[str, int] = {}  # replica id -> version it confirmed (push reply)
+        # replica id -> (its incarnation, the version it confirmed in a push reply): a replica restarted under the
+        # same id is a new incarnation, back on the model from disk, and is pushed to again.
+        self.confirmed: dict[str, tuple[str, int]] = {}
+        self.synced_at = 0.0  # when _resync last looked for replicas that lack the current weights
         self.push_stats: dict[str, float] = {}
         self.last_checkpoint_step = self.step if path is not None else -1
 
@@ -277,7 +281,7 @@ class GrpoRun:
         targets = [
             ReplicaTarget(r.replica_id, r.address, r.weights_data_port)
             for r in live
-            if r.weight_version < self.version and self.confirmed.get(r.replica_id) != self.version
+            if r.weight_version < self.version and self.confirmed.get(r.replica_id) != (r.incarnation, self.version)
         ]
         if not targets:
             return 0.0
@@ -290,11 +294,13 @@ class GrpoRun:
             mode=push_mode(self.s.weight_push, len(targets)), fanout=self.s.relay_fanout,
             broadcaster=self.broadcaster, send_rate_mb_s=self.s.weights_send_rate_mb_s,
         )  # fmt: skip
+        incarnations = {r.replica_id: r.incarnation for r in live}
         for r in results:
             if r.ok:
-                self.confirmed[r.replica_id] = r.version
+                self.confirmed[r.replica_id] = (incarnations.get(r.replica_id, ""), r.version)
         # Judged over every live replica, not this call's targets: one that took the version earlier serves it.
-        if not any(r.weight_version >= self.version or self.confirmed.get(r.replica_id) == self.version for r in live):
+        if not any(r.weight_version >= self.version or self.confirmed.get(r.replica_id) == (r.incarnation, self.version)
+                   for r in live):  # fmt: skip
             log.error("no replica accepted version %d; its groups will be dropped as stale until one does",
                       self.version)  # fmt: skip
         for key, value in (  # summed: a step may push twice (before collecting, after training)
@@ -304,6 +310,14 @@ class GrpoRun:
         ):
             self.push_stats[key] = self.push_stats.get(key, 0.0) + float(value)
         return time.monotonic() - started
+
+    def _resync(self) -> None:
+        """While groups are awaited, push to replicas that joined or restarted since the step began (every
+        RESYNC_S): they take no task published under weights they lack, so without it they would idle until the
+        step's end, or, the only replica, stall the run."""
+        if time.monotonic() - self.synced_at >= RESYNC_S:
+            self.synced_at = time.monotonic()
+            self._sync_replicas()
 
     # ---- publishing and collecting ---------------------------------------------------------------
     def _admit(self) -> None:
@@ -348,6 +362,7 @@ class GrpoRun:
                     self._on_resolved(quota, "timeout")
             entry = self._retry(lambda: self.reader.next(block_ms=500), "reading groups")
             if entry is None:
+                self._resync()
                 self.waiting.tick(f"step {self.step}: waiting for groups, {len(kept)} of {quota.need} kept, "
                                   f"{self.acct.n_in_flight - len(kept)} task(s) in flight")  # fmt: skip
                 continue
@@ -565,7 +580,7 @@ class GrpoRun:
                 self.reader, self.eval_rows, self.spec, run_id=self.s.run_id,
                 round_id=f"{self.step}x{uuid.uuid4().hex[:6]}", policy_version=self.version,
                 temperature=self.s.eval_temperature, timeout_s=self.s.eval_timeout_s,
-                should_stop=lambda: self.control.stopping, on_wrong_weights=self._sync_replicas,
+                should_stop=lambda: self.control.stopping, sync_replicas=self._resync,
             )  # fmt: skip
         finally:
             self.control.update(phase="grpo")
