@@ -41,6 +41,7 @@ torch.set_num_threads(1)
 
 from grpo.trainer.checkpoint import load_checkpoint, save_checkpoint
 from grpo.trainer.learner import Learner, LearnerConfig, TrainableSample
+from grpo.trainer.ranks import leave_process_group
 
 stage, offload, out = int(sys.argv[1]), sys.argv[2] == "1", Path(sys.argv[3])
 cfg = LearnerConfig(backend="deepspeed", zero_stage=stage, offload_optimizer=offload, lr=1e-3, micro_batch_size=2,
@@ -84,7 +85,8 @@ if torch.distributed.get_rank() == 0:
     (out / "result.json").write_text(json.dumps(result))
 del learner  # an engine left alive past destroy_process_group can abort the interpreter at exit
 gc.collect()
-resumed.close()
+resumed.close()  # the engine; the process group stays until the process leaves it
+leave_process_group()
 """
 
 
@@ -98,6 +100,7 @@ torch.set_num_threads(1)
 from grpo.trainer.learner import Learner, LearnerConfig, TrainableSample
 from grpo.trainer.learner.batch import build_micro_batches
 from grpo.trainer.learner.policy import forward_logprobs, load_causal_lm
+from grpo.trainer.ranks import leave_process_group
 
 out = Path(sys.argv[1])
 cfg = LearnerConfig(backend="deepspeed", zero_stage=2, precision="bf16", lr=1e-3, micro_batch_size=2, beta=0.1)
@@ -119,6 +122,7 @@ result = {
 if torch.distributed.get_rank() == 0:
     out.write_text(json.dumps(result))
 learner.close()
+leave_process_group()
 """
 
 
@@ -211,3 +215,67 @@ def test_an_all_masked_batch_makes_no_update_on_any_rank(tmp_path: Path) -> None
     r = run_source(MASKED_WORKER, tmp_path)
     assert (r["skip"], r["skip_version"], r["step1_version"], r["version3"]) == (1.0, 1.0, 1.0, 2.0), r
     assert r["unchanged_by_skip"] and r["moved_after"] and r["ranks_equal"], r
+
+
+RESIZE_WORKER = r"""
+import json, sys
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+from grpo.trainer.checkpoint import load_checkpoint, save_checkpoint
+from grpo.trainer.learner import Learner, LearnerConfig, TrainableSample
+from grpo.trainer.ranks import leave_process_group
+
+mode, root = sys.argv[1], Path(sys.argv[2])
+cfg = LearnerConfig(backend="deepspeed", zero_stage=3, offload_optimizer=True, lr=1e-2, micro_batch_size=2,
+                    lr_schedule="cosine", total_steps=10)
+batch = [TrainableSample([5 + i, 6, 7], [8 + i, 9], advantage=(-1.0) ** i, group_id=str(i // 2)) for i in range(4)]
+learner = Learner(cfg)
+def weights():
+    return {k: v.double() for k, v in learner.state_dict_for_push().items()}
+def gap(a, b):
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+if mode == "save":
+    for _ in range(3):
+        learner.step(batch)
+    save_checkpoint(root, learner, step=3)
+    if torch.distributed.get_rank() == 0:
+        torch.save(weights(), root / "trained.pt")
+        (root / "lr.json").write_text(json.dumps(learner.backend.lr()))
+    else:
+        weights()
+else:
+    fresh = weights()
+    load_checkpoint(root / "step-00000003", learner)
+    restored, loaded_lr = weights(), learner.backend.lr()
+    learner.step(batch)
+    stepped = weights()
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, sorted((k, float(v.sum())) for k, v in stepped.items()))
+    if torch.distributed.get_rank() == 0:
+        trained = torch.load(root / "trained.pt")
+        (root / "result.json").write_text(json.dumps({
+            "world": torch.distributed.get_world_size(), "restored_gap": gap(restored, trained),
+            "trained_from_fresh": gap(trained, fresh), "step_gap": gap(stepped, restored),
+            "ranks_equal": all(g == gathered[0] for g in gathered),
+            "lr": loaded_lr, "saved_lr": json.loads((root / "lr.json").read_text())}))
+learner.close()
+leave_process_group()
+"""
+
+
+def test_zero3_checkpoint_resumes_on_more_ranks(tmp_path: Path) -> None:
+    """A ZeRO-3 (optimizer offload) checkpoint of 1 rank loaded on 2: ZeRO cannot re-cut its optimizer shards for
+    another number of ranks (it raised ZeRORuntimeException), so the weights (partitioned from the full model/) and
+    the LR schedule load and AdamW starts afresh. The next step starts from the restored weights on every rank: the
+    optimizer's fp32 partitions were refilled (else it would step from the fresh model's)."""
+    script = tmp_path / "worker.py"
+    script.write_text(RESIZE_WORKER)
+    torchrun(script, "save", str(tmp_path), ranks=1)
+    torchrun(script, "load", str(tmp_path), ranks=2)
+    r = json.loads((tmp_path / "result.json").read_text())
+    assert r["world"] == 2 and r["ranks_equal"], r
+    assert r["restored_gap"] < 1e-6, r
+    # Adam's first step moves a weight by at most about lr (≤ 1e-2); three steps from the fresh model moved them ~3e-2
+    assert r["step_gap"] < 0.011 < 0.015 < r["trained_from_fresh"], r
+    assert r["lr"] == pytest.approx(r["saved_lr"], rel=1e-9), r  # the schedule goes on where it was

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from grpo.common.logs import setup_logging
-from grpo.common.settings import exit_on_invalid_settings
+from grpo.common.settings import InvalidSettings, exit_on_invalid_settings
 from grpo.common.tiny_model import check_model
 from grpo.trainer.config import TrainerSettings, parse_settings
 
@@ -14,9 +14,13 @@ def main(argv: list[str] | None = None) -> None:
         setup_logging(settings.log_level, settings.json_logs)
     from grpo.common.ports import check_ports
     from grpo.trainer.control import RunControl
-    from grpo.trainer.ranks import env_rank
+    from grpo.trainer.ranks import env_rank, env_world_size, single_process_backend_problem
     from grpo.trainer.service import install_signal_handlers, quiet_deepspeed_on_cpu, serve
 
+    with exit_on_invalid_settings("grpo-trainer"):  # on every rank, before any of them loads a model
+        problem = single_process_backend_problem(run_backends(settings), env_world_size())
+        if problem:
+            raise InvalidSettings(problem)
     if env_rank() == 0:  # only rank 0 serves; a taken port is said before torch loads
         check_ports(settings, "grpc_port", "http_port")
     quiet_deepspeed_on_cpu()  # imports torch; before check_models, which may build (and save) the tiny model
@@ -26,6 +30,11 @@ def main(argv: list[str] | None = None) -> None:
     control = RunControl(settings.run_id, settings.steps)
     install_signal_handlers(control)
     raise SystemExit(serve(settings, control))
+
+
+def run_backends(settings: TrainerSettings) -> list[str]:
+    """The training backend of the run, or of each of its stages (a stage may name its own)."""
+    return [str(stage.get("backend", settings.backend)) for stage in settings.stages] or [settings.backend]
 
 
 def check_models(settings: TrainerSettings) -> None:

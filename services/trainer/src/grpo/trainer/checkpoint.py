@@ -119,7 +119,13 @@ def save_checkpoint(
     torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
     backend.barrier()
     if rank == 0:
-        state = {"step": step, "data_cursor": data_cursor, "inflight": inflight or {}, "learner": learner_state}
+        state = {
+            "step": step,
+            "data_cursor": data_cursor,
+            "inflight": inflight or {},
+            "learner": learner_state,
+            "world_size": backend.world_size,  # ZeRO's optimizer shards load on as many ranks only
+        }
         if outcomes is not None:
             state["outcomes"] = outcomes
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
@@ -140,7 +146,8 @@ def load_checkpoint(path: Path | str, learner: Checkpointable) -> CheckpointInfo
     if not state_file.is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {STATE_FILE})")
     state = json.loads(state_file.read_text())
-    learner.load_state(path, state["learner"])
+    # None: a checkpoint from before the world size was recorded (the backend then counts its shards)
+    learner.load_state(path, {**state["learner"], "saved_world_size": state.get("world_size")})
     rank = learner.backend.rank
     rng_file = path / f"rng_rank{rank}.pt"
     if not rng_file.exists():

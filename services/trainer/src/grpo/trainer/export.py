@@ -23,17 +23,19 @@ def load_tokenizer(model: str) -> Any:
 
 
 def save_final_model(learner: Learner, model: str, folder: Path) -> None:
-    """save_pretrained of the trained weights and the original tokenizer into `folder` (rank 0 only).
+    """save_pretrained of the trained weights and the original tokenizer into `folder`.
 
-    Written beside it and renamed in, so `folder` exists only complete: its presence is what marks a run
-    finished (a trainer killed while writing it writes it again on restart)."""
+    Every rank calls it: under ZeRO-3 gathering the weights is collective (a rank 0 gathering alone waits
+    forever); rank 0 alone writes. Written beside `folder` and renamed in, so `folder` exists only complete:
+    its presence is what marks a run finished (a trainer killed while writing it writes it again on restart)."""
+    state = learner.state_dict_for_push()
     if learner.backend.rank != 0:
         return
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)  # what a killed trainer left half-written
     tmp.mkdir(parents=True)
     target: Any = learner.model.module if hasattr(learner.model, "module") else learner.model
-    target.save_pretrained(tmp, state_dict=learner.state_dict_for_push(), safe_serialization=True)
+    target.save_pretrained(tmp, state_dict=state, safe_serialization=True)
     load_tokenizer(model).save_pretrained(tmp)
     shutil.rmtree(folder, ignore_errors=True)  # an older final model (a run trained further) is replaced
     tmp.rename(folder)

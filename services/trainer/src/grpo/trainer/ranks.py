@@ -26,6 +26,38 @@ def env_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def env_world_size() -> int:
+    """The number of ranks torchrun / the deepspeed launcher started (1 when launched alone)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def single_process_backend_problem(backends: list[str], world_size: int) -> str | None:
+    """Why a run with these backends (the run's, or each stage's) cannot run on `world_size` ranks (else None).
+
+    Only DeepSpeed shares the work between ranks; each torch-backend rank would build a model of its own,
+    and followers (which mirror rank 0 over the process group only DeepSpeed sets up) would crash.
+    """
+    if world_size <= 1 or all(b == "deepspeed" for b in backends):
+        return None
+    return (
+        f"backend torch trains on one process, but this is rank {env_rank()} of {world_size} "
+        f"(WORLD_SIZE={world_size}): use --backend deepspeed to train on several ranks, "
+        "or launch one process (--nproc-per-node 1, or without torchrun)"
+    )
+
+
+def leave_process_group() -> None:
+    """Destroy the default process group, once, at the end of the process (every rank).
+
+    Not between the stages of a staged run: a rank that destroyed it would wait at the next stage's
+    rendezvous for ranks that kept theirs (DeepSpeed's init_distributed reuses an existing group).
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _broadcast(command: tuple[Any, ...] | None) -> tuple[Any, ...]:
     import torch.distributed as dist
 
@@ -80,10 +112,12 @@ class RankDriver:
         save_final_model(self.learner, self.model, folder)
 
     def close(self) -> None:
-        """Release the followers (idempotent)."""
+        """Release the followers, then this rank's engine (idempotent; the process group stays: see
+        leave_process_group)."""
         if self.world > 1:
             self._announce("exit")
             self.world = 1
+        self.learner.close()
 
 
 def follow(learner: Learner, model: str) -> None:

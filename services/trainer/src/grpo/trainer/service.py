@@ -22,7 +22,7 @@ from grpo.trainer.errors import RunError
 from grpo.trainer.export import final_model_saved
 from grpo.trainer.grpc_api import register
 from grpo.trainer.http_api import http_routes
-from grpo.trainer.ranks import env_rank
+from grpo.trainer.ranks import env_rank, leave_process_group
 from grpo.trainer.report import evaluated, last_row_at
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,14 @@ def serve(settings: TrainerSettings, control: RunControl | None = None) -> int:
 
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-    if env_rank() > 0:
-        return follow_rank(settings)
+    try:
+        return follow_rank(settings) if env_rank() > 0 else lead(settings, control)
+    finally:
+        leave_process_group()  # once per process: the stages of a staged run share the group
+
+
+def lead(settings: TrainerSettings, control: RunControl | None) -> int:
+    """Rank 0 (or the only process): the APIs up, the run in this thread; returns the process exit code."""
     control = control or RunControl(settings.run_id, settings.steps)
     registry = CollectorRegistry()
     grpc_server = GrpcServer(
@@ -202,7 +208,7 @@ def save_final_from(s: TrainerSettings, control: RunControl, path: Path) -> None
         learner.load(path)
         learner.save_final(s.output_dir / "final")
     finally:
-        learner.close()  # releases the follower ranks, which mirror the load and the save
+        learner.close()  # releases the follower ranks, which mirror the load and the save, and the engine
     control.update(phase="done")
 
 
@@ -216,6 +222,8 @@ def follow_rank(settings: TrainerSettings) -> int:
         for stage in plan_stages(settings):
             if read_outcome(stage) is None:
                 follow_rank(stage.settings)
+                if not final_model_saved(stage.folder / "final"):
+                    return 0  # rank 0 stopped inside the stage (it writes final/ before releasing us)
         return 0
     if finished_run(settings):  # rank 0 says so and returns without a collective call
         return 0

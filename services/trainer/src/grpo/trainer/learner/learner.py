@@ -293,7 +293,9 @@ class Learner:
         return {"version": self.version, "updates": self.updates}
 
     def load_state(self, directory: Path, state: dict[str, Any]) -> None:
-        self.backend.load(directory)
+        """Restore what save_state wrote; state["saved_world_size"] (load_checkpoint adds it): the ranks that wrote
+        it, as ZeRO's optimizer shards load only on as many (see DeepSpeedBackend.load)."""
+        self.backend.load(directory, state.get("saved_world_size"))
         self.version = int(state["version"])
         self.updates = int(state.get("updates", self.version))  # checkpoints before `updates`: the old pacing
         if self.ref_model is not None:

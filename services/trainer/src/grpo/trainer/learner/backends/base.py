@@ -43,8 +43,8 @@ class Backend(ABC):
         """Model (HF safetensors under directory/model), optimizer and scheduler into an existing folder."""
 
     @abstractmethod
-    def load(self, directory: Path) -> None:
-        """Restore what `save` wrote."""
+    def load(self, directory: Path, saved_world_size: int | None = None) -> None:
+        """Restore what `save` wrote; `saved_world_size`: the ranks that wrote it (None: not recorded)."""
 
     @abstractmethod
     def full_state_dict(self) -> dict[str, Tensor]:
@@ -67,4 +67,4 @@ class Backend(ABC):
         """Wait for every rank (no-op on one process)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
-        """Release process-group resources."""
+        """Release the engine's resources (not the process group: see grpo.trainer.ranks.leave_process_group)."""

@@ -142,6 +142,7 @@ class DeepSpeedBackend(Backend):
             lr_scheduler=scheduler,
         )
         self.model = self.engine
+        self._closed = False
 
     def backward(self, loss: Tensor, *, last_micro_batch: bool) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)
@@ -162,12 +163,50 @@ class DeepSpeedBackend(Backend):
         if self.rank == 0:
             self.engine.module.save_pretrained(directory / "model", state_dict=state, safe_serialization=True)
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, saved_world_size: int | None = None) -> None:
+        saved = saved_world_size or saved_ranks(directory / "deepspeed" / CHECKPOINT_TAG)
+        if saved is not None and saved != self.world_size:
+            self._load_weights_only(directory, saved)
+            return
         path, _ = self.engine.load_checkpoint(
             str(directory / "deepspeed"), tag=CHECKPOINT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
         )
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory / 'deepspeed'}")
+
+    def _load_weights_only(self, directory: Path, saved: int) -> None:
+        """Resume on another number of ranks: the weights (model/) and the LR schedule; AdamW starts afresh.
+
+        ZeRO's optimizer shards are cut for the world size that wrote them and DeepSpeed refuses them on any
+        other (ZeRORuntimeException); its universal-checkpoint conversion is an offline step of its own. The
+        full weights are in model/ (HF safetensors) and the schedule in rank 0's model-states file.
+        """
+        import deepspeed
+
+        from grpo.trainer.learner.backends.torch_backend import load_model_weights
+
+        log.warning("checkpoint %s was saved on %d rank(s) and this run has %d: ZeRO cannot re-cut its optimizer "
+                    "state for another number of ranks, so the weights (%s) and the LR schedule are restored and "
+                    "AdamW's moments start again from zero; resume on %d rank(s) to keep them",
+                    directory, saved, self.world_size, directory / "model", saved)  # fmt: skip
+        module = self.engine.module
+        gather = (  # modifier_rank=0: rank 0's copy is what every rank's partition gets on exit
+            deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=0)
+            if self.stage == 3
+            else contextlib.nullcontext()
+        )
+        with gather, torch.no_grad():
+            load_model_weights(module, directory / "model")
+        # the optimizer steps its own fp32 copy of each rank's partition: refill it from the loaded weights
+        self.engine.optimizer._restore_from_bit16_weights()
+        states = model_states_file(directory / "deepspeed" / CHECKPOINT_TAG)
+        scheduler = self.engine.lr_scheduler
+        if states is None or scheduler is None:
+            log.warning("no LR scheduler state in %s: the schedule starts again", directory)
+            return
+        scheduler.load_state_dict(torch.load(states, map_location="cpu", weights_only=False)["lr_scheduler"])
+        for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+            group["lr"] = lr  # the optimizer's groups were saved with it; a fresh one holds the first step's rate
 
     def full_state_dict(self) -> dict[str, Tensor]:
         """Gathered on every rank (collective under ZeRO-3: all ranks must call it)."""
@@ -192,5 +231,24 @@ class DeepSpeedBackend(Backend):
         torch.distributed.barrier()
 
     def close(self) -> None:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        """Release the engine (idempotent). The process group stays for the next stage's engine: every rank
+        leaves it once, at the end of the process (grpo.trainer.ranks.leave_process_group)."""
+        if not self._closed:
+            self._closed = True
+            self.engine.destroy()
+
+
+def saved_ranks(folder: Path) -> int | None:
+    """How many ranks wrote the ZeRO checkpoint in `folder` (one optimizer shard each); None if none is there.
+
+    For checkpoints from before trainer_state.json recorded the world size.
+    """
+    return len(list(folder.glob("*optim_states.pt"))) or None
+
+
+def model_states_file(folder: Path) -> Path | None:
+    """Rank 0's model-states file in a ZeRO checkpoint (ZeRO-3 writes one per rank, ZeRO-1/2 one in all)."""
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        if (folder / name).is_file():
+            return folder / name
+    return None

@@ -74,7 +74,7 @@ class TorchBackend(Backend):
         torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), directory / "scheduler.pt")
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, saved_world_size: int | None = None) -> None:
         load_model_weights(self.model, directory / "model")
         self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device))
         self.scheduler.load_state_dict(torch.load(directory / "scheduler.pt"))
