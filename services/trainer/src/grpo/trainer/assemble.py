@@ -13,7 +13,7 @@ from grpo.trainer.publisher import TaskSpec
 
 if TYPE_CHECKING:
     from grpo.algo import LossConfig
-    from grpo.trainer.learner import LearnerConfig
+    from grpo.trainer.learner import LearnerConfig, LoraOptions
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +167,19 @@ def learner_config(settings: TrainerSettings, algo: LossConfig) -> LearnerConfig
         ref_refresh_steps=algo.ref_refresh_steps or 0,
         gradient_checkpointing=settings.gradient_checkpointing,
         precision=settings.precision,
+        lora=lora_options(settings),
         zero_stage=settings.zero_stage,
         offload_optimizer=settings.offload_optimizer,
+    )
+
+
+def lora_options(settings: TrainerSettings) -> LoraOptions | None:
+    from grpo.trainer.learner import LoraOptions
+
+    if settings.lora_rank == 0:
+        return None
+    return LoraOptions(
+        r=settings.lora_rank, alpha=settings.lora_alpha, target_modules=tuple(settings.lora_target_modules)
     )
 
 

@@ -191,6 +191,14 @@ class TrainerSettings(ServiceSettings):
     """DeepSpeed: keep the optimizer state on the CPU."""
     gradient_checkpointing: bool = False
     """Trade compute for memory."""
+    lora_rank: int = Field(0, ge=0)
+    """Train LoRA adapters of this rank instead of the whole model (0: full fine-tuning; peft, the `lora` extra).
+    Weight pushes, checkpoints' `model/` aside, and `final/` carry the merged weights under the base names."""
+    lora_alpha: int = Field(16, ge=1)
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
+    lora_target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Module names that get adapters (Qwen2/Llama attention projections by default; add gate_proj, up_proj,
+    down_proj for the MLP)."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """The one precision of the policy, π_old and reference forward passes (log-probs, ratios and KL are always
     computed in fp32 from their logits). `auto`: bf16 on a GPU unless sampler_exact, fp32 on a CPU. Torch backend:

@@ -35,6 +35,8 @@ def save_final_model(learner: Learner, model: str, folder: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)  # what a killed trainer left half-written
     tmp.mkdir(parents=True)
     target: Any = learner.model.module if hasattr(learner.model, "module") else learner.model
+    if hasattr(target, "get_base_model"):  # LoRA: the merged weights are a plain model's, not an adapter's
+        target = target.get_base_model()
     target.save_pretrained(tmp, state_dict=state, safe_serialization=True)
     load_tokenizer(model).save_pretrained(tmp)
     shutil.rmtree(folder, ignore_errors=True)  # an older final model (a run trained further) is replaced

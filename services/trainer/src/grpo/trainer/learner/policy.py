@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from grpo.algo.logprobs import entropy_from_logits, token_logprobs
+from grpo.trainer.errors import RunError
 from grpo.trainer.learner.batch import MicroBatch
 
 if TYPE_CHECKING:
@@ -66,6 +67,13 @@ def add_lora(model: torch.nn.Module, options: LoraOptions) -> torch.nn.Module:
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:  # optional dependency
         raise RuntimeError("LoRA needs peft: pip install 'grpo-trainer[lora]'") from exc
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = sorted(set(options.target_modules) - present)
+    if missing:  # peft adapts the names it finds and skips the rest: a typo would train fewer modules, silently
+        linear = sorted(
+            {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        )
+        raise RunError(f"lora_target_modules {missing} name no module of this model; its linear layers: {linear}")
     config = LoraConfig(
         r=options.r,
         lora_alpha=options.alpha,
