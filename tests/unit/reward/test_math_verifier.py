@@ -78,7 +78,7 @@ def test_verify_math_table(answer: str, gold: str, status: str) -> None:
         ("<answer> 12 </answer>", "12"),
         ("<answer>1</answer> later <answer>2</answer>", "2"),
         ("\\boxed{3} <answer>4</answer>", "4"),  # the answer block is the answer; a box in the reasoning is not
-        ("<think>7</think><answer> </answer> \\boxed{8}", "<think>7</think><answer> </answer> \\boxed{8}"),
+        ("<think>7</think><answer> </answer> \\boxed{8}", ""),  # an empty last block is judged: no answer
         ("  just 5  ", "just 5"),
     ],
 )

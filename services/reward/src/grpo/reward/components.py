@@ -10,6 +10,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
@@ -32,13 +33,17 @@ from grpo.reward.scoring import code_judgement, combine, math_judgement
 from grpo.reward.settings import RewardSettings
 from grpo.reward.verifiers.format import format_reward
 from grpo.reward.verifiers.language import language_reward
-from grpo.reward.verifiers.math import verify_math
+from grpo.reward.verifiers.math import check_gold, verify_math
 from grpo.reward.verifiers.overlong import overlong_reward
 from grpo.reward.verifiers.plugins import RewardFn, load_plugins, run_plugin
 from grpo.reward.verifiers.result import Judgement
 from grpo.reward.verifiers.steps import STEP_RULES, StepJudgement, cut_at
 
 log = logging.getLogger(__name__)
+
+# A verification that times out is the answer's doing when its gold alone parses and verifies within this.
+GOLD_CHECK_S = 2.0
+_GOLD_CACHE_SIZE = 4096  # golds whose own check has been decided (a data set has few; each GRPO group shares one)
 
 
 def _observe(verifier: str, status: str, started: float) -> float:
@@ -66,6 +71,7 @@ class ComponentRunner:
         self.plugin_threads = {name: PluginThreads(name, settings.plugin_timeout_s) for name in self.plugins}
         self.reward_model: Any = None
         self.prm: Any = None
+        self._gold_quick: OrderedDict[tuple[str, Any], bool] = OrderedDict()  # (gold, options) -> checks in time
         if settings.prm_path:
             from grpo.reward.verifiers.prm import ProcessRewardModel
 
@@ -100,9 +106,15 @@ class ComponentRunner:
             # The pool tells its own limit (TaskTimeout) from the deadline cutting it short (DeadlinePassed).
             future = self.pool.submit(verify_math, answer, gold, options, timeout_s=limit, deadline=last)
             verdict = await asyncio.wrap_future(future)
-        except TaskTimeout as exc:  # the verification itself ran out (a sympy blow-up)
+        except TaskTimeout as exc:  # the verification itself ran out (a sympy blow-up): whose?
+            quick = await self._gold_checks_in_time(gold, options, last, limit)
+            if quick:  # the gold alone is fine: the answer blew sympy up, and a null would let it dodge its 0
+                wall = _observe("math", "incorrect", started)
+                detail = f"{exc}; the gold alone verifies within {min(GOLD_CHECK_S, limit):g}s: the answer's doing"
+                return VerifyMathResponse(correct=False, status="incorrect", detail=detail, wall_s=wall)
+            why = "the gold itself does not verify in time" if quick is False else "no time was left to check the gold"
             wall = _observe("math", "timeout", started)
-            return VerifyMathResponse(correct=None, status="timeout", detail=str(exc), wall_s=wall)
+            return VerifyMathResponse(correct=None, status="timeout", detail=f"{exc}; {why}", wall_s=wall)
         except DeadlinePassed as exc:  # the service ran out: too little capacity for the request's items in time
             wall = _observe("math", "error", started)
             waiting = f"{self.pool.queue_depth()} math items waiting for {self.pool.size} workers"
@@ -120,6 +132,28 @@ class ComponentRunner:
             detail=verdict.detail,
             wall_s=wall,
         )
+
+    async def _gold_checks_in_time(self, gold: str, options: Any, last: float, limit: float) -> bool | None:
+        """Whether the gold alone parses and verifies against itself within GOLD_CHECK_S (cached per gold), in a
+        worker of its own killed at that limit; None when that could not be found out (the request's deadline, a
+        full queue, a crash): the timeout then stays a timeout."""
+        key = (gold, options)
+        if key in self._gold_quick:
+            self._gold_quick.move_to_end(key)
+            return self._gold_quick[key]
+        try:
+            future = self.pool.submit(check_gold, gold, options, timeout_s=min(GOLD_CHECK_S, limit), deadline=last)
+            await asyncio.wrap_future(future)
+            quick = True
+        except TaskTimeout:
+            quick = False
+        except Exception as exc:  # DeadlinePassed, PoolFull, a crash: undecided, and not cached
+            log.info("could not check the gold of a timed-out verification: %s", exc)
+            return None
+        self._gold_quick[key] = quick
+        if len(self._gold_quick) > _GOLD_CACHE_SIZE:
+            self._gold_quick.popitem(last=False)
+        return quick
 
     def _limits(self, timeout_s: float | None, memory_mb: int | None, deadline: float | None = None) -> Any:
         from grpo.reward.sandbox import Limits

@@ -38,6 +38,14 @@ _EXTRACTORS = {"latex": LatexExtractionConfig(boxed_match_priority=0), "expr": E
 _EXACT_REL_TOL = sympy.Float("1e-40", 50)
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")
+# Short answers are prose too ("It is 72.", "So n = 72.", "A: 72", "= 72"): read as LaTeX they became products
+# of letters (x·i·s·72) or a/72. Two-letter English words standing alone between spaces or punctuation are prose;
+# inside math they touch an operator or a brace (`e^{it}`, `x \\in S`) and are left alone.
+_SHORT_PROSE = re.compile(
+    r"(?:^|(?<=\s))(?:is|it|so|he|we|of|to|if|in|be|by|as|at|an|on|my|am|do|us)(?=\s|[.,;:!?']|$)"
+    r"|^\s*(?:[a-zA-Z]\s*:\s+|=)",  # a leading label ("A: 72") or a bare "= 72"
+    re.IGNORECASE,
+)
 _WORD_ARGUMENT = re.compile(r"\\(?:begin|end|text|mathrm|mathbf|operatorname)\s*\{[^{}]*\}")  # words, not prose
 _DELIMITED = re.compile(r"\$|\\\(|\\\[|\\boxed|\\fbox")
 _GSM8K_MARKER = re.compile(r"(?:^|\n)\s*####\s*(?=\S[^\n]*$)")  # the last line's "#### 72"
@@ -49,6 +57,14 @@ _CORRECTION = re.compile(r"\b(?:wait|no|actually|instead|rather|correction|sorry
 # Upright constants (ISO style): math-verify reads \mathrm{e} as text and then loses the rest of the expression,
 # so `1 - \frac{1}{\mathrm{e}}` and `1 + \frac{1}{\mathrm{e}}` both became 1.
 _UPRIGHT_CONSTANT = re.compile(r"\\(?:mathrm|operatorname)\s*\{\s*(e|i|\\pi)\s*\}")
+# math-verify's "final answer ... is" sentence (its priority-50 pattern, below a box at our priority 0).
+_FINAL_ANSWER = re.compile(r"final answer.{0,100}?\s+is\b", re.IGNORECASE | re.DOTALL)
+# `\$18.90` is a dollar sign, not a math delimiter (`\\$` is a line break and then one).
+_ESCAPED_DOLLAR = re.compile(r"(?<!\\)\\\$")
+_TRAILING_POINT = re.compile(r"(?<=\d)\.(?=\s*\})")  # \boxed{72.}: the sentence's full stop, not a decimal point
+_DIGIT_GROUP_SPACE = re.compile(r"(?<=\d)\\[, ](?=\d{3}(?!\d))")  # 1\,000 and 1\ 000: thousands, not 1·000
+_WORDS_ONLY = re.compile(r"[^\W\d_]+(?:[\s'-]+[^\W\d_]+)*")  # "Yes", "Evelyn", "not possible": no digits
+_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|boxed|fbox)\s*\{([^{}]*)\}")
 
 
 @dataclass(frozen=True)
@@ -74,7 +90,7 @@ class MathVerdict:
 def answer_region(completion: str) -> str:
     """The text the final answer is extracted from: the last <answer> block's content, else everything."""
     tagged = _ANSWER_TAG.findall(completion)
-    if tagged and tagged[-1].strip():
+    if tagged:  # even when empty: falling back to everything let `<answer></answer>` pass off a box in <think>
         return tagged[-1].strip()
     return completion.strip()
 
@@ -95,6 +111,19 @@ def after_correction(region: str) -> str:
         return region
     between = region[_box_end(region, boxes[-2].end()) : boxes[-1].start()]
     return region[boxes[-1].start() :] if _CORRECTION.search(between) else region
+
+
+def final_answer_sentence(region: str) -> str | None:
+    """The region from its last "final answer ... is" sentence on, when that sentence follows the last box; else None.
+
+    math-verify ranks a box above that sentence wherever they stand, so `\\boxed{5} (pairs) ... the final answer is
+    $7$` was read as 5. Whichever comes last decides: a box after the sentence (or in it) still wins.
+    """
+    sentences = list(_FINAL_ANSWER.finditer(region))
+    boxes = list(_BOX_START.finditer(region))
+    if not sentences or not boxes or boxes[-1].start() > sentences[-1].start():
+        return None
+    return region[sentences[-1].start() :]
 
 
 def malformed(gold: str) -> str | None:
@@ -122,20 +151,49 @@ def gold_answer(gold: str) -> str:
     return gold[marker.end() :] if marker else gold
 
 
+def normalise(text: str) -> str:
+    """Notation math-verify misreads, rewritten before parsing: escaped dollars, thin spaces in numbers, `°`."""
+    text = _UPRIGHT_CONSTANT.sub(r"\1", text.strip())
+    text = _ESCAPED_DOLLAR.sub("", text)  # its `$` opened a math span: `\$18.90` could not be read at all
+    text = _TRAILING_POINT.sub("", text)
+    text = _DIGIT_GROUP_SPACE.sub("", text)
+    return text.replace("°", "^\\circ")
+
+
+def _has_math(parsed: list[Any]) -> bool:
+    """math-verify returns its matched strings beside the objects; only objects are a reading of the text."""
+    return any(not isinstance(p, str) for p in parsed)
+
+
+def _prose(text: str) -> bool:
+    words = _WORD_ARGUMENT.sub(" ", text)
+    return bool(_PROSE_WORD.search(words) or _SHORT_PROSE.search(words))
+
+
 def _parse(text: str, options: MathOptions) -> list[Any]:
     """Parse text that may be bare math (`1-\\frac1{e}`), delimited LaTeX, or prose with an answer in it."""
-    text = _UPRIGHT_CONSTANT.sub(r"\1", text.strip())
+    text = normalise(text)
     if not text:
         return []
     targets = [_EXTRACTORS[name] for name in options.extraction]
     # Bare LaTeX is wrapped in $...$: math-verify's plain-expression fallback would read `1-\frac1{e}` as `1`.
     # Bare numbers (`1 000`, `1,22`) are left to its number reader.
-    bare = not _DELIMITED.search(text) and not _PROSE_WORD.search(_WORD_ARGUMENT.sub(" ", text))
+    bare = not _DELIMITED.search(text) and not _prose(text)
     if bare and "latex" in options.extraction and not _PLAIN_NUMBER.match(text):
         parsed = parse(f"${text}$", [_EXTRACTORS["latex"]], parsing_timeout=None)  # type: ignore[arg-type]
         if parsed:
             return list(parsed)
     return list(parse(text, targets, parsing_timeout=None))  # type: ignore[arg-type]
+
+
+def _parse_answer(region: str, options: MathOptions) -> tuple[list[Any], str]:
+    """The answer's parse and the text it came from: a final-answer sentence after the last box, else the region."""
+    sentence = final_answer_sentence(region)
+    if sentence is not None:
+        parsed = _parse(sentence, options)
+        if _has_math(parsed):  # "the final answer is above": the box stays the answer
+            return parsed, sentence
+    return _parse(region, options), region
 
 
 def _closed_number(x: Any) -> bool:
@@ -165,7 +223,41 @@ def numerically_different(gold: Any, answer: Any, precision: int = 6) -> bool:
         return False
 
 
-def _pair_correct(gold: Any, answer: Any, options: MathOptions) -> bool:
+def _interval(x: Any) -> bool:
+    return isinstance(x, sympy.Interval) or (
+        isinstance(x, sympy.Union) and all(isinstance(part, sympy.Interval) for part in x.args)
+    )
+
+
+def _ordered_pair(gold: Any, answer: Any, answer_text: str, options: MathOptions) -> bool:
+    """A gold `(1,3)` may be an ordered pair, not an interval: a bare list of its two entries in order (`1, 3`, no
+    set braces) still matches it (math-verify's suite has that case); `3, 1`, `\\{1, 3\\}` or `-\\infty, 2` do not."""
+    if not (isinstance(gold, sympy.Interval) and gold.left_open and gold.right_open and len(answer) == 2):
+        return False
+    if not (gold.start.is_finite and gold.end.is_finite) or "\\{" in answer_text or "," not in answer_text:
+        return False
+    first = _parse(answer_text.split(",")[0].strip(" {}"), options)
+    return any(_closed_number(x) and x == gold.start for x in first)
+
+
+def interval_against_points(gold: Any, answer: Any, answer_text: str = "", options: MathOptions | None = None) -> bool:
+    """An interval on one side and a finite set of points on the other: not the same answer.
+
+    math-verify counts (0, 1) equal to {0, 1} (its endpoints), and a gold `(0,1)` reads as the open interval:
+    `\\boxed{\\{0, 1\\}}` or `\\boxed{-\\infty, 2}` then matched an interval, and `\\boxed{(0,1)}` a gold {0, 1}.
+    """
+    if isinstance(gold, sympy.FiniteSet) and _interval(answer):
+        return True
+    return (
+        _interval(gold)
+        and isinstance(answer, sympy.FiniteSet)
+        and not _ordered_pair(gold, answer, answer_text, options or MathOptions())
+    )
+
+
+def _pair_correct(gold: Any, answer: Any, options: MathOptions, answer_text: str = "") -> bool:
+    if interval_against_points(gold, answer, answer_text, options):
+        return False
     # Gold first: math-verify is asymmetric (assignments and intervals are read from the gold side).
     same = verify(
         gold,
@@ -192,6 +284,40 @@ def _extracted(parsed: list[Any], region: str) -> str:
     return next((p for p in reversed(parsed) if isinstance(p, str)), region[:200])
 
 
+def _words(text: str) -> str:
+    """A one-word (or few-word) answer as a grader compares it: no \\text{}/\\boxed{} wrappers, case or edge punctuation."""
+    previous = None
+    while previous != text:  # \\boxed{\\text{Yes}}: unwrap from the inside out
+        previous, text = text, _TEXT_WRAPPER.sub(r"\1", text)
+    text = _ESCAPED_DOLLAR.sub("", text).replace("$", " ")
+    return " ".join(text.split()).strip(" .,;:!?()'\"").casefold()
+
+
+def word_gold(gold: str) -> str | None:
+    """The normalised words of a gold made of words only (`Yes`, `\\text{Evelyn}`), else None."""
+    words = _words(gold)
+    return words if _WORDS_ONLY.fullmatch(words) else None
+
+
+def _word_verdict(words: str, region: str) -> MathVerdict:
+    """A words-only gold math-verify reads as nothing: the answer's words (its last box, if any) decide."""
+    boxes = list(_BOX_START.finditer(region))
+    said = region[boxes[-1].start() : _box_end(region, boxes[-1].end())] if boxes else region
+    correct = _words(said) == words
+    return MathVerdict("correct" if correct else "incorrect", correct, said[:200], "compared as words")
+
+
+def check_gold(gold: str, options: MathOptions | None = None) -> MathVerdict:
+    """The gold alone: parsed and compared with itself (run apart, to tell whose fault a timeout was)."""
+    options = options or MathOptions()
+    if malformed(gold):
+        return MathVerdict("unparseable_gold", None)
+    parsed = _parse(gold_answer(gold), options)
+    for g in parsed:
+        _pair_correct(g, g, options)
+    return MathVerdict("correct" if parsed else "unparseable_gold", bool(parsed) or None)
+
+
 def verify_math(answer: str, gold: str, options: MathOptions | None = None) -> MathVerdict:
     """Judge a completion (or bare answer) against a gold answer; no deadline of its own.
 
@@ -204,14 +330,17 @@ def verify_math(answer: str, gold: str, options: MathOptions | None = None) -> M
         if why:
             return MathVerdict("unparseable_gold", None, detail=f"gold {gold[:200]!r} is malformed: {why}")
         gold_parsed = _parse(gold_answer(gold), options)
+        region = after_correction(answer_region(answer))
+        words = word_gold(gold_answer(gold)) if not _has_math(gold_parsed) else None
+        if words:  # `Yes`: no math in it, so nothing else could judge the answer
+            return _word_verdict(words, region)
         if not gold_parsed:
             return MathVerdict("unparseable_gold", None, detail=f"cannot parse gold {gold[:200]!r}")
-        region = after_correction(answer_region(answer))
-        answer_parsed = _parse(region, options)
+        answer_parsed, region = _parse_answer(region, options)
         if not answer_parsed:
             return MathVerdict("unparseable_answer", False, region[:200], "no final answer could be parsed")
-        correct = any(_pair_correct(g, a, options) for g in gold_parsed for a in answer_parsed)
         extracted = _extracted(answer_parsed, region)
+        correct = any(_pair_correct(g, a, options, extracted) for g in gold_parsed for a in answer_parsed)
         # A gold of 1/0 against a real answer: no answer could be judged right, so it is the data's fault, not
         # the answer's. Both undefined (`12:00` against `1:00`, read as ratios) their texts decide, as above.
         if not correct and not any(isinstance(p, sympy.Basic | sympy.MatrixBase) for p in gold_parsed):
