@@ -34,11 +34,13 @@ from tests.support.rollout_proc import start_rollout_service, update_bytes
 from tests.support.trainer_proc import (
     ROLLOUT_ENV,
     read_metrics,
+    run_failing_trainer,
     run_trainer,
     start_trainer,
     trainer_config,
     wait_for,
     write_data,
+    write_rows,
 )
 
 pytestmark = pytest.mark.slow
@@ -106,24 +108,14 @@ def test_a_run_whose_every_group_fails_exits_1_naming_why_and_writes_no_final_mo
     rollout_for("refused")
     rows = [{"id": f"q{i}", "prompt": f"What is {i} + {i}?", "checks": {"math": {"gold": str(2 * i),
              "extraction": ["words"]}}} for i in range(8)]  # fmt: skip
-    data = tmp_path / "refused.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = write_rows(tmp_path / "refused.jsonl", rows)
     config = trainer_config(tmp_path, "refused", redis_url, steps=20, max_failed_steps=2, train_data=str(data),
                             reward_weights={"math": 1.0}, overlong_soft_penalty=False)  # fmt: skip
-    log = tmp_path / "trainer.log"
-    proc = start_trainer(config, log)
-    try:
-        code = proc.wait(timeout=150)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = log.read_text()
-    assert code == 1, text[-4000:]
+    text = run_failing_trainer(config, tmp_path / "trainer.log")
     step0 = next(line for line in text.splitlines() if "step 0: " in line and "failed" in line)  # each step says why
     assert "step 0: 3 of 3 group(s) failed: 3× " in step0 and "extraction" in step0, step0
     assert "the run failed: every group failed for 2 steps in a row, so nothing was trained; the rollout " \
            "reported: 6× " in text  # fmt: skip
-    assert "Traceback" not in text
     assert not (tmp_path / "out" / "final").exists()
 
 
@@ -135,16 +127,12 @@ def test_a_prompt_too_long_for_the_context_is_refused_or_left_out(
     rollout_for("long")
     rows = [{"id": f"q{i}", "prompt": f"What is {i} + {i}?", "gold": str(2 * i)} for i in range(6)]
     rows.insert(3, {"id": "long", "prompt": "What is " + " + ".join(["1"] * 300) + "?", "gold": "300"})
-    data = tmp_path / "long.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = write_rows(tmp_path / "long.jsonl", rows)
     config = trainer_config(tmp_path, "long", redis_url, steps=1, train_data=str(data), eval_before_train=False)
-    log = tmp_path / "trainer.log"
-    proc = start_trainer(config, log)
-    assert proc.wait(timeout=120) == 1
-    text = log.read_text()
+    text = run_failing_trainer(config, tmp_path / "trainer.log", timeout=120)
     assert re.search(rf"1 of 7 prompts \(the first: {re.escape(str(data))} line 4, \d+ tokens\) leave no room for "
                      r"max_new_tokens 16 in the model's context of 512 tokens", text), text[-3000:]  # fmt: skip
-    assert "overlong_prompts: drop" in text and "Traceback" not in text
+    assert "overlong_prompts: drop" in text
     config = trainer_config(tmp_path, "long", redis_url, steps=1, train_data=str(data), eval_before_train=False,
                             overlong_prompts="drop")  # fmt: skip
     proc = start_trainer(config, tmp_path / "trainer2.log")
@@ -162,23 +150,13 @@ def test_a_run_that_trained_on_no_group_fails_naming_why(tmp_path: Path, redis_u
     run used to exit 0 and write final/ holding the starting weights, a "finished" run that learned nothing."""
     rollout_for("flat")
     rows = [{"id": f"q{i}", "prompt": f"What is {i} + {i}?", "checks": {"format": {}}} for i in range(8)]
-    data = tmp_path / "flat.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = write_rows(tmp_path / "flat.jsonl", rows)
     config = trainer_config(tmp_path, "flat", redis_url, steps=2, train_data=str(data), reward_weights={"format": 1.0},
                             overlong_soft_penalty=False)  # fmt: skip
-    log = tmp_path / "trainer.log"
-    proc = start_trainer(config, log)
-    try:
-        code = proc.wait(timeout=150)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = log.read_text()
-    assert code == 1, text[-4000:]
+    text = run_failing_trainer(config, tmp_path / "trainer.log")
     assert "step 0: every group was dropped (zero_variance 3); no update" in text, text[-4000:]
     assert "2 steps trained on no group (tasks dropped: zero_variance 6): every sample of a group got the same " \
            "reward" in text  # fmt: skip
-    assert "Traceback" not in text
     assert not (tmp_path / "out" / "final").exists()
 
 
@@ -189,17 +167,9 @@ def test_max_new_tokens_over_a_replicas_cap_is_refused_before_the_first_step(
     replica and both numbers (it took `max_failed_steps` steps of failed groups to find out)."""
     rollout_for("cap", "--max-new-tokens-cap", "8")
     config = trainer_config(tmp_path, "cap", redis_url, steps=20, max_new_tokens=16)
-    log = tmp_path / "trainer.log"
-    proc = start_trainer(config, log)
-    try:
-        code = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = log.read_text()
-    assert code == 1, text[-4000:]
+    text = run_failing_trainer(config, tmp_path / "trainer.log", timeout=120)
     assert "max_new_tokens 16 is over what rollout replica(s) cap-r1 (cap 8) generate" in text, text[-4000:]
-    assert "Traceback" not in text and "step 0:" not in text  # before any task was published
+    assert "step 0:" not in text  # before any task was published
     assert not (tmp_path / "out" / "final").exists()
     (said,) = ReplicaRegistry(redis.Redis.from_url(redis_url), "cap").live_replicas()  # what the trainer read
     assert (said.max_new_tokens_cap, said.max_context) == (8, 512)  # the tiny model's context, from the engine

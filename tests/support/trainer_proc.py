@@ -76,6 +76,26 @@ def run_trainer(config: Path, log: Path, timeout: float = 150) -> None:
             proc.kill()
 
 
+def run_failing_trainer(config: Path, log: Path, timeout: float = 150) -> str:
+    """Run the trainer to its end; it must fail as a run fails for a reason of the user's (exit 1, one line, no
+    traceback). Its log, for the test to check the reason."""
+    proc = start_trainer(config, log)
+    try:
+        code = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == 1, text[-4000:]
+    assert "Traceback" not in text, text[-4000:]
+    return text
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
