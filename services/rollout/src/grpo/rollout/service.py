@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from grpo.common.prompts import encode_prompt
 from grpo.common.weight_data_port import WeightDataPort
 from grpo.common.weights import WeightUpdateError
 from grpo.rollout.engines.base import Engine, GenerationCancelled, PromptOutput, SamplingParams, always
@@ -88,14 +89,8 @@ class RolloutService:
         return self.engine.tokenizer
 
     def encode(self, prompt: str | list[dict[str, str]], chat: bool = False) -> list[int]:
-        """Token ids of a text prompt or a message list; messages always go through the chat template."""
-        if isinstance(prompt, str) and not chat:
-            # The tokenizer's own special tokens (Llama's, Gemma's, Mistral's BOS): the model was trained with them.
-            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, **chat_template_mode(messages))
-        # The template's text already holds the BOS it wants: a second one would be added here.
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        """Token ids of a text prompt or a message list (grpo.common.prompts.encode_prompt)."""
+        return encode_prompt(self.tokenizer, prompt, chat)
 
     def generate(
         self,
@@ -180,14 +175,6 @@ class RolloutService:
     def close(self) -> None:
         self.updates.close()
         self.engine.close()
-
-
-def chat_template_mode(messages: list[dict[str, str]]) -> dict[str, bool]:
-    """apply_chat_template's mode: continue a final assistant message (a begun answer, as TRL and vLLM do),
-    else open a new assistant turn after the conversation."""
-    if messages and messages[-1].get("role") == "assistant":
-        return {"continue_final_message": True, "add_generation_prompt": False}
-    return {"add_generation_prompt": True}
 
 
 __all__ = [

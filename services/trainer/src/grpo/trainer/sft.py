@@ -7,6 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from grpo.common import prompts
 from grpo.trainer.assemble import build_learner
 from grpo.trainer.checkpoint import latest_checkpoint, set_aside_after
 from grpo.trainer.config import TrainerSettings
@@ -22,18 +23,8 @@ log = logging.getLogger(__name__)
 
 def encode_prompt(tokenizer: Any, row: PromptRow, apply_chat_template: bool) -> list[int]:
     """Token ids exactly as the rollout service encodes the same prompt (so SFT and RL see one format)."""
-    messages = row.messages()
-    if isinstance(row.prompt, str):
-        if not apply_chat_template:  # with the tokenizer's BOS, as grpo.rollout.service.RolloutService.encode
-            return list(tokenizer.encode(row.prompt, add_special_tokens=True))
-        messages = [{"role": "user", "content": row.prompt}]
-    # A final assistant message is a begun answer to continue, not a turn to close (RolloutService.encode).
-    if messages and messages[-1].get("role") == "assistant":
-        mode = {"continue_final_message": True, "add_generation_prompt": False}
-    else:
-        mode = {"add_generation_prompt": True}
-    text = tokenizer.apply_chat_template(messages, tokenize=False, **mode)
-    return list(tokenizer.encode(text, add_special_tokens=False))  # the template's text holds its own BOS
+    prompt = row.prompt if isinstance(row.prompt, str) else (row.messages() or [])
+    return prompts.encode_prompt(tokenizer, prompt, apply_chat_template)
 
 
 def to_pair(tokenizer: Any, row: PromptRow, apply_chat_template: bool) -> SftPair:
