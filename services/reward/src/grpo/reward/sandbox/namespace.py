@@ -313,7 +313,9 @@ def classify(reply: dict[str, Any]) -> tuple[str, int | None]:
         return "memory_limit", exit_code
     # A binary whose static data alone is past the rlimit (`static char a[300 << 20]`) dies in its exec, a SIGSEGV
     # or SIGKILL from the kernel before it has run or written anything.
-    never_ran = exit_code in (-signal.SIGSEGV, -signal.SIGKILL) and not reply.get("stdout") and reply.get("cpu_s", 1) < 0.05
+    never_ran = (
+        exit_code in (-signal.SIGSEGV, -signal.SIGKILL) and not reply.get("stdout") and reply.get("cpu_s", 1) < 0.05
+    )
     if never_ran and reply.get("image_mb", 0.0) > reply.get("rlimit_mb", float("inf")):
         return "memory_limit", exit_code
     return "runtime_error", exit_code
