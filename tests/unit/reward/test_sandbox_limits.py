@@ -149,3 +149,19 @@ def test_static_data_past_the_limit_is_a_memory_limit(sandbox: Sandbox) -> None:
     assert (fits.status, fits.stdout) == ("ok", f"{100 << 8}\n")
     crash = sandbox.run("int main(){int*p=0;return *p;}", language="c", limits=Limits(memory_mb=256))
     assert crash.status == "runtime_error"
+
+
+def test_stderr_cut_is_said_even_when_the_kept_tail_is_exactly_full() -> None:
+    """The trim while reading can leave exactly STDERR_KEEP_BYTES of tail: the cut was then not said (a CI run
+    caught it once, by the size of the output)."""
+    from grpo.reward.sandbox.confine import STDERR_KEEP_BYTES, Output
+
+    err = Output("err")
+    err.add(b"h" * STDERR_KEEP_BYTES)
+    err.add(b"t" * (2 * STDERR_KEEP_BYTES + 1))  # trimmed to the last STDERR_KEEP_BYTES as it is read
+    data = err.data()
+    assert data.startswith(b"h" * STDERR_KEEP_BYTES) and data.endswith(b"t" * STDERR_KEEP_BYTES)
+    assert f"[... {STDERR_KEEP_BYTES + 1} bytes of stderr cut ...]".encode() in data
+    small = Output("err")
+    small.add(b"x" * 10)
+    assert small.data() == b"x" * 10  # nothing cut, nothing said

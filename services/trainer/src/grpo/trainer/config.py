@@ -196,7 +196,7 @@ class TrainerSettings(ServiceSettings):
     Weight pushes, checkpoints' `model/` aside, and `final/` carry the merged weights under the base names."""
     lora_alpha: int = Field(16, ge=1)
     """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
-    lora_target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora_target_modules: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj"])  # copied per instance
     """Module names that get adapters (Qwen2/Llama attention projections by default; add gate_proj, up_proj,
     down_proj for the MLP)."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"

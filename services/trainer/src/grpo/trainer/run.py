@@ -176,9 +176,10 @@ class GrpoRun:
             (r["step"], r["eval/accuracy"]) for r in read_metrics(s.output_dir / "metrics.jsonl")
             if "eval/accuracy" in r and r["step"] <= self.step
         ))  # fmt: skip
-        # replica id -> (its incarnation, the version it confirmed in a push reply): a replica restarted under the
-        # same id is a new incarnation, back on the model from disk, and is pushed to again.
-        self.confirmed: dict[str, tuple[str, int]] = {}
+        self.confirmed: dict[str, int] = {}  # replica id -> version it confirmed (push reply)
+        # replica id -> the incarnation that confirmed it: one restarted under the same id is back on the model from
+        # disk, and is pushed to again
+        self.confirmed_by: dict[str, str] = {}
         self.synced_at = 0.0  # when _resync last looked for replicas that lack the current weights
         self.push_stats: dict[str, float] = {}
         self.last_checkpoint_step = self.step if path is not None else -1
@@ -275,13 +276,21 @@ class GrpoRun:
         self.learner.set_version(new_version)
         self._sync_replicas(live)
 
+    def _holds_version(self, replica: ReplicaInfo) -> bool:
+        """Whether `replica` holds the current weights: by its heartbeat, or by this incarnation's push reply (the
+        heartbeat lags a push by up to heartbeat_s)."""
+        if replica.weight_version >= self.version:
+            return True
+        confirmed = self.confirmed.get(replica.replica_id) == self.version
+        return confirmed and self.confirmed_by.get(replica.replica_id) == replica.incarnation
+
     def _sync_replicas(self, live: list[Any] | None = None) -> float:
         """Push the current weights to every live replica that does not hold them yet; seconds spent."""
         live = self._live() if live is None else live
         targets = [
             ReplicaTarget(r.replica_id, r.address, r.weights_data_port)
             for r in live
-            if r.weight_version < self.version and self.confirmed.get(r.replica_id) != (r.incarnation, self.version)
+            if not self._holds_version(r)
         ]
         if not targets:
             return 0.0
@@ -297,10 +306,10 @@ class GrpoRun:
         incarnations = {r.replica_id: r.incarnation for r in live}
         for r in results:
             if r.ok:
-                self.confirmed[r.replica_id] = (incarnations.get(r.replica_id, ""), r.version)
+                self.confirmed[r.replica_id] = r.version
+                self.confirmed_by[r.replica_id] = incarnations.get(r.replica_id, "")
         # Judged over every live replica, not this call's targets: one that took the version earlier serves it.
-        if not any(r.weight_version >= self.version or self.confirmed.get(r.replica_id) == (r.incarnation, self.version)
-                   for r in live):  # fmt: skip
+        if not any(self._holds_version(r) for r in live):
             log.error("no replica accepted version %d; its groups will be dropped as stale until one does",
                       self.version)  # fmt: skip
         for key, value in (  # summed: a step may push twice (before collecting, after training)

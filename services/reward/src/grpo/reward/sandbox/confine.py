@@ -546,12 +546,11 @@ class Output:
             self.head += chunk
 
     def data(self) -> bytes:
-        if not self.tail:
-            return bytes(self.head)
-        if len(self.tail) <= STDERR_KEEP_BYTES:
+        tail = self.tail[-STDERR_KEEP_BYTES:]
+        cut = self.seen - len(self.head) - len(tail)  # by the trims while reading, or here
+        if cut <= 0 or self.name != "err":
             return bytes(self.head + self.tail)
-        cut = self.seen - len(self.head) - STDERR_KEEP_BYTES
-        return bytes(self.head) + f"\n[... {cut} bytes of stderr cut ...]\n".encode() + self.tail[-STDERR_KEEP_BYTES:]
+        return bytes(self.head) + f"\n[... {cut} bytes of stderr cut ...]\n".encode() + bytes(tail)
 
 
 def read_outputs(done: int, readers: dict[str, int], limits: dict, deadline: float) -> tuple[str | None, dict]:
