@@ -288,9 +288,7 @@ class GrpoRun:
         """Push the current weights to every live replica that does not hold them yet; seconds spent."""
         live = self._live() if live is None else live
         targets = [
-            ReplicaTarget(r.replica_id, r.address, r.weights_data_port)
-            for r in live
-            if not self._holds_version(r)
+            ReplicaTarget(r.replica_id, r.address, r.weights_data_port) for r in live if not self._holds_version(r)
         ]
         if not targets:
             return 0.0
