@@ -123,6 +123,7 @@ def worker_settings(args: argparse.Namespace, index: int) -> RolloutSettings:
     return RolloutSettings(
         redis_url=args.redis_url, reward_addr=args.reward_addr or "unused:1", run=args.run,
         replica_id=f"standin-{index:03d}", advertise_host="127.0.0.1", grpc_port=0, weights_data_port=-1,
+        wait_for_task_weights=False,  # the stand-in holds whatever the trainer published under: no push comes
     )  # fmt: skip
 
 

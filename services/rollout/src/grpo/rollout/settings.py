@@ -100,6 +100,10 @@ class RolloutSettings(ServiceSettings):
     """A replica silent for this long drops out of the registry."""
     task_max_attempts: int = Field(3, ge=1)
     """Attempts (in-process retries and deliveries) before a task is written as failed."""
+    wait_for_task_weights: bool = True
+    """Take no task published under weights newer than this replica holds (a replica that joined or restarted
+    waits for the trainer's push instead of making groups that would be dropped stale). Off: generate with
+    whatever it holds (tasks published by hand, with no trainer pushing)."""
     grpc_workers: int = Field(16, ge=1)
     """gRPC server threads."""
     log_level: LogLevel = "INFO"

@@ -268,6 +268,8 @@ class RolloutWorker:
     def _put_back_newer(self, entries: list[Entry[queue_pb2.PromptTask]]) -> list[Entry[queue_pb2.PromptTask]]:
         """The entries our weights can serve; those published under newer weights go back to the group at once
         (another replica takes them, or we do once the push has come) and set the version `_behind` waits for."""
+        if not self.options.wait_for_task_weights:
+            return entries
         version = self.weight_info()[0]
         newer = {e.entry_id: e.message.policy_version for e in entries
                  if e.message is not None and e.message.policy_version > version}  # fmt: skip
