@@ -53,7 +53,7 @@ CASES = [
         "correct",
     ),
     ("1 000", "1000", "correct"),
-    ("1000,99", "1000.99", "correct"),
+    ("1000,99", "1000.99", "incorrect"),  # a list {1000, 99} unless only the expr reader is asked (decimal comma)
     ("7,425,000", "7425000", "correct"),
     # a sign error behind an upright constant (math-verify reads both sides as 1)
     ("1 + \\frac{1}{\\mathrm{e}}", "1 - \\frac{1}{\\mathrm{e}}", "incorrect"),
@@ -114,7 +114,7 @@ def test_a_gold_that_divides_by_zero_cannot_be_judged_but_text_still_matches() -
     for gold, answer in (("\\frac{0}{0}", "\\boxed{7}"), ("\\frac{1}{0}", "\\infty"), ("1/0", "5")):
         verdict = verify_math(answer, gold)
         assert (verdict.status, verdict.correct) == ("unparseable_gold", None), (gold, answer, verdict)
-        assert "division by zero" in verdict.detail
+        assert "undefined number" in verdict.detail
     assert verify_math("\\boxed{\\frac{1}{0}}", "\\frac{1}{0}").correct is True  # the same text
     # Times read as ratios (math-verify's own suite): both sides undefined, the texts decide.
     assert (verify_math("$1:00$", "$12:00$").status, verify_math("$12:00$", "$12:00$").status) == (

@@ -5,7 +5,8 @@ content is judged (the format our prompts ask for); otherwise the whole completi
 extracts from that text: `\\boxed{}` content first (several boxes on the last line of answers form a
 set: `\\boxed{1}, \\boxed{2}` is {1, 2}), a "final answer is …" sentence after an intermediate box
 wins, else the last LaTeX or plain-number expression. Bare math (`1-\\frac1{e}`, a gold
-without `$`) is read as LaTeX; plain numbers with thousands separators or decimal commas as numbers.
+without `$`) is read as LaTeX; plain numbers with thousands separators as numbers, and a bare comma list of
+numbers (`-2, 1`) as the set of its items, never its last number (the comma rule above `_THOUSANDS`).
 
 math-verify compares numbers after rounding (`evalf` + chop), so it calls `1/2^{99}` equal
 to `1/2^{98}` and `1/2004!` equal to `1/2006!`. Every pair it accepts is re-checked here:
@@ -49,7 +50,14 @@ _SHORT_PROSE = re.compile(
 _WORD_ARGUMENT = re.compile(r"\\(?:begin|end|text|mathrm|mathbf|operatorname)\s*\{[^{}]*\}")  # words, not prose
 _DELIMITED = re.compile(r"\$|\\\(|\\\[|\\boxed|\\fbox")
 _GSM8K_MARKER = re.compile(r"(?:^|\n)\s*####\s*(?=\S[^\n]*$)")  # the last line's "#### 72"
-_PLAIN_NUMBER = re.compile(r"^[+-]?[\d\s.,]*\d[\d\s.,]*%?$")  # 1 000, 1,000.5, 1000,99: left to the number reader
+_PLAIN_NUMBER = re.compile(r"^[+-]?[\d\s.,]*\d[\d\s.,]*%?$")  # 1 000, 1,000.5, 2, 3: numbers and commas only
+# Commas in plain numbers (docs/reward.md, "Lists"): groups of three digits are thousands (`1,000`, `12,345.6`); any
+# other comma separates the items of a list (`-2, 1`, `2,3`: math-verify's LaTeX reader, and MATH's `\boxed{2,3}`),
+# except that with the plain-expression reader alone (extraction ["expr"]) one comma between digits is a decimal comma
+# (`1,22`, as in math-verify's own suite). math-verify's number reader kept a list's last number: gold `-2, 1` paid 1.
+_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?%?$")
+_DECIMAL_COMMA = re.compile(r"^[+-]?\d+,\d+%?$")
+_EMPTY_ITEM = re.compile(r"^\s*,|(?<!\\),\s*,|,\s*$")  # `1,,2`, `, 2`, `2,`: a list with an item missing
 _BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # Between two boxes, a self-correction ("\\boxed{3}, no wait: \\boxed{4}") makes the last box the answer; without
 # one, nearby boxes joined by commas or "and" are one answer with several parts (math-verify's rule).
@@ -142,6 +150,9 @@ def malformed(gold: str) -> str | None:
     opened, closed = gold.count("(") + gold.count("["), gold.count(")") + gold.count("]")
     if opened != closed:
         return f"{opened} opening and {closed} closing brackets"
+    answer = gold_answer(gold)
+    if _EMPTY_ITEM.search(answer) and not _prose(answer):  # `1,,2`: the number reader kept 1 and paid it
+        return "a list with an empty item"
     return None
 
 
@@ -177,13 +188,34 @@ def _parse(text: str, options: MathOptions) -> list[Any]:
         return []
     targets = [_EXTRACTORS[name] for name in options.extraction]
     # Bare LaTeX is wrapped in $...$: math-verify's plain-expression fallback would read `1-\frac1{e}` as `1`.
-    # Bare numbers (`1 000`, `1,22`) are left to its number reader.
+    # Bare numbers (`1 000`, `1,000`) are left to its number reader; a bare list of numbers is read item by item.
     bare = not _DELIMITED.search(text) and not _prose(text)
+    if bare and _PLAIN_NUMBER.match(text) and not _one_number(text, options):
+        return _number_list(text, options)
     if bare and "latex" in options.extraction and not _PLAIN_NUMBER.match(text):
         parsed = parse(f"${text}$", [_EXTRACTORS["latex"]], parsing_timeout=None)  # type: ignore[arg-type]
         if parsed:
             return list(parsed)
     return list(parse(text, targets, parsing_timeout=None))  # type: ignore[arg-type]
+
+
+def _one_number(text: str, options: MathOptions) -> bool:
+    """Whether plain-number text is one number rather than a list (the comma rule above `_THOUSANDS`)."""
+    if "," not in text or _THOUSANDS.match(text):
+        return True
+    return "latex" not in options.extraction and bool(_DECIMAL_COMMA.match(text))
+
+
+def _number_list(text: str, options: MathOptions) -> list[Any]:
+    """A bare comma list of numbers as the set of its items (`-2, 1` is {-2, 1}), or nothing when an item is not
+    one number (`1,,2`): each item is read on its own, so no reader can keep just one of them."""
+    items = []
+    for part in text.split(","):
+        parsed = [p for p in _parse(part, options) if not isinstance(p, str)] if part.strip() else []
+        if len(parsed) != 1 or not _closed_number(parsed[0]):
+            return []
+        items.append(parsed[0])
+    return [sympy.FiniteSet(*items), text]
 
 
 def _parse_answer(region: str, options: MathOptions) -> tuple[list[Any], str]:
@@ -276,7 +308,20 @@ def undefined_number(parsed: list[Any]) -> bool:
     math-verify raises comparing such a number and counts the pair unequal; only text can then match it.
     """
     exprs = [p for p in parsed if isinstance(p, sympy.Basic | sympy.MatrixBase)]
-    return bool(exprs) and all(e.has(sympy.nan, sympy.zoo) for e in exprs)
+    return bool(exprs) and all(_undefined(e) for e in exprs)
+
+
+def _undefined(expr: Any) -> bool:
+    """nan or zoo, also once evaluated: math-verify keeps `\\infty-\\infty` and `0\\cdot\\infty` unevaluated
+    (-oo + oo, 0*oo), and compared so they were a sound gold that every answer missed."""
+    if expr.has(sympy.nan, sympy.zoo):
+        return True
+    if not (isinstance(expr, sympy.Expr) and expr.has(sympy.oo, -sympy.oo)):
+        return False
+    try:
+        return bool(expr.doit().has(sympy.nan, sympy.zoo))
+    except (TypeError, ValueError, ArithmeticError):
+        return False
 
 
 def _extracted(parsed: list[Any], region: str) -> str:
@@ -348,7 +393,7 @@ def verify_math(answer: str, gold: str, options: MathOptions | None = None) -> M
             return MathVerdict("unparseable_gold", None, extracted, f"gold {gold[:200]!r} could only be read as text")
         if not correct and undefined_number(gold_parsed) and not undefined_number(answer_parsed):
             return MathVerdict("unparseable_gold", None, extracted,
-                               f"gold {gold[:200]!r} reads as an undefined number (a division by zero)")  # fmt: skip
+                               f"gold {gold[:200]!r} reads as an undefined number (0/0, 1/0, ∞−∞, 0·∞)")  # fmt: skip
         return MathVerdict("correct" if correct else "incorrect", correct, extracted)
     except Exception as exc:  # a verifier bug is an error verdict, never "incorrect"
         log.debug("math verification failed", exc_info=True)
