@@ -25,6 +25,7 @@ BENCHES = [
     "bench_ranks.py",
     "bench_async.py",
     "bench_load.py",
+    "bench_overload.py",  # ~2 min: 8 -> 64 -> 8 clients of a math/code/score mix, a worker and a zygote killed
     "bench_control_path.py",
     "bench_weight_fanout.py",  # ~20 min: 64 receivers, 200 MB, capped arms at 5 MB/s per sender
 ]

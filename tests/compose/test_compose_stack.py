@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -25,6 +26,7 @@ import httpx
 import pytest
 
 from grpo.common.net import free_port
+from tests.support.readme_examples import compose_results_commands
 from tests.support.run_status import wait_for_status
 
 pytestmark = pytest.mark.compose
@@ -228,8 +230,13 @@ def test_grpo_learns_through_a_restart_of_every_service(stack: Stack) -> None:
         return lambda s: s.get("stage", "").endswith("grpo") and s.get("step", 0) >= at_least
 
     stack.wait("GRPO step 8", grpo_step(8), timeout=1200)
-    stats = stack.compose("exec", "-T", "redis", "redis-cli", "ping").stdout.strip()
-    assert stats == "PONG"
+    # Redis answers only with the generated password, and the reward container has no route to it at all.
+    refused = stack.compose("exec", "-T", "redis", "redis-cli", "ping", check=False).stdout.strip()
+    assert "NOAUTH" in refused, refused
+    authed = "REDISCLI_AUTH=$(cat /run/grpo/redis/password) redis-cli ping"
+    assert stack.compose("exec", "-T", "redis", "sh", "-c", authed).stdout.strip() == "PONG"
+    probe = "import socket\ntry:\n    socket.create_connection(('redis', 6379), timeout=3)\nexcept OSError as e:\n    print('no', e)"
+    assert stack.compose("exec", "-T", "reward", "python", "-c", probe).stdout.startswith("no"), "reward reached redis"
     stack.seen["memory"] = docker_memory()
     for service, after in (("reward", 14), ("rollout", 20), ("trainer", 26)):
         stack.compose("restart", service)
@@ -256,6 +263,20 @@ def test_grpo_learns_through_a_restart_of_every_service(stack: Stack) -> None:
         stack.compose("run", "--rm", "--no-deps", "--entrypoint", "ls", "trainer", "/checkpoints").stdout.split()
     )
     assert {"accuracy.png", "reward.png", "kl.png", "stage-1-sft", "stage-2-grpo"} <= files, files
+
+
+def test_the_readme_copies_the_results_out_of_the_volume(stack: Stack, tmp_path: Path) -> None:
+    """The README's commands, as written but for this test's project and files, after the trainer has exited."""
+    compose = " ".join(shlex.quote(part) for part in [*compose_command(), "-p", PROJECT, "-f",
+                                                      str(REPO / "docker-compose.yml"), "-f", str(stack.override)])  # fmt: skip
+    script = compose_results_commands().replace("docker compose", compose)
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=stack.env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, f"{script}\n{done.stdout}\n{done.stderr}"
+    results = tmp_path / "results"
+    assert {"summary.json", "report.md", "reward.png", "accuracy.png", "kl.png"} <= {p.name for p in results.iterdir()}
+    assert json.loads((results / "summary.json").read_text())["grpo_steps"] == GRPO_STEPS
+    assert (results / "accuracy.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_down_leaves_nothing_behind(stack: Stack) -> None:

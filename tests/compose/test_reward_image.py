@@ -30,7 +30,10 @@ def serve(image: str) -> Iterator[str]:
     port = free_port()
     name = f"grpo-reward-test-{port}"
     subprocess.run(
-        ["docker", "run", "-d", "--rm", "--name", name, *SANDBOX_FLAGS, "-p", f"127.0.0.1:{port}:8002", image],
+        ["docker", "run", "-d", "--rm", "--name", name, *SANDBOX_FLAGS, "-p", f"127.0.0.1:{port}:8002",
+         # Inside its container the service binds 0.0.0.0: without a token it runs only when told it may
+         # (published here on the host's loopback alone).
+         "-e", "GRPO_REWARD_ALLOW_UNAUTHENTICATED=1", image],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

@@ -1,7 +1,9 @@
 """Faults on a real GRPO run (trainer + rollout + reward + Redis): a stalled trainer cannot grow Redis or the
-rollout without bound, and a hung rollout engine is detected, its tasks reclaimed, the books balanced.
+rollout without bound, a hung rollout engine is detected, its tasks reclaimed, the books balanced, and a trainer
+SIGKILLed mid-run trains its first step after the restart.
 
-(SIGKILL + `--resume auto` and a Redis restart under the trainer are in tests/service/test_trainer_service.py.)"""
+(SIGKILL + `--resume auto` with a lost lineage's groups in Redis, and a Redis restart under the trainer, are in
+tests/service/test_trainer_service.py.)"""
 
 from __future__ import annotations
 
@@ -200,3 +202,40 @@ def test_replica_sigkill_under_a_trainer(stack: dict[str, Any]) -> None:
         replicas[0].proc.wait(10)
 
     _run_with_fault(stack, "rpkill", inject, holder=b"rpkill-r1")
+
+
+def test_a_trainer_killed_mid_run_trains_its_first_step_after_resume(stack: dict[str, Any]) -> None:
+    """Issue 34's case: SIGKILLed after step 21 (max_staleness 1, a checkpoint every 5 steps, 16 prompts a step), the
+    resumed trainer's step 21 was reported to drop every group as stale: a step with no update. Every group is
+    trainable here (no zero-variance skip), so the first step after the resume must train on the groups the restart
+    kept, and no step of the run may drop a group as stale."""
+    tmp, run = stack["tmp"], "tkill"
+    stack["replica"](run, f"{run}-r1")
+    steps, kill_after, per_step = 26, 21, 16
+    config = trainer_config(tmp, run, stack["redis"].url, steps=steps, checkpoint_every=5, max_staleness=1,
+                            prompts_per_step=per_step, skip_zero_variance=False)  # fmt: skip
+    out, trainer_log = tmp / "out", tmp / "trainer.log"
+    proc = start_trainer(config, trainer_log)
+    try:
+        wait_for(lambda: any(r["step"] >= kill_after for r in read_metrics(out)), 240, f"step {kill_after}", proc,
+                 trainer_log)  # fmt: skip
+        proc.kill()
+        proc.wait(10)
+        killed_at = max(r["step"] for r in read_metrics(out))
+        proc = start_trainer(config, trainer_log)
+        assert proc.wait(timeout=240) == 0, trainer_log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))  # each step of the surviving lineage once
+    resumed = rows[20]  # step 21: the first after the checkpoint of step 20
+    log.info("trainer SIGKILL after step %d: the resumed step %d trained %d groups; stale %d, duplicates %d, "
+             "superseded %d, regenerated %d", killed_at, resumed["step"], resumed["groups/train"],
+             resumed["groups/stale"], resumed["groups/duplicate"], resumed["groups/superseded"],
+             resumed["groups/regenerate"])  # fmt: skip
+    assert "train/loss" in resumed and resumed["groups/train"] > 0 and resumed["groups/stale"] == 0, resumed
+    idle_or_stale = [(r["step"], r["groups/stale"]) for r in rows if "train/loss" not in r or r["groups/stale"]]
+    assert not idle_or_stale, idle_or_stale
+    last = _balanced(out)
+    assert last["tasks/published"] == steps * per_step and last["tasks/dropped/stale"] == 0, last

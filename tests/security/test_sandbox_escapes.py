@@ -1,4 +1,7 @@
-"""More sandbox attacks through the running reward service's /v1/execute; each contained, the service healthy after."""
+"""More sandbox attacks through the running reward service's /v1/execute; each contained, the service healthy after.
+
+Against a service in each sandbox mode: root, and rootless (no privilege outside its user namespace:
+tests/support/sandbox_mode.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +15,25 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import sandbox_mode
+from tests.support.reward_proc import RewardService, start_reward_service, stop_reward_service
+from tests.support.security_procs import TIGHT
 from tests.unit.reward.helpers import descendants
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", params=sandbox_mode.modes())
+def tight_reward(request: pytest.FixtureRequest) -> Iterator[RewardService]:
+    """conftest's service (2 workers, short deadlines), once per sandbox mode; it says which mode it runs."""
+    service = start_reward_service(*TIGHT, workers=2, env=sandbox_mode.service_env(request.param))
+    try:
+        sandbox = httpx.get(f"{service.http_url}/healthz", timeout=10).json()["sandbox"]
+        assert ("rootless mode" in sandbox) == (request.param == "rootless"), sandbox
+        yield service
+        service.assert_alive()
+    finally:
+        stop_reward_service(service)
 
 
 @pytest.fixture

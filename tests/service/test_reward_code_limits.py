@@ -66,3 +66,24 @@ def test_exit_in_a_solution_and_in_a_python_checker(service: RewardService) -> N
         service, code="print(1)", checker=checker, tests=[{"expected_stdout": "1"}, {"expected_stdout": "2"}]
     )
     assert [t["verdict"] for t in judged.json()["tests"]] == ["pass", "fail"], judged.text[:500]
+
+
+def test_a_programs_own_signals_and_its_process_limit_through_the_api(service: RewardService) -> None:
+    """Issue 33. A signal a program sends itself ends it as it would outside the sandbox, in a single run
+    (/v1/execute) and in a batch (a request's tests) alike: a single run's program was its namespace's init, which
+    ignored its raise(SIGTERM) (status ok) and died of SIGSEGV in abort(). A Java thread bomb is process_limit,
+    not memory_limit."""
+    term = '#include <signal.h>\n#include <stdio.h>\nint main(void){ raise(SIGTERM); puts("after"); return 0; }'
+    executed = httpx.post(f"{service.http_url}/v1/execute", json={"language": "c", "code": term}, timeout=60).json()
+    assert (executed["status"], executed["exit_code"], executed["stdout"]) == ("runtime_error", -15, ""), executed
+    judged = verify(service, code="import os\nos.abort()", tests=[{"expected_stdout": "1"}] * 2).json()
+    assert [(t["verdict"], t["exit_code"]) for t in judged["tests"]] == [("runtime_error", -6)] * 2, judged
+    bomb = (
+        "public class Main{public static void main(String[] a){while(true){Thread t=new Thread(()->{"
+        "try{Thread.sleep(100000);}catch(InterruptedException e){}});t.setDaemon(true);t.start();}}}"
+    )
+    body = {"language": "java", "code": bomb, "timeout_s": 20}
+    executed = httpx.post(f"{service.http_url}/v1/execute", json=body, timeout=120).json()
+    assert executed["status"] == "process_limit" and "unable to create native thread" in executed["stderr"], executed
+    judged = verify(service, language="java", code=bomb, timeout_s=20, tests=[{"expected_stdout": ""}] * 2).json()
+    assert [t["verdict"] for t in judged["tests"]] == ["process_limit"] * 2, judged

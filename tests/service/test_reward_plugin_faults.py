@@ -147,9 +147,15 @@ def test_a_deadline_that_cuts_math_short_is_an_error_not_cannot_judge(plugged: R
     assert result["components"]["math"]["status"] == "error" and "request deadline" in result["error"]
 
 
-def test_math_over_its_own_limit_is_still_cannot_judge(plugged: RewardService) -> None:
-    r = httpx.post(f"{plugged.http_url}/v1/verify/math", json={"answer": BLOWUP, "gold": "5", "timeout_s": 1.0})
-    assert r.status_code == 200 and r.json()["status"] == "timeout"
+def test_math_over_its_own_limit_is_judged_never_an_error(plugged: RewardService) -> None:
+    """timeout_s is the verification's own limit (from its start; the request's deadline leaves time to check the
+    gold alone): the answer's blow-up is a 0, a gold that blows up by itself cannot judge; neither is `error`."""
+    url = f"{plugged.http_url}/v1/verify/math"
+    answer = httpx.post(url, json={"answer": BLOWUP, "gold": "5", "timeout_s": 1.0}, timeout=30).json()
+    assert (answer["status"], answer["correct"]) == ("incorrect", False), answer
+    gold = BLOWUP.removeprefix("\\boxed{").removesuffix("}")
+    own = httpx.post(url, json={"answer": "\\boxed{5}", "gold": gold, "timeout_s": 1.0}, timeout=30).json()
+    assert (own["status"], own["correct"]) == ("timeout", None), own
 
 
 # ---- 2. nan from the reward model and the PRM ------------------------------------------------------------------

@@ -97,6 +97,26 @@ def test_grpo_steps_update_push_and_log(tmp_path: Path, redis_url: str, rollout_
     assert [r["step"] for r in evals] == [0, 2, 3] and all(r["eval/completed"] == 2 for r in evals)
     assert all(0.0 <= r["eval/accuracy"] <= 1.0 for r in evals)
     assert (out / "checkpoints" / "step-00000003" / "trainer_state.json").is_file()
+    assert_run_report(out, "svc", rows)
+
+
+def assert_run_report(out: Path, run_id: str, rows: list[dict[str, Any]]) -> None:
+    """A run without stages ends with the report a staged run writes (issue 34: it wrote none): summary.json in the
+    same format (the run as its one stage), report.md and the plots it names."""
+    from grpo.trainer.report import summarize
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {*summarize([], eval_before=None, wall_seconds=0), "run_id", "stages"}, sorted(summary)
+    assert summary["run_id"] == run_id and summary["grpo_steps"] == rows[-1]["step"]
+    first, last = (r for r in rows if "eval/accuracy" in r and r["step"] in (0, rows[-1]["step"]))
+    assert summary["eval_accuracy_before"] == first["eval/accuracy"] and summary["eval_before_judged"] is not None
+    assert summary["eval_history"][-1]["accuracy"] == last["eval/accuracy"]
+    (stage,) = summary["stages"]
+    assert (stage["mode"], stage["steps"], stage["folder"]) == ("grpo", rows[-1]["step"], str(out))
+    report = (out / "report.md").read_text()
+    assert report.startswith(f"# GRPO report — {run_id}\n"), report[:200]
+    plots = re.findall(r"!\[\w+\]\((\w+\.png)\)", report)
+    assert {"reward.png", "accuracy.png"} <= set(plots) and all((out / p).is_file() for p in plots), plots
 
 
 def test_a_run_whose_every_group_fails_exits_1_naming_why_and_writes_no_final_model(
@@ -123,13 +143,16 @@ def test_a_prompt_too_long_for_the_context_is_refused_or_left_out(
     tmp_path: Path, redis_url: str, rollout_for: Any
 ) -> None:
     """A prompt whose tokens and max_new_tokens overflow the model's context fails on every epoch (and an evaluation
-    counts it as failed, not wrong): refused at start-up naming its line, or left out with `overlong_prompts: drop`."""
+    counts it as failed, not wrong): refused at start-up naming its line (exit 2), or left out with
+    `overlong_prompts: drop`."""
     rollout_for("long")
     rows = [{"id": f"q{i}", "prompt": f"What is {i} + {i}?", "gold": str(2 * i)} for i in range(6)]
     rows.insert(3, {"id": "long", "prompt": "What is " + " + ".join(["1"] * 300) + "?", "gold": "300"})
     data = write_rows(tmp_path / "long.jsonl", rows)
     config = trainer_config(tmp_path, "long", redis_url, steps=1, train_data=str(data), eval_before_train=False)
-    text = run_failing_trainer(config, tmp_path / "trainer.log", timeout=120)
+    assert start_trainer(config, tmp_path / "trainer.log").wait(timeout=120) == 2  # refused at start-up, as a setting
+    text = (tmp_path / "trainer.log").read_text()
+    assert "grpo-trainer: invalid data: " in text and "Traceback" not in text, text[-3000:]
     assert re.search(rf"1 of 7 prompts \(the first: {re.escape(str(data))} line 4, \d+ tokens\) leave no room for "
                      r"max_new_tokens 16 in the model's context of 512 tokens", text), text[-3000:]  # fmt: skip
     assert "overlong_prompts: drop" in text
@@ -311,6 +334,55 @@ def test_status_api_checkpoint_and_sigterm(tmp_path: Path, redis_url: str, rollo
     last = max((tmp_path / "out" / "checkpoints").glob("step-*"))
     last_step = json.loads((last / "trainer_state.json").read_text())["step"]
     assert last_step == read_metrics(tmp_path / "out")[-1]["step"]  # the final checkpoint is the last step
+
+
+def test_the_status_keeps_the_last_evaluation_between_evaluations(
+    tmp_path: Path, redis_url: str, rollout_for: Any
+) -> None:
+    """Issue 34: `metrics` is the last step's, so held-out accuracy was there only on evaluation steps, and a monitor
+    polling every 5 s never saw it. `last_eval` holds the latest finished evaluation (its step and eval/* metrics),
+    over HTTP and gRPC alike."""
+    import httpx
+
+    rollout_for("lasteval")
+    eval_data = write_data(tmp_path / "eval.jsonl", 4, offset=100)
+    config = trainer_config(tmp_path, "lasteval", redis_url, steps=8, eval_data=str(eval_data), eval_every=3)
+    settings = json.loads(config.read_text())
+    log = tmp_path / "trainer.log"
+    seen: list[tuple[str, int, str, int | None, dict[str, float] | None]] = []  # (api, step, phase, last_eval)
+    proc = start_trainer(config, log)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{settings['grpc_port']}") as channel:
+            stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+            while proc.poll() is None:
+                try:
+                    http = httpx.get(f"http://127.0.0.1:{settings['http_port']}/v1/status", timeout=2).json()
+                    rpc = stub.GetRunStatus(trainer_pb2.GetRunStatusRequest(), timeout=2)
+                except (httpx.HTTPError, grpc.RpcError):
+                    time.sleep(0.05)
+                    continue
+                last = http["last_eval"] or {}
+                seen.append(("http", http["step"], http["phase"], last.get("step"), last.get("metrics")))
+                if rpc.HasField("last_eval"):
+                    seen.append(("grpc", rpc.step, rpc.phase, rpc.last_eval.step, dict(rpc.last_eval.metrics)))
+                else:
+                    seen.append(("grpc", rpc.step, rpc.phase, None, None))
+                time.sleep(0.05)
+        assert proc.wait(timeout=120) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    between = [s for s in seen if s[2] == "grpo" and s[1] % 3 and s[1] < 8]  # steps that did not evaluate
+    assert {api for api, *_ in between} == {"http", "grpc"}, seen
+    for api, step, _, eval_step, metrics in between:
+        assert eval_step == 3 * (step // 3), (api, step, eval_step)  # step 0: the baseline before the first update
+        assert metrics is not None and 0.0 <= metrics["eval/accuracy"] <= 1.0, (api, step, metrics)
+        assert metrics["eval/judged"] + metrics["eval/unjudged"] + metrics["eval/failed"] + metrics["eval/missing"] == 4
+        assert all(k.startswith("eval/") for k in metrics), metrics
+    logged = {r["step"]: r["eval/accuracy"] for r in read_metrics(tmp_path / "out") if "eval/accuracy" in r}
+    assert all(
+        metrics is not None and metrics["eval/accuracy"] == logged[eval_step] for *_, eval_step, metrics in between
+    )
 
 
 def stream_group_ids(redis_url: str, run: str) -> list[str]:

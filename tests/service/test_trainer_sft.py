@@ -42,6 +42,11 @@ def test_sft_mode_learns_and_exports(tmp_path: Path) -> None:
         "step-00000010",
         "step-00000012",
     ]
+    # Its summary, as an SFT-only staged run's (issue 34: a run without stages wrote none): the run as its one stage.
+    summary = json.loads((out / "summary.json").read_text())
+    (stage,) = summary["stages"]
+    assert summary["run_id"] == "default" and (stage["mode"], stage["steps"]) == ("sft", 12)
+    assert (stage["sft_loss_first"], stage["sft_loss_last"]) == (losses[0], losses[-1])
     # The same command again: the run is finished, and it says so instead of silently doing nothing.
     metrics = (out / "metrics.jsonl").read_text()
     again = subprocess.run(cmd, capture_output=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})

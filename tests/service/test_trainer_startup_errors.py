@@ -1,5 +1,6 @@
-"""The trainer's start-up errors are one line, never a traceback: a setting (exit 2, before torch loads), or the run's
-data, folder or checks (exit 1, "the run failed: ...", before it waits for Redis or replicas).
+"""The trainer's start-up errors are one line, never a traceback: a setting (exit 2, before torch loads), the data
+of the run or of any of its stages (exit 2, "invalid data: ...", before the first stage trains), or the run's folder
+(exit 1, "the run failed: ...", before it waits for Redis or replicas).
 
 Each of these once escaped as a traceback through the catch-all in service.serve.
 """
@@ -10,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +64,18 @@ def test_resume_from_a_folder_that_is_not_a_checkpoint(tmp_path: Path) -> None:
     assert line.startswith(f"resume: Value error, '{folder}' is not a checkpoint (no trainer_state.json)")
 
 
+def data_error(argv: list[str], tmp_path: Path, rows: bytes | None = None) -> str:
+    return data_line(run_trainer(argv, tmp_path, rows))
+
+
+def data_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The one line of a run refused for its data (exit 2, as a bad setting), without its prefix."""
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = [line for line in done.stderr.strip().splitlines() if line.startswith("grpo-trainer:")]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    return lines[0].removeprefix("grpo-trainer: invalid data: ")
+
+
 @pytest.mark.parametrize("flag", [["--zero-stage", "3"], ["--zero-stage", "1"]])
 def test_zero_stage_from_the_command_line_is_accepted(flag: list[str], tmp_path: Path) -> None:
     # It got as far as the run (then failed on the unwritable folder), not refused as "Input should be 1, 2 or 3".
@@ -81,15 +95,70 @@ def test_process_credit_on_rows_without_steps_names_the_first_line(tmp_path: Pat
     rows = f"{json.dumps({**ROW, 'gold': '3'})}\n".encode()
     steps = {"math": {"gold": "2"}, "steps": {"source": "rule", "rule": "column_addition"}}
     rows = (json.dumps({"prompt": "1 + 1?", "checks": steps}) + "\n\n").encode() + rows
-    line = run_error(["--preset", "prm"], tmp_path, rows)
+    line = data_error(["--preset", "prm"], tmp_path, rows)
     assert f"1 of 2 rows (the first: {tmp_path / 'train.jsonl'} line 3) have no checks.steps" in line
 
 
 def test_reward_weights_that_name_no_check_of_the_rows(tmp_path: Path) -> None:
-    line = run_error(["--reward-weights", '{"mathh": 1.0}'], tmp_path)
+    line = data_error(["--reward-weights", '{"mathh": 1.0}'], tmp_path)
     assert line.startswith(f"reward_weights names 'mathh', but {tmp_path / 'train.jsonl'} line 1 has no 'mathh' check")
 
 
 def test_a_data_file_that_is_not_utf8(tmp_path: Path) -> None:
-    line = run_error([], tmp_path, rows=b'{"prompt": "caf\xe9", "gold": "1"}\n')
+    line = data_error([], tmp_path, rows=b'{"prompt": "caf\xe9", "gold": "1"}\n')
     assert line.startswith(f"{tmp_path / 'train.jsonl'} line 1: not UTF-8 text")
+
+
+def staged_run(tmp_path: Path, grpo_stage: dict[str, object], grpo_rows: list[dict[str, object]],
+               eval_rows: list[dict[str, object]] | None = None) -> tuple[subprocess.CompletedProcess[str], float]:  # fmt: skip
+    """SFT → GRPO with a Redis nobody listens on: whatever fails must fail before the SFT stage trains."""
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text("".join(json.dumps({**ROW, "response": "<answer>2</answer>"}) + "\n" for _ in range(4)))
+    grpo = tmp_path / "grpo.jsonl"
+    grpo.write_text("".join(json.dumps(r) + "\n" for r in grpo_rows))
+    extra = []
+    if eval_rows is not None:
+        (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in eval_rows))
+        extra = ["--eval-data", str(tmp_path / "eval.jsonl")]
+    stages = [{"mode": "sft", "train_data": str(sft), "steps": 50, "prompts_per_step": 4},
+              {"mode": "grpo", "train_data": str(grpo), **grpo_stage}]  # fmt: skip
+    began = time.monotonic()
+    done = run_trainer(["--stages", json.dumps(stages), *extra], tmp_path)
+    return done, time.monotonic() - began
+
+
+def refused_at_start_up(done: subprocess.CompletedProcess[str], tmp_path: Path) -> str:
+    """Exit 2 with one line, and nothing trained: the SFT stage left no metrics, checkpoint or model."""
+    assert not list((tmp_path / "out").glob("stage-*/metrics.jsonl")), "a stage trained before the refusal"
+    return data_line(done)
+
+
+def test_a_later_stages_row_without_a_weighted_check_is_refused_before_the_first_stage(tmp_path: Path) -> None:
+    """Issue 34: such a row used to fail the GRPO stage 4.7 minutes in, after the SFT stage had trained."""
+    rows = [{**ROW, "checks": {"format": {}}}, {**ROW, "checks": {"format": {}}}, ROW]
+    done, seconds = staged_run(tmp_path, {"reward_weights": {"math": 1.0, "format": 1.0}}, rows)
+    line = refused_at_start_up(done, tmp_path)
+    assert line.startswith(f"stage 2 (grpo): reward_weights names 'format', but {tmp_path / 'grpo.jsonl'} line 3 "
+                           "has no 'format' check"), line  # fmt: skip
+    assert seconds < 90, f"refused after {seconds:.0f}s"
+
+
+@pytest.mark.parametrize(
+    ("grpo_rows", "eval_rows", "where", "message"),
+    [
+        (
+            [ROW, {"prompt": "1 + 1?", "checks": {"math": {}}}, ROW],
+            None,
+            "grpo.jsonl line 2",
+            "checks.math.gold is missing",
+        ),
+        ([ROW], [ROW, ROW, {"prompt": "2 + 2?"}], "eval.jsonl line 3", "no 'checks' (or 'gold')"),
+    ],
+)
+def test_a_later_stages_bad_row_is_named_with_its_stage_file_and_line(
+    tmp_path: Path, grpo_rows: list[dict[str, object]], eval_rows: list[dict[str, object]] | None, where: str,
+    message: str,
+) -> None:  # fmt: skip
+    done, _ = staged_run(tmp_path, {}, grpo_rows, eval_rows)
+    line = refused_at_start_up(done, tmp_path)
+    assert line.startswith(f"stage 2 (grpo): {tmp_path / where}: {message}"), line

@@ -36,12 +36,16 @@ def test_a_replica_down_is_no_error_while_another_serves_the_version(
         run.registry.heartbeat(down)
         run.registry.heartbeat(ReplicaInfo("up", up.address, 0, "", time.time(), weights_data_port=up.data_port))
         run.learner.set_version(8)
-        with caplog.at_level(logging.INFO, logger="grpo.trainer"):
+        with caplog.at_level(logging.DEBUG, logger="grpo.trainer"):
             run._sync_replicas()  # after a step: both are targets, `up` takes it
             run._sync_replicas()  # the next step's start: only `down` is a target
         assert run.confirmed == {"up": 8}
-        pushes = [r.message for r in caplog.records if "pushed version 8" in r.message or "to down" in r.message]
+        pushes = [r.message for r in caplog.records if "pushed version 8 to up" in r.message or "to down" in r.message]
         assert len(pushes) == 3, pushes  # `up` once, `down` twice: the second sync did run and fail
+        # One INFO line per push, not one per replica and another for the push (each failure has its own ERROR).
+        info = [r.message for r in caplog.records if r.levelno == logging.INFO and "version 8" in r.message]
+        assert [m.split(" in ")[0] for m in info] == ["pushed version 8 to 1 of 2 replicas",
+                                                      "pushed version 8 to 0 of 1 replicas"], info  # fmt: skip
         assert not [r.message for r in caplog.records if NO_REPLICA in r.message]
 
         caplog.clear()

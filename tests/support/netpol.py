@@ -22,7 +22,8 @@ CHART_REACHABILITY = {
     ("reward", "trainer", 8003): False, ("redis", "rollout", 7054): False,
     ("outsider", "rollout", 7051): False, ("outsider", "rollout", 7054): False, ("outsider", "redis", 6379): False,
     ("outsider", "reward", 7052): False, ("outsider", "reward", 8002): True,  # the verifier API is for the cluster
-    ("outsider", "trainer", 8003): True, ("outsider", "trainer", 7053): True,  # operators: status, stop (token)
+    ("outsider", "trainer", 8003): True,  # status (token) and metrics
+    ("outsider", "trainer", 7053): False,  # control (Stop, SaveCheckpoint): `kubectl port-forward`, or named peers
 }  # fmt: skip
 OUTSIDER = {"app": "someone-else"}
 

@@ -37,3 +37,23 @@ def values_of(obj: Any, key: str) -> list[Any]:
 def mismatches(reply: Any, expected: list[tuple[str, Any]]) -> list[str]:
     """The documented fields the reply does not have (empty when it answers as the README says)."""
     return [f"{k}={v!r} not in {values_of(reply, k)!r}" for k, v in expected if v not in values_of(reply, k)]
+
+
+OWN_TASK_FILE = re.compile(r"^`mytask/([\w.]+)`[^\n]*\n(?:[^\n]+\n)*?\n```\w*\n(.*?)```", re.S | re.M)
+OWN_TASK_COMMAND = re.compile(r"```bash\n(cd mytask && grpo up[^\n]*)\n```")
+
+
+def own_task_example() -> tuple[dict[str, str], str]:
+    """The "Train your own task" section's files (name → text, each the fenced block after its `mytask/NAME` line)
+    and its `grpo up` command line."""
+    section = README.read_text().split("## Train your own task", 1)[1].split("\n## ", 1)[0]
+    files = {name: text for name, text in OWN_TASK_FILE.findall(section)}
+    command = OWN_TASK_COMMAND.search(section)
+    assert command is not None, "the section's `cd mytask && grpo up ...` block is missing"
+    return files, command.group(1).split("#")[0].strip()
+
+
+def compose_results_commands() -> str:
+    """The README's shell block that copies a compose run's results out of the checkpoints volume."""
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
+    return next(block for block in blocks if "tar -xf - -C results" in block)

@@ -33,17 +33,26 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
-{{/* The env var NAME holding the Redis URL: the built-in Redis's in plain text; an external one's (which may
-     carry a password) from a Secret, never in the pod spec. */}}
+{{/* The env var NAME holding the Redis URL, from a Secret (it carries the password), never in the pod spec: the
+     chart's <release>-grpo-redis (the built-in Redis's, or the external URL given), or redis.existingSecret. */}}
 {{- define "grpo.redisUrlEnv" -}}
 {{- $root := index . 0 -}}
-{{- if $root.Values.redis.enabled -}}
-- {name: {{ index . 1 }}, value: {{ include "grpo.redisUrl" $root | quote }}}
-{{- else -}}
 - name: {{ index . 1 }}
   valueFrom:
-    secretKeyRef: {name: {{ $root.Values.redis.existingSecret | default (printf "%s-redis" (include "grpo.fullname" $root)) }}, key: redis-url}
+    {{- if and (not $root.Values.redis.enabled) $root.Values.redis.existingSecret }}
+    secretKeyRef: {name: {{ $root.Values.redis.existingSecret }}, key: redis-url}
+    {{- else }}
+    secretKeyRef: {name: {{ include "grpo.fullname" $root }}-redis, key: redis-url}
+    {{- end }}
 {{- end -}}
+
+{{/* The decoded value under KEY of the Secret NAME this release already has (on upgrade), else "":
+     include "grpo.keptSecret" (list $ NAME KEY). Offline (`helm template`) lookup finds nothing. */}}
+{{- define "grpo.keptSecret" -}}
+{{- $root := index . 0 -}}
+{{- $existing := lookup "v1" "Secret" $root.Release.Namespace (index . 1) | default dict -}}
+{{- $data := get $existing "data" | default dict -}}
+{{- get $data (index . 2) | default "" | b64dec -}}
 {{- end -}}
 
 {{/* The Redis port the rollout and trainer pods connect to: 6379, or the external URL's own. */}}
@@ -99,12 +108,14 @@ capabilities:
     secretKeyRef: {name: {{ include "grpo.secretName" . }}, key: hf-token, optional: true}
 {{- end -}}
 
-{{/* Env var NAME holding the API token from the chart's Secret: include "grpo.tokenEnv" (list $ "GRPO_REWARD_TOKEN" "api-token") */}}
+{{/* Env var NAME holding a token from the chart's Secret: include "grpo.tokenEnv" (list $ "GRPO_REWARD_TOKEN" "api-token").
+     The API token is required (a Secret without it stops the pod rather than serve it open); the weights token
+     may be missing from an existing Secret (it then defaults to the API token). */}}
 {{- define "grpo.tokenEnv" -}}
 {{- $root := index . 0 -}}
 - name: {{ index . 1 }}
   valueFrom:
-    secretKeyRef: {name: {{ include "grpo.secretName" $root }}, key: {{ index . 2 }}, optional: true}
+    secretKeyRef: {name: {{ include "grpo.secretName" $root }}, key: {{ index . 2 }}{{ if ne (index . 2) "api-token" }}, optional: true{{ end }}}
 {{- end -}}
 
 {{/* Volumes every pod mounts: writable /tmp and /cache (the root filesystem is read-only) and the config. */}}
@@ -160,6 +171,14 @@ startupProbe:
 {{/* storageClassName of a claim: include "grpo.storageClass" (list $ .Values.trainer.checkpoints.storageClass).
      The claim's own value, else the chart-wide `storageClass`; "" leaves the field out (the cluster's default
      class), "-" writes storageClassName: "" (no class: bind to a pre-made PersistentVolume). */}}
+{{/* A claim's storage class in words, for NOTES.txt: include "grpo.storageClassText" (list $ .Values.trainer.checkpoints.storageClass). */}}
+{{- define "grpo.storageClassText" -}}
+{{- $class := index . 1 | default (index . 0).Values.storageClass -}}
+{{- if eq $class "-" -}}no class (a PersistentVolume you made)
+{{- else if $class -}}class {{ $class }}
+{{- else -}}the cluster's default class{{- end -}}
+{{- end -}}
+
 {{- define "grpo.storageClass" -}}
 {{- $class := index . 1 | default (index . 0).Values.storageClass -}}
 {{- if eq $class "-" }}

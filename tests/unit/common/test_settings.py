@@ -160,3 +160,45 @@ def test_tls_files_must_exist_and_be_a_pem_certificate_and_key(
     ):
         assert "are not a PEM certificate and its unencrypted private key" in _exit_line(argv, capsys)
     assert "tls_cert_file and tls_key_file must be set together" in _exit_line(["--tls-cert-file", cert], capsys)
+
+
+class SecretDemoSettings(ServiceSettings):
+    model_config = service_config("GRPO_DEMOTEST_", "grpo-demotest")
+
+    token: str | None = None
+    """A bearer token."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis."""
+    name: str = "x"
+    """Not a secret."""
+
+
+def test_secrets_come_from_the_files_their_FILE_variables_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Deployments mount secrets as files (compose's generated token and Redis password, Kubernetes Secrets)."""
+    token, url = tmp_path / "token", tmp_path / "url"
+    token.write_text("s3cret\n")
+    url.write_text("redis://:pw@redis:6379/0")
+    monkeypatch.setenv("GRPO_DEMOTEST_TOKEN_FILE", str(token))
+    monkeypatch.setenv("GRPO_DEMOTEST_REDIS_URL_FILE", str(url))
+    monkeypatch.setenv("GRPO_DEMOTEST_TOKEN", "")  # compose's `${VAR:-}`: empty is unset, so the file gives it
+    monkeypatch.setenv("GRPO_DEMOTEST_NAME_FILE", str(token))  # only secrets are read from files
+    loaded = load_settings(SecretDemoSettings, [])
+    assert (loaded.token, loaded.redis_url, loaded.name) == ("s3cret", "redis://:pw@redis:6379/0", "x")
+    assert load_settings(SecretDemoSettings, ["--token", "flag"]).token == "flag"  # a flag still wins
+
+    def exit_line() -> str:
+        with pytest.raises(SystemExit), exit_on_invalid_settings("grpo-demotest"):
+            load_settings(SecretDemoSettings, [])
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        return err.removeprefix("grpo-demotest: invalid settings: ").strip()
+
+    monkeypatch.setenv("GRPO_DEMOTEST_TOKEN", "other")
+    assert exit_line() == "token: set GRPO_DEMOTEST_TOKEN or GRPO_DEMOTEST_TOKEN_FILE, not both"
+    monkeypatch.delenv("GRPO_DEMOTEST_TOKEN")
+    token.write_text("\n")  # an empty token would have turned auth off without a word
+    assert exit_line() == f"token: GRPO_DEMOTEST_TOKEN_FILE {token} is empty"
+    token.unlink()
+    assert exit_line() == f"token: GRPO_DEMOTEST_TOKEN_FILE {token}: no such file"

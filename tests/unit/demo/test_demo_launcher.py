@@ -29,7 +29,7 @@ def test_config_sections_become_a_spec(tmp_path: Path) -> None:
     [
         ("rolout: {}\n", "unknown key(s) ['rolout'] (did you mean rolout → rollout?)"),
         ("reward: 3\n", "'reward' must be a mapping"),
-        ("- 1\n", "must be a mapping"),
+        ("- 1\n", "must hold a mapping"),  # the services' own config reader says it
         ("replicas: two\n", "replicas: Input should be a valid integer"),
         ("replicas: yes\n", "replicas: Input should be a valid integer"),  # YAML true is not 1 replica
         ("replicas: 1.5\n", "replicas: Input should be a valid integer"),

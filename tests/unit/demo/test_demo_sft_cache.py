@@ -32,6 +32,15 @@ def test_any_setting_sft_depends_on_gives_another_entry(field: str, value: objec
     assert entry_dir(DemoConfig(**{field: value}).sft_settings()) != entry_dir(DemoConfig().sft_settings())
 
 
+def test_another_base_model_vocabulary_gives_another_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold start trained from the 20-token model must not be reused over the printable-ASCII one."""
+    from grpo.demo import model
+
+    before = entry_dir(DemoConfig().sft_settings())
+    monkeypatch.setattr(model, "CHARS", model.TASK_CHARS)
+    assert entry_dir(DemoConfig().sft_settings()) != before
+
+
 def test_a_second_run_reuses_the_cold_start_and_fresh_sft_trains_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,7 +15,7 @@ import yaml
 from grpo.reward.settings import parse_settings as reward_settings
 from grpo.rollout.settings import parse_settings as rollout_settings
 from grpo.trainer.config import parse_settings as trainer_settings
-from tests.support.compose_env import compose_env
+from tests.support.compose_env import compose_env, local_secret_paths, write_secrets
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "k8s" / "grpo"
@@ -32,9 +32,15 @@ def parse(service: str, config: Path, monkeypatch: pytest.MonkeyPatch, env: dict
     return PARSERS[service](["--config", str(config)])
 
 
+def service_env(service: str, variables: dict[str, str], secrets: Path) -> dict[str, str]:
+    """What compose gives the service's container ('' values kept), its secret files at their local paths."""
+    env = {k: v for k, v in compose_env(service, variables).items() if k.startswith("GRPO_")}
+    return local_secret_paths(env, secrets)
+
+
 @pytest.mark.parametrize("service", list(PARSERS))
-def test_compose_config_files_are_valid_settings(service: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    env = {k: v for k, v in compose_env(service, {}).items() if k.startswith("GRPO_")}  # '' values kept
+def test_compose_config_files_are_valid_settings(service: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    env = service_env(service, {}, write_secrets(tmp_path, {}))
     settings = parse(service, ROOT / "deploy" / "compose" / f"{service}.yaml", monkeypatch, env)
     if service == "trainer":
         assert str(settings.train_data) == "/data/train.jsonl"
@@ -46,14 +52,19 @@ def test_compose_config_files_are_valid_settings(service: str, monkeypatch: pyte
     if service == "rollout":
         assert settings.run == "compose"
         assert settings.reward_addr == "reward:7052"
+    if service != "reward":  # Redis with the generated password, read from the secret's file
+        password = (tmp_path / "redis" / "password").read_text()
+        assert settings.redis_url == f"redis://:{password}@redis:6379/0" and len(password) == 48
 
 
-def test_compose_uses_exact_sampler_logprobs_only_with_the_hf_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compose_uses_exact_sampler_logprobs_only_with_the_hf_engine(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """sampler_exact takes the sampler's log-probs as π_old: true only of the hf engine in fp32. The gpu profile's
     vLLM samples in bf16, so its trainer recomputes π_old (and caps stale groups' weights, TIS) instead."""
     config = ROOT / "deploy" / "compose" / "trainer.yaml"
     for service, exact in (("trainer", True), ("trainer-gpu", False)):
-        env = {k: v for k, v in compose_env(service, {}).items() if k.startswith("GRPO_")}
+        env = service_env(service, {}, write_secrets(tmp_path, {}))
         assert parse("trainer", config, monkeypatch, env).sampler_exact is exact, service
 
 
@@ -100,16 +111,18 @@ COMPOSE_VARIABLES = {
 
 
 @pytest.mark.parametrize("case", list(COMPOSE_VARIABLES))
-def test_compose_tokens_pair_up_client_to_server(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each caller sends exactly the token its callee demands: reward ← rollout, rollout ← trainer's push,
-    and with nothing set nobody demands or sends one (an unset ${VAR:-} is '', which means unset)."""
+def test_compose_tokens_pair_up_client_to_server(case: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each caller sends exactly the token its callee demands: reward ← rollout, rollout ← trainer's push. With
+    nothing set that is the token init-secrets generated, never none (an unset ${VAR:-} is '', meaning unset)."""
     variables = COMPOSE_VARIABLES[case]
+    secrets = write_secrets(tmp_path, variables)
     s = {
         service: parse(service, ROOT / "deploy" / "compose" / f"{service}.yaml", monkeypatch,
-                       {k: v for k, v in compose_env(service, variables).items() if k.startswith("GRPO_")})
+                       service_env(service, variables, secrets))
         for service in PARSERS
     }  # fmt: skip
-    api = variables.get("GRPO_API_TOKEN")
+    api = variables.get("GRPO_API_TOKEN") or (secrets / "api" / "token").read_text()
+    assert api and len(api) >= 10
     weights = variables.get("GRPO_WEIGHTS_TOKEN") or api
     assert s["reward"].token == api and s["rollout"].token == api and s["trainer"].token == api
     assert s["rollout"].reward_token == s["reward"].token

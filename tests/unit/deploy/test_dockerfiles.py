@@ -69,3 +69,59 @@ def test_volume_mount_points_belong_to_the_service_user(dockerfile: Path) -> Non
     text = whole.split("AS runtime")[-1] if "AS runtime" in whole else whole.rsplit("FROM ", 1)[-1]  # final stage
     assert re.search(r"install -d -o 10001 -g 10001 (/\S+ )*/cache\b", text), "runtime stage must create /cache"
     assert re.search(r"install -d -o 10001 -g 10001 (/\S+ )*/checkpoints\b", text)
+
+
+FROM_LINE = re.compile(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", re.M | re.I)
+GPU_STAGES = {"build-gpu", "gpu"}
+
+
+def stages(dockerfile: Path) -> list[tuple[str, str, str]]:
+    """(name, base, body) of each stage, in file order."""
+    text = dockerfile.read_text()
+    found = list(FROM_LINE.finditer(text))
+    ends = [m.start() for m in found[1:]] + [len(text)]
+    return [(m.group(2) or "", m.group(1), text[m.end() : end]) for m, end in zip(found, ends, strict=True)]
+
+
+def needs(dockerfile: Path, target: str) -> set[str]:
+    """The stages BuildKit builds for `target`: its base chain and every `COPY --from`, transitively."""
+    by_name = {name: (base, body) for name, base, body in stages(dockerfile)}
+    seen: set[str] = set()
+    todo = [target]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in by_name:
+            continue
+        seen.add(name)
+        base, body = by_name[name]
+        todo += [base, *re.findall(r"COPY --from=(\S+)", body)]
+    return seen
+
+
+@pytest.mark.parametrize("service", ["rollout", "trainer"])
+def test_a_cpu_build_never_reaches_a_gpu_stage(service: str) -> None:
+    """The legacy builder (DOCKER_BUILDKIT=0, docker-compose v1) builds every stage up to the target in file order:
+    with the GPU stages before `cpu`, a CPU build installed vLLM's CUDA build (or CUDA torch) for nothing."""
+    dockerfile = ROOT / "services" / service / "Dockerfile"
+    order = [name for name, _, _ in stages(dockerfile)]
+    legacy = order[: order.index("cpu") + 1]
+    assert not GPU_STAGES & set(legacy), order
+    installs_gpu = [
+        name for name, _, body in stages(dockerfile) if re.search(r"pip install[^\n]*(vllm|deepspeed)", body)
+    ]
+    assert installs_gpu and not set(installs_gpu) & set(legacy), (installs_gpu, legacy)
+    assert not GPU_STAGES & needs(dockerfile, "cpu")  # BuildKit
+    assert {"build-gpu"} <= needs(dockerfile, "gpu")
+    default = needs(dockerfile, stages(dockerfile)[-1][0])  # what a build without --target gets
+    assert "cpu" in default and not GPU_STAGES & default, default
+
+
+def test_the_trainer_image_builds_matplotlibs_font_cache_once() -> None:
+    """Each run's MPLCONFIGDIR is a fresh /tmp: the font list is built at image build, where the trainer finds it."""
+    text = (ROOT / "services/trainer/Dockerfile").read_text()
+    seed = re.search(r"GRPO_MPL_FONT_CACHE=(\S+)", text)
+    assert seed is not None, "runtime ENV must name the pre-built font cache (grpo.trainer.font_cache)"
+    for name, _, body in stages(ROOT / "services/trainer/Dockerfile"):
+        if name in ("cpu", "gpu"):  # after the venv is copied in, before the user drops root
+            run = f'RUN MPLCONFIGDIR={seed.group(1)} python -c "import matplotlib.font_manager"'
+            assert body.index("COPY --from=") < body.index(run) < body.index("USER 10001"), name

@@ -4,8 +4,12 @@ schemas, and has the properties the deployment promises (probes, security, polic
 from __future__ import annotations
 
 import ast
+import base64
+import hashlib
 import json
 import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +25,7 @@ from tests.support.readme_examples import verifier_examples
 CHART = Path(__file__).resolve().parents[3] / "k8s" / "grpo"
 K8S_VERSION = "1.33.0"
 # Custom resources have no schema in kubernetes-validate; their shape is asserted below.
-CRD_KINDS = {"ServiceMonitor", "ScaledObject"}
+CRD_KINDS = {"ServiceMonitor", "ScaledObject", "TriggerAuthentication"}
 VALUE_FILES = {"default": None, "cpu": "values-cpu.yaml", "gpu": "values-gpu.yaml"}
 
 
@@ -384,3 +388,327 @@ def test_every_port_names_its_protocol(manifests: tuple[str, list[dict[str, Any]
         if d["kind"] in ("Deployment", "StatefulSet"):
             ports += [p for c in d["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])]
     assert len(ports) >= 12 and all(p.get("protocol") == "TCP" for p in ports), ports
+
+
+def notes(values: dict[str, Any]) -> str:
+    return str(
+        helm_python.Chart.load(str(CHART)).render(values, name="demo", namespace="grpo")["grpo/templates/NOTES.txt"]
+    )
+
+
+def test_notes_say_why_pods_may_be_pending_and_what_to_set() -> None:
+    """On a cluster without a default StorageClass the trainer and Redis wait Pending without an error: the notes
+    printed after `helm install` name the claims, their class, how to see it and the value that fixes it."""
+    default = notes({})
+    assert "Pods Pending?" in default and "without a default StorageClass" in default
+    assert (
+        "checkpoints\n(50Gi, the cluster's default class) and Redis's AOF (8Gi, the cluster's default class)" in default
+    )
+    assert "kubectl get pvc -n grpo -l app.kubernetes.io/instance=demo" in default
+    assert "kubectl get storageclass" in default and "--set storageClass=<a class from that list>" in default
+    chosen = notes({"storageClass": "local-path", "trainer": {"checkpoints": {"storageClass": "fast"}}})
+    assert "(50Gi, class fast) and Redis's AOF (8Gi, class local-path)" in chosen
+    external = notes({"storageClass": "-", "redis": {"enabled": False, "externalUrl": "redis://r:6379/0"}})
+    assert "checkpoints\n(50Gi, no class (a PersistentVolume you made))." in external and "Redis's AOF" not in external
+
+
+def local_cluster_install() -> tuple[dict[str, Any], list[str]]:
+    """The README's "On a local cluster" `helm install`: its values (the -f file with the --set values laid over
+    it) and the images its `kind load` line loads."""
+    text = (CHART.parents[1] / "README.md").read_text().split("**On a local cluster**", 1)[1]
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    install = next(line for line in block.splitlines() if line.strip().startswith("helm install"))
+    values = yaml.safe_load((CHART.parents[1] / re.search(r"-f (\S+)", install).group(1)).read_text())  # type: ignore[union-attr]
+    for key, value in re.findall(r"--set ([\w.]+)=(\S+)", install):
+        *path, last = key.split(".")
+        target = values
+        for part in path:
+            target = target.setdefault(part, {})
+        target[last] = value
+    loaded = next(line for line in block.splitlines() if line.strip().startswith("kind load")).split()[3:]
+    return values, loaded
+
+
+def test_the_readme_local_cluster_install_uses_the_images_it_loads() -> None:
+    """A loaded `grpo-reward:latest` is `docker.io/library/grpo-reward:latest` to the node: the chart must ask for
+    exactly that, and never pull it."""
+    values, loaded = local_cluster_install()
+    wanted = {f"docker.io/library/{image}" for image in loaded}
+    pods = [d["spec"]["template"]["spec"] for d in render(values) if d["kind"] in ("Deployment", "StatefulSet")]
+    ours = [c for pod in pods for c in pod["containers"] if "/grpo-" in c["image"]]
+    assert {c["image"] for c in ours} == wanted and len(wanted) == 3, ours
+    assert {c["imagePullPolicy"] for c in ours} == {"Never"}
+
+
+def container_env(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, dict[str, Any]]:
+    pod = by_kind(docs, kind)[f"demo-grpo-{name}"]["spec"]["template"]["spec"]
+    return {e["name"]: e for e in pod["containers"][0]["env"]}
+
+
+def secret_ref(env: dict[str, Any]) -> dict[str, Any]:
+    return dict(env["valueFrom"]["secretKeyRef"])
+
+
+def test_a_token_and_a_redis_password_are_generated_when_none_is_given() -> None:
+    """With no auth.apiToken the chart once ran every API open; with no redis.password, Redis took anyone."""
+    first, second = render({}), render({})
+    auth = by_kind(first, "Secret")["demo-grpo-auth"]["stringData"]
+    assert len(auth["api-token"]) >= 32 and auth["weights-token"] == auth["api-token"]
+    assert auth["api-token"] != by_kind(second, "Secret")["demo-grpo-auth"]["stringData"]["api-token"]  # random
+    redis = by_kind(first, "Secret")["demo-grpo-redis"]["stringData"]
+    password = redis["redis-password"]
+    assert (
+        len(password) >= 32 and password != by_kind(second, "Secret")["demo-grpo-redis"]["stringData"]["redis-password"]
+    )
+    assert redis["redis-url"] == f"redis://:{password}@demo-grpo-redis:6379/0"
+    assert redis["users.acl"].strip() == f"user default on #{hashlib.sha256(password.encode()).hexdigest()} ~* &* +@all"
+    assert all(password not in json.dumps(d) and auth["api-token"] not in json.dumps(d)
+               for d in first if d["kind"] != "Secret")  # fmt: skip
+    # What the operator gives is what is used.
+    given = render({"auth": {"apiToken": "op-token"}, "redis": {"password": "op-pass"}})
+    assert by_kind(given, "Secret")["demo-grpo-auth"]["stringData"]["api-token"] == "op-token"
+    assert by_kind(given, "Secret")["demo-grpo-redis"]["stringData"]["redis-url"] == (
+        "redis://:op-pass@demo-grpo-redis:6379/0"
+    )
+    # The notes printed after `helm install` say where the token is and send it.
+    assert "kubectl get secret -n grpo demo-grpo-auth -o jsonpath='{.data.api-token}'" in notes({})
+    assert '/v1/status -H "authorization: Bearer $TOKEN"' in notes({})
+
+
+def test_every_service_requires_the_token_and_redis_the_password(
+    manifests: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, docs = manifests
+    token = {"name": "demo-grpo-auth", "key": "api-token"}  # not optional: a Secret without it stops the pod
+    for kind, name, variables in (
+        ("Deployment", "reward", ["GRPO_REWARD_TOKEN"]),
+        ("Deployment", "rollout", ["GRPO_ROLLOUT_TOKEN", "GRPO_ROLLOUT_REWARD_TOKEN"]),
+        ("StatefulSet", "trainer", ["GRPO_TRAINER_TOKEN"]),
+    ):
+        env = container_env(docs, kind, name)
+        for var in variables:
+            assert secret_ref(env[var]) == token, (name, var)
+    url = {"name": "demo-grpo-redis", "key": "redis-url"}
+    assert secret_ref(container_env(docs, "Deployment", "rollout")["GRPO_ROLLOUT_REDIS_URL"]) == url
+    assert secret_ref(container_env(docs, "StatefulSet", "trainer")["GRPO_TRAINER_REDIS_URL"]) == url
+    redis = by_kind(docs, "StatefulSet")["demo-grpo-redis"]["spec"]["template"]["spec"]
+    args = redis["containers"][0]["args"]
+    acl = args[args.index("--aclfile") + 1]
+    mount = next(m for m in redis["containers"][0]["volumeMounts"] if acl.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in redis["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "demo-grpo-redis"
+    assert volume["secret"]["items"] == [{"key": "users.acl", "path": acl.rsplit("/", 1)[1]}]
+    probe_env = {e["name"]: e for e in redis["containers"][0]["env"]}
+    assert secret_ref(probe_env["REDISCLI_AUTH"]) == {"name": "demo-grpo-redis", "key": "redis-password"}
+
+
+class FakeApiServer(ThreadingHTTPServer):
+    """What Helm's `lookup` asks of a Kubernetes API server, answered from `objects` (path -> JSON): discovery
+    of the core group and GET of one object. A stand-in for the cluster (tests/k8s runs the real one)."""
+
+    def __init__(self, objects: dict[str, dict[str, Any]]) -> None:
+        self.objects, self.asked = objects, []
+        super().__init__(("127.0.0.1", 0), self.Handler)
+
+    class Handler(BaseHTTPRequestHandler):
+        server: FakeApiServer
+
+        def do_GET(self) -> None:
+            path = self.path.split("?")[0]
+            self.server.asked.append(path)
+            if path in self.server.objects:
+                self.reply(200, self.server.objects[path])
+            elif path == "/api":
+                self.reply(200, {"kind": "APIVersions", "versions": ["v1"]})
+            elif path == "/apis":
+                self.reply(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+            elif path == "/api/v1":
+                secrets = {"name": "secrets", "singularName": "secret", "namespaced": True, "kind": "Secret",
+                           "verbs": ["get", "list"]}  # fmt: skip
+                self.reply(200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": [secrets]})
+            elif path == "/version":
+                self.reply(200, {"major": "1", "minor": "33", "gitVersion": "v1.33.0"})
+            else:
+                self.reply(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                                 "code": 404})  # fmt: skip
+
+        def reply(self, code: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+
+def secret_object(name: str, data: dict[str, str]) -> dict[str, Any]:
+    encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "grpo"}, "data": encoded}
+
+
+def test_generated_secrets_are_kept_across_upgrades() -> None:
+    """`helm upgrade` renders again: a new random token would lock every client out and a new Redis password
+    would not match the running Redis. The chart looks up the Secrets it made and keeps their values."""
+    existing = {
+        "/api/v1/namespaces/grpo/secrets/demo-grpo-auth": secret_object(
+            "demo-grpo-auth", {"api-token": "kept-token", "weights-token": "kept-token", "hf-token": ""}
+        ),
+        "/api/v1/namespaces/grpo/secrets/demo-grpo-redis": secret_object(
+            "demo-grpo-redis", {"redis-password": "kept-pass", "redis-url": "x", "users.acl": "x"}
+        ),
+    }
+    server = FakeApiServer(existing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = helm_python.Config(kube_apiserver=f"http://127.0.0.1:{server.server_address[1]}", namespace="grpo")
+    try:
+        files = config.render(helm_python.Chart.load(str(CHART)), {}, name="demo", namespace="grpo", is_upgrade=True)
+    finally:
+        config.close()
+        server.shutdown()
+    assert set(existing) <= set(server.asked), server.asked  # it did ask
+    docs = [d for path, text in files.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
+    secrets = by_kind(docs, "Secret")
+    assert secrets["demo-grpo-auth"]["stringData"]["api-token"] == "kept-token"
+    assert secrets["demo-grpo-redis"]["stringData"]["redis-password"] == "kept-pass"
+    assert secrets["demo-grpo-redis"]["stringData"]["redis-url"] == "redis://:kept-pass@demo-grpo-redis:6379/0"
+
+
+def test_the_trainer_control_port_is_closed_unless_peers_are_named() -> None:
+    """Stop and SaveCheckpoint were reachable from every namespace; operators use `kubectl port-forward`."""
+    operator = Pod({"app": "ops"}, "ops", {"kubernetes.io/metadata.name": "ops"})
+    outsider = Pod({"app": "web"}, "web", {"kubernetes.io/metadata.name": "web"})
+
+    def reaches(values: dict[str, Any], src: Pod) -> bool:
+        docs = render(values)
+        policies = [
+            {**p, "metadata": {**p["metadata"], "namespace": "grpo"}} for p in by_kind(docs, "NetworkPolicy").values()
+        ]
+        trainer = by_kind(docs, "StatefulSet")["demo-grpo-trainer"]["spec"]["template"]["metadata"]["labels"]
+        return allowed(policies, src, Pod(trainer, "grpo"), 7053)
+
+    assert not reaches({}, operator) and not reaches({}, outsider)
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}}]
+    assert reaches({"networkPolicy": {"trainerControlFrom": peers}}, operator)
+    assert not reaches({"networkPolicy": {"trainerControlFrom": peers}}, outsider)
+
+
+def test_keda_authenticates_to_the_builtin_redis() -> None:
+    docs = render({"rollout": {"keda": {"enabled": True}}})
+    trigger = by_kind(docs, "ScaledObject")["demo-grpo-rollout"]["spec"]["triggers"][0]
+    auth = by_kind(docs, "TriggerAuthentication")[trigger["authenticationRef"]["name"]]
+    assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": "demo-grpo-redis",
+                                                "key": "redis-password"}]  # fmt: skip
+
+
+# Pod Security Standards, baseline level (kubernetes.io/docs/concepts/security/pod-security-standards), as
+# Pod Security Admission checks it: what a pod may not set.
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "SETFCAP",
+    "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+}  # fmt: skip
+BASELINE_SYSCTLS = {
+    "kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+}  # fmt: skip
+SELINUX_TYPES = {None, "", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
+
+
+def baseline_violations(template: dict[str, Any], kube_minor: int = 33) -> list[str]:
+    """What in a pod template the baseline level refuses; empty when it is admitted. From Kubernetes 1.35 a pod
+    with its own user namespace (hostUsers: false) may set procMount Unmasked (PSA's procMount 1.35 check)."""
+    pod, found = template["spec"], []
+    found += [f"spec.{k}" for k in ("hostNetwork", "hostPID", "hostIPC") if pod.get(k)]
+    found += [f"volume {v['name']}: hostPath" for v in pod.get("volumes", []) if "hostPath" in v]
+    contexts = [("pod", pod.get("securityContext") or {})]
+    containers = [*pod["containers"], *pod.get("initContainers", []), *pod.get("ephemeralContainers", [])]
+    contexts += [(c["name"], c.get("securityContext") or {}) for c in containers]
+    own_users = pod.get("hostUsers") is False and kube_minor >= 35
+    for name, sc in contexts:
+        if sc.get("privileged"):
+            found.append(f"{name}: privileged")
+        if sc.get("windowsOptions", {}).get("hostProcess"):
+            found.append(f"{name}: hostProcess")
+        extra = set(sc.get("capabilities", {}).get("add", [])) - BASELINE_CAPABILITIES
+        found += [f"{name}: capability {cap}" for cap in sorted(extra)]
+        if sc.get("procMount", "Default") != "Default" and not own_users:
+            found.append(f"{name}: procMount {sc['procMount']}")
+        if (sc.get("seccompProfile") or {}).get("type") == "Unconfined":
+            found.append(f"{name}: seccomp Unconfined")
+        if (sc.get("appArmorProfile") or {}).get("type") == "Unconfined":
+            found.append(f"{name}: AppArmor Unconfined")
+        selinux = sc.get("seLinuxOptions") or {}
+        if selinux.get("type") not in SELINUX_TYPES or selinux.get("user") or selinux.get("role"):
+            found.append(f"{name}: seLinuxOptions {selinux}")
+    for c in containers:
+        found += [f"{c['name']}: hostPort {p['hostPort']}" for p in c.get("ports", []) if p.get("hostPort")]
+    for key, value in template["metadata"].get("annotations", {}).items():
+        apparmor = key.startswith("container.apparmor.security.beta.kubernetes.io/")
+        if apparmor and value != "runtime/default" and not value.startswith("localhost/"):
+            found.append(f"annotation {key}: {value}")
+    sysctls = {s["name"] for s in pod.get("securityContext", {}).get("sysctls", [])}
+    found += [f"sysctl {name}" for name in sorted(sysctls - BASELINE_SYSCTLS)]
+    return found
+
+
+def reward_template(values: dict[str, Any]) -> dict[str, Any]:
+    return by_kind(render(values), "Deployment")["demo-grpo-reward"]["spec"]["template"]
+
+
+ROOTLESS = {"reward": {"sandbox": {"mode": "rootless"}}}
+
+
+def test_the_rootless_sandbox_pod_is_admitted_at_the_baseline_level() -> None:
+    """Rootless: no root, no added capability, no Unconfined profile; the Localhost seccomp profile lets the sandbox
+    make its user namespace. With unmaskedProc (the default: containerd masks /proc, and a user namespace cannot
+    mount a fresh one over a masked one) it is baseline from Kubernetes 1.35, hostUsers false; without, from any."""
+    template = reward_template(ROOTLESS)
+    pod, container = template["spec"], template["spec"]["containers"][0]
+    assert baseline_violations(template, kube_minor=35) == []
+    assert baseline_violations(template, kube_minor=34) == ["reward: procMount Unmasked"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {
+        "type": "Localhost",
+        "localhostProfile": "grpo/reward-rootless.json",
+    }
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert pod["hostUsers"] is False and container["securityContext"]["procMount"] == "Unmasked"
+    args = container["args"]
+    assert args[args.index("--sandbox-mode") + 1] == "rootless" and "--sandbox" not in args
+    for doc in render(ROOTLESS):
+        if doc["kind"] not in CRD_KINDS:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+    masked = reward_template({"reward": {"sandbox": {"mode": "rootless", "unmaskedProc": False}}})
+    assert baseline_violations(masked, kube_minor=30) == []
+    assert "hostUsers" not in masked["spec"] and "procMount" not in masked["spec"]["containers"][0]["securityContext"]
+
+    apparmor = {"mode": "rootless", "appArmorProfile": "grpo-reward-rootless"}
+    profile = reward_template({"reward": {"sandbox": apparmor}})["spec"]["securityContext"]["appArmorProfile"]
+    assert profile == {"type": "Localhost", "localhostProfile": "grpo-reward-rootless"}
+
+
+def test_the_root_sandbox_pod_stays_privileged_and_off_is_baseline() -> None:
+    """The default (root mode) is what it was: the privileged level, with its four capabilities; off is baseline."""
+    root = reward_template({})
+    assert set(baseline_violations(root, kube_minor=35)) >= {"reward: capability SYS_ADMIN", "pod: seccomp Unconfined"}
+    args = root["spec"]["containers"][0]["args"]
+    assert args[args.index("--sandbox-mode") + 1] == "root"
+    assert baseline_violations(reward_template({"reward": {"sandboxPrivileged": False}})) == []
+    assert baseline_violations(reward_template({"reward": {"sandbox": {"mode": "off"}}})) == []
+    with pytest.raises(Exception, match="root, rootless or off"):
+        render({"reward": {"sandbox": {"mode": "unconfined"}}})
+
+
+def test_a_runtime_class_such_as_gvisor_is_set_on_the_reward_pod_only() -> None:
+    docs = render({"reward": {"runtimeClassName": "gvisor", "sandbox": {"mode": "rootless"}}})
+    workloads = {**by_kind(docs, "Deployment"), **by_kind(docs, "StatefulSet")}
+    classes = {name: w["spec"]["template"]["spec"].get("runtimeClassName") for name, w in workloads.items()}
+    assert classes.pop("demo-grpo-reward") == "gvisor"
+    assert set(classes.values()) == {None}
+    assert "runtimeClassName" not in reward_template({})["spec"]

@@ -10,24 +10,26 @@ from contextlib import contextmanager
 import pytest
 
 from grpo.reward.sandbox import Sandbox, make_sandbox, namespace
+from tests.support import sandbox_mode
 
 
 @pytest.fixture(scope="module")
 def sandbox() -> Iterator[Sandbox]:
-    """A real namespace sandbox with two workers, one per test module."""
-    box = make_sandbox(workers=2)
+    """A real namespace sandbox with two workers, one per test module (GRPO_TEST_SANDBOX_MODE: its mode)."""
+    box = make_sandbox(workers=2, **sandbox_mode.options())
     yield box
     box.close()
 
 
 @contextmanager
-def sandbox_with(init: str, workers: int = 2) -> Iterator[Sandbox]:
+def sandbox_with(init: str, workers: int = 2, mode: str | None = None) -> Iterator[Sandbox]:
     """A real namespace sandbox whose single runs start from `init`: "c" (init.c, the default wherever it can be
-    built) or "python" (the forked init that sets up in Python, for hosts without a C compiler)."""
+    built) or "python" (the forked init that sets up in Python, for hosts without a C compiler); in `mode` (root
+    or rootless: tests/support/sandbox_mode.py), by default GRPO_TEST_SANDBOX_MODE's."""
     with pytest.MonkeyPatch.context() as patch:
         if init == "python":
             patch.setattr(namespace, "init_program", lambda: None)
-        box = make_sandbox(workers=workers)
+        box = make_sandbox(workers=workers, **sandbox_mode.options(mode))
     try:
         yield box
     finally:

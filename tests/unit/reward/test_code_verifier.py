@@ -8,6 +8,7 @@ from grpo.reward.sandbox import ExecResult, Sandbox
 from grpo.reward.verifiers.code import (
     Judge,
     extract_code,
+    first_difference,
     program_for,
     run_code_tests,
     stdout_matches,
@@ -85,6 +86,69 @@ ASSERT = {"assert": "assert f() == 1"}
 )
 def test_compare_modes(compare: str, actual: str, expected: str, match: bool) -> None:
     assert stdout_matches(actual, expected, Judge(compare)) is match
+
+
+LONG = "a" * 300
+
+
+@pytest.mark.parametrize(
+    ("compare", "actual", "expected", "where"),
+    [
+        ("lines", "1\n2\n4\n", "1\n2\n3\n", "line 3: expected '3', got '4'"),
+        ("lines", "1\n", "1\n2", "line 2: expected '2', got the end of the output"),
+        ("lines", "1\n2  \n5\n", "1\n2", "line 3: expected the end of the output, got '5'"),
+        ("lines", "", "7", "line 1: expected '7', got the end of the output"),
+        ("exact", "3\n", "3", "line 1: expected '3', got '3\\n'"),
+        ("exact", "1\n2 \n", "1\n2\n", "line 2: expected '2\\n', got '2 \\n'"),
+        ("exact", "1\r\n", "1\n", "line 1: expected '1\\n', got '1\\r\\n'"),
+        ("tokens", "1 2\n4", "1 2 3", "token 3: expected '3', got '4'"),
+        ("tokens", "1 2", "1 2 3", "token 3: expected '3', got the end of the output"),
+        ("tokens", "1 2 3 4", "1 2 3", "token 4: expected the end of the output, got '4'"),
+        ("case_insensitive", "YES no", "yes yes", "token 2: expected 'yes', got 'no' (ignoring case)"),
+        (
+            "float",
+            "1 0.333",
+            "1 0.3333333",
+            "token 2: expected '0.3333333', got '0.333': they differ by 0.0003333, more than "
+            "max(abs_tol 1e-06, rel_tol 1e-06 × 0.3333333)",
+        ),
+        ("float", "abd", "abc", "token 1: expected 'abc', got 'abd'"),
+        ("float", "inf", "1e308", "token 1: expected '1e308', got 'inf'"),
+        # A long line shows 100 characters around where it differs, with its column.
+        (
+            "lines",
+            LONG + "b",
+            LONG + "c",
+            f"line 1, column 301: expected …'{'a' * 50}c', got …'{'a' * 50}b'",
+        ),
+        (
+            "lines",
+            "x" + LONG,
+            "y" + LONG,
+            f"line 1, column 1: expected '{'y' + 'a' * 99}'…, got '{'x' + 'a' * 99}'…",
+        ),
+        ("tokens", "1 " + LONG, "1 b", "token 2: expected 'b', got '" + "a" * 100 + "'…"),
+    ],
+)
+def test_first_difference(compare: str, actual: str, expected: str, where: str) -> None:
+    judge = Judge(compare, abs_tol=1e-6, rel_tol=1e-6)
+    assert not stdout_matches(actual, expected, judge)
+    assert first_difference(actual, expected, judge) == where
+
+
+def test_first_difference_of_equal_outputs_is_empty_and_bytes_show_escaped() -> None:
+    assert first_difference("1\n2\n", "1\n2", Judge()) == ""
+    # Output that is not UTF-8 reaches the judge with its bytes as lone surrogates: shown escaped, never raw.
+    shown = first_difference(b"\xff".decode("utf-8", "surrogateescape"), "x", Judge())
+    assert shown == "line 1: expected 'x', got '\\udcff'" and shown.encode()
+
+
+def test_a_failed_comparison_says_where_in_the_verdict() -> None:
+    result = ExecResult("ok", 0, "41\n", "", 0.1)
+    assert verdict_for(result, STDIO) == (
+        "fail",
+        "stdout does not match the expected output (lines): line 1: expected '42', got '41'",
+    )
 
 
 def test_unknown_compare_mode_is_a_value_error() -> None:

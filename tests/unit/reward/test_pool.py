@@ -99,3 +99,38 @@ def test_waiting_for_a_worker_spends_the_callers_deadline_not_the_tasks_own_limi
         with pytest.raises(TaskTimeout):
             one.submit(time.sleep, 5, timeout_s=0.5, deadline=time.monotonic() + 10).result(10)
         assert one.kills == 2
+
+
+def test_an_urgent_task_goes_before_everything_queued() -> None:
+    """A timed-out verification's gold check decides a verdict that is already late: behind a backlog it once
+    waited past the deadline, and the verdict became a null."""
+    with WorkerPool(1, max_queue=16) as one:
+        busy = one.submit(time.sleep, 0.5, timeout_s=5)
+        time.sleep(0.2)  # the slot has taken it
+        queued = [one.submit(time.sleep, 0.3, timeout_s=5) for _ in range(4)]
+        urgent = one.submit(pow, 2, 5, timeout_s=5, urgent=True)
+        assert urgent.result(10) == 32
+        assert not any(f.done() for f in queued)  # it ran right after the task under way
+        assert busy.done()
+        assert [f.result(10) for f in queued] == [None] * 4
+
+
+def test_an_urgent_task_wakes_an_idle_slot() -> None:
+    with WorkerPool(1, max_queue=16) as one:
+        assert one.submit(pow, 3, 3, timeout_s=5).result(10) == 27
+        assert one.submit(pow, 2, 3, timeout_s=5, urgent=True).result(10) == 8
+
+
+def test_per_item_times_and_cancelled_tasks_are_reported() -> None:
+    """Admission learns each item's time on a worker; a task whose caller left is never run."""
+    times: list[float] = []
+    cancelled: list[int] = []
+    with WorkerPool(1, max_queue=16, on_item=times.append, on_cancel=lambda: cancelled.append(1)) as one:
+        busy = one.submit(time.sleep, 0.4, timeout_s=5)
+        time.sleep(0.1)
+        dropped = one.submit(time.sleep, 5, timeout_s=10)
+        assert dropped.cancel()
+        assert one.submit(pow, 2, 2, timeout_s=5).result(10) == 4
+        assert busy.result(10) is None
+    assert cancelled == [1]
+    assert len(times) == 2 and times[0] >= 0.3, times  # the 5 s sleep never ran

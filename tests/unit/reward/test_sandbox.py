@@ -294,6 +294,7 @@ PROBE = (
     "from grpo.reward.sandbox import SandboxUnavailable, make_sandbox\n"
     "try:\n    make_sandbox(workers=1)\nexcept SandboxUnavailable as exc:\n    print('unavailable:', exc)\n"
 )
+ROOT_PROBE = PROBE.replace("make_sandbox(workers=1)", "make_sandbox(workers=1, mode='root')")
 
 
 @pytest.mark.parametrize(
@@ -304,8 +305,9 @@ PROBE = (
     ],
 )
 def test_missing_privileges_fail_loudly_at_start(setpriv: list[str], reason: str) -> None:
-    """Without the privileges it needs the sandbox refuses to start and says what to grant."""
-    cmd = ["setpriv", *setpriv, sys.executable, "-c", PROBE]
+    """Without the privileges it needs, root mode refuses to start and says what to grant. (Auto mode then tries
+    rootless mode instead: test_sandbox_rootless.py.)"""
+    cmd = ["setpriv", *setpriv, sys.executable, "-c", ROOT_PROBE]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, cwd="/")
     assert out.stdout.startswith("unavailable:"), out.stderr[-2000:]
     assert reason in out.stdout and "CAP_SYS_ADMIN" in out.stdout
@@ -364,7 +366,7 @@ def test_runs_with_only_the_capabilities_the_deployment_grants() -> None:
         assert lines[:4] == [
             "00000000002000e0",
             "ok hi -1 True",  # SysV shm refused
-            "single runs exec'd from a static C init (init.c)",
+            "single runs spawned by a static C init (init.c)",
             "ok 42 ok 3",  # linked in from /held without CAP_DAC_OVERRIDE: as the run's uid, into its scratch
         ], (lines, probe.stderr.read() if probe.poll() is not None else "")
         # The next run is prepared and its mount namespace held: sent by its init, since opening /proc/PID/ns of
@@ -421,3 +423,10 @@ def _reply(verdict: str | None = None, exit_code: int | None = 0, **extra: objec
 )
 def test_classify(reply: dict[str, object], expected: tuple[str, int | None]) -> None:
     assert classify(reply) == expected
+
+
+@pytest.mark.parametrize(("limits", "said"), [(Limits(timeout_s=float("nan")), "timeout_s=nan is not a number"),
+                                              (Limits(timeout_s=4000.0), "timeout_s=4000.0 is out of range")])  # fmt: skip
+def test_a_limit_that_is_nan_is_named_not_a_number(limits: Limits, said: str) -> None:
+    with pytest.raises(ValueError, match=said):
+        limits.validate()

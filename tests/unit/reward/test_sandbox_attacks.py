@@ -1,7 +1,7 @@
 """Attacks on the namespace sandbox with real processes: network, secrets, files, orphans, neighbours, the parent.
 
 Each against both kinds of single-run init (test_sandbox_init.py): init.c, and the forked Python init it replaces
-where there is no C compiler."""
+where there is no C compiler; and in both sandbox modes, root and rootless (tests/support/sandbox_mode.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 
 from grpo.reward.sandbox import Limits, Sandbox
 from grpo.reward.sandbox.languages import Launch
+from tests.support import sandbox_mode
 from tests.unit.reward.conftest import sandbox_with
 from tests.unit.reward.helpers import host_processes_with
 
@@ -25,9 +26,10 @@ FAST = Limits(timeout_s=3.0)
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="module", params=["c", "python"])
+@pytest.fixture(scope="module", params=[(i, m) for m in sandbox_mode.modes() for i in ("c", "python")], ids="-".join)
 def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
-    with sandbox_with(request.param) as box:
+    init, mode = request.param
+    with sandbox_with(init, mode=mode) as box:
         yield box
 
 
@@ -142,7 +144,8 @@ def test_held_programs_are_read_only_and_cannot_be_listed(sandbox: Sandbox) -> N
 
 
 def test_cannot_signal_or_ptrace_the_service_or_the_zygote(sandbox: Sandbox) -> None:
-    """Neither the service nor the zygote exists in the run's PID namespace; the program is its own init."""
+    """Neither the service nor the zygote exists in the run's PID namespace; the program's parent is its
+    namespace's init, which a kill(-1) passes over."""
     zygote_pids = [z.proc.pid for z in sandbox._all]  # type: ignore[attr-defined]
     targets = [os.getpid(), *zygote_pids]
     program = (
@@ -157,7 +160,7 @@ def test_cannot_signal_or_ptrace_the_service_or_the_zygote(sandbox: Sandbox) -> 
     )
     result = sandbox.run(program, limits=FAST)
     lines = result.stdout.splitlines()
-    assert lines[0] == "1 0"
+    assert lines[0] == "2 1"
     # kill: ESRCH (not even visible); ptrace: EPERM (seccomp refuses it before the kernel looks)
     assert lines[1:] == ["denied 3", "-1 1"] * len(targets) + ["survived kill -1"]
     assert all(z.alive() for z in sandbox._all)  # type: ignore[attr-defined]
@@ -225,7 +228,13 @@ def test_concurrent_runs_cannot_see_each_other(sandbox: Sandbox) -> None:
 
 
 def test_runs_use_different_uids_per_worker(sandbox: Sandbox) -> None:
-    program = "import os, time\ntime.sleep(0.5)\nprint(os.getuid(), os.getgid(), os.getgroups())"
+    """Root mode: a uid per worker. Rootless mode has one uid (0 of the zygote's user namespace, the service's uid
+    outside) and gives each run a user namespace of its own instead, with no capability in it."""
+    program = (
+        "import os, time\ntime.sleep(0.5)\nstatus = {k: v.strip() for k, _, v in (l.partition(':') for l in open('/proc/self/status'))}\n"
+        "print(os.getuid(), os.getgid(), os.getgroups(), os.stat('/proc/self/ns/user').st_ino, status['CapEff'],"
+        " status['CapPrm'], status['CapBnd'], status['CapAmb'], status['NoNewPrivs'], sep='|')"
+    )
     results: list[str] = []
     threads = [
         threading.Thread(target=lambda: results.append(sandbox.run(program, limits=FAST).stdout)) for _ in range(2)
@@ -234,8 +243,15 @@ def test_runs_use_different_uids_per_worker(sandbox: Sandbox) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    uids = {int(line.split()[0]) for line in results}
-    assert len(uids) == 2 and all(uid >= 200_000 for uid in uids)
+    fields = [line.strip().split("|") for line in results]
+    assert all(len(f) == 9 for f in fields), results
+    assert all(f[4:8] == ["0000000000000000"] * 4 and f[8] == "1" for f in fields), fields
+    uids = {int(f[0]) for f in fields}
+    if getattr(sandbox, "mode", "root") == "rootless":
+        assert uids == {0} and all(f[1:3] == ["0", "[]"] for f in fields), fields
+        assert len({f[3] for f in fields}) == 2  # two user namespaces: each run counts its own processes
+    else:
+        assert len(uids) == 2 and all(uid >= 200_000 for uid in uids)
 
 
 def test_runs_are_the_oom_killers_first_choice(sandbox: Sandbox) -> None:

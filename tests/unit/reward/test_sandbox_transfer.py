@@ -102,13 +102,13 @@ def test_held_programs_are_evicted_in_step_with_the_zygote(one: NamespaceSandbox
 
 def held_files(zygote: Zygote) -> list[Path]:
     """The files in the zygote's /held, as its root shows them."""
-    return list(Path(f"/proc/{zygote.proc.pid}/root/held").iterdir())
+    return list(Path(f"/proc/{zygote.pid}/root/held").iterdir())
 
 
 def memfds(zygote: Zygote, name: str) -> int:
     """How many memfds of this name the zygote has open (it opens and closes pipes meanwhile: a link may go)."""
     count = 0
-    for fd in Path(f"/proc/{zygote.proc.pid}/fd").iterdir():
+    for fd in Path(f"/proc/{zygote.pid}/fd").iterdir():
         try:
             count += str(fd.readlink()).startswith(f"/memfd:{name} ")
         except FileNotFoundError:
@@ -164,7 +164,7 @@ def test_a_passed_stdin_is_the_runs_fd_0_and_nothing_more(one: NamespaceSandbox)
     assert small.stdout == "['0', '1', '2', '3', '4', '5'] 10\n", small
     assert big.stdout == "['0', '1', '2', '3', '4', '5'] 500000\n", big
     (zygote,) = one._all
-    pid, deadline = zygote.proc.pid, time.monotonic() + 5
+    pid, deadline = zygote.pid, time.monotonic() + 5
     while not (waiting := Path(f"/proc/{pid}/task/{pid}/children").read_text().split()):
         assert time.monotonic() < deadline, "no prepared run"
         time.sleep(0.01)

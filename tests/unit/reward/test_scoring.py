@@ -85,6 +85,7 @@ def _t(verdict: str) -> CodeTestResult:
         (["pass", "pass"], 1.0, "ok"),
         (["pass", "fail", "timeout", "runtime_error"], 0.25, "ok"),
         (["memory_limit", "output_limit"], 0.0, "ok"),
+        (["pass", "process_limit"], 0.5, "ok"),  # a verdict like memory_limit: judged, not passed, never an error
         (["pass", "sandbox_error"], None, "sandbox_error"),
         ([], None, "cannot_judge"),
     ],

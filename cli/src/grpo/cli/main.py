@@ -13,39 +13,54 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from grpo.cli.views import accuracy_line, closing_lines, pooled_evaluations, status_view
 from grpo.common.logs import setup_logging
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
 log = logging.getLogger("grpo.cli")
+__all__ = ["accuracy_line", "closing_lines", "main", "pooled_evaluations"]
+# The services' level names (grpo.common.settings.LOG_LEVELS), in any case; not imported: `grpo --help` stays instant.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(value: str) -> str:
+    if value.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(LOG_LEVELS)})")
+    return value.upper()
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpo", description=__doc__)
-    p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run folders go (default: runs)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"), metavar="DIR",
+                   help="where run folders go (default: runs)")  # fmt: skip
+    p.add_argument("--log-level", type=_log_level, default="INFO", metavar="LEVEL",
+                   help=f"{', '.join(LOG_LEVELS)} (any case; default INFO)")  # fmt: skip
     # Also accepted after the subcommand (`grpo status --runs-dir X`); SUPPRESS keeps the top-level default.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--runs-dir", type=Path, default=argparse.SUPPRESS, help="where run folders go (default: runs)")
+    common.add_argument("--runs-dir", type=Path, default=argparse.SUPPRESS, metavar="DIR",
+                        help="where run folders go (default: runs)")  # fmt: skip
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser(
         "demo", parents=[common], help="train a tiny model with GRPO through all three services and show it learning"
     )
     d.add_argument("--sync", action="store_true", help="strictly on-policy (max_staleness 0) instead of async (1)")
     d.add_argument(
-        "--preset", default=None,
+        "--preset", default=None, metavar="NAME",
         help="trainer algorithm preset: grpo, dapo, dr_grpo, rloo, reinforce_pp, gspo, prm, vineppo",
     )  # fmt: skip
-    d.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the calibrated 200)")
-    d.add_argument("--replicas", type=int, default=None, help="rollout replicas (default 1)")
-    d.add_argument("--redis-url", default=None, help="use this Redis instead of a private redis-server")
-    d.add_argument("--seed", type=int, default=None)
-    d.add_argument("--run-id", default=None, help="run folder name under --runs-dir (default demo-<time>)")
+    d.add_argument("--steps", type=int, default=None, metavar="N", help="GRPO steps (default: the calibrated 200)")
+    d.add_argument("--replicas", type=int, default=None, metavar="N", help="rollout replicas (default 1)")
+    d.add_argument("--redis-url", default=None, metavar="URL", help="use this Redis instead of a private redis-server")
+    d.add_argument("--seed", type=int, default=None, metavar="N")
+    d.add_argument(
+        "--run-id", default=None, metavar="ID", help="run folder name under --runs-dir (default demo-<time>)"
+    )
     d.add_argument("--quick", action="store_true", help="the short profile used by the e2e test")
-    d.add_argument("--sft-max-steps", type=int, default=None, help="cap on cold-start SFT steps")
+    d.add_argument("--sft-max-steps", type=int, default=None, metavar="N", help="cap on cold-start SFT steps")
     d.add_argument(
         "--fresh-sft",
         action="store_true",
@@ -53,11 +68,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--no-live", action="store_true", help="log lines instead of the live view")
     u = sub.add_parser("up", parents=[common], help="start Redis, reward, rollout and trainer from one config file")
-    u.add_argument("-c", "--config", type=Path, required=True)
+    u.add_argument(
+        "-c", "--config", type=Path, required=True, metavar="FILE",
+        help="the stack file: run_id, redis_url, replicas and one section per service in its own settings "
+             "(reward, rollout, trainer; docs/demo.md)",
+    )  # fmt: skip
     u.add_argument("--detach", action="store_true", help="return once everything is healthy; stop it with `grpo down`")
+    u.add_argument("--no-live", action="store_true", help="log lines instead of the live view")
     for name, text in (("status", "show a running stack"), ("down", "stop a running stack")):
         s = sub.add_parser(name, parents=[common], help=text)
-        s.add_argument("--run-id", default=None, help="default: every stack under --runs-dir")
+        s.add_argument("--run-id", default=None, metavar="ID", help="default: every stack under --runs-dir")
+    sub.choices["status"].add_argument("--json", action="store_true", help="everything, as JSON")
     return p
 
 
@@ -77,29 +98,6 @@ def bad_options(exc: ValidationError) -> list[str]:
         flag = FLAG_OF_FIELD.get(field, "--" + field.replace("_", "-"))
         problems.append(f"invalid option {flag} {error['input']}: {error['msg']}")
     return problems
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f} %"
-
-
-def pooled_evaluations(count: int) -> str:
-    """What `eval_accuracy_after` pooled, in words: the report pools up to three evaluations, fewer in a short run."""
-    if count <= 0:
-        return "no evaluation after GRPO"
-    return "the last evaluation" if count == 1 else f"mean of the last {count} evaluations"
-
-
-def accuracy_line(summary: dict[str, Any]) -> str:
-    """The demo's closing headline from its summary.json: before (after SFT) → after, and what "after" pooled.
-
-    The count comes from the summary, not a fixed "three": `--quick` pools two evaluations and `--steps 2` one.
-    """
-    pooled = pooled_evaluations(int(summary.get("eval_after_evaluations") or 0))
-    return (
-        f"held-out accuracy: {_pct(summary['eval_accuracy_before'])} after SFT → {_pct(summary['eval_accuracy_after'])} "
-        f"after {summary['grpo_steps']} GRPO steps ({pooled}); {summary['wall_seconds']:.0f} s in all"
-    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -123,48 +121,86 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for problem in bad_options(exc):
             log.error("%s", problem)
         return 2  # argparse's code for a bad option
+    if cfg.redis_url is not None and (unusable := demo_redis_problem(cfg.redis_url)):
+        log.error("%s", unusable)  # before the cold start, which takes minutes
+        return 2
+    if args.run_id is not None and (note := used_run_note((args.runs_dir / args.run_id).resolve())):
+        log.warning("%s", note)
     try:
         summary = run_demo(cfg, args.runs_dir, args.run_id, live_view=not args.no_live)
     except (ChildFailed, LaunchError) as exc:
         log.error("%s", exc)
         return 1
-    run_dir = args.runs_dir / summary["run_id"]
-    sys.stdout.write(
-        f"\n{accuracy_line(summary)}\n"
-        f"summary:     {run_dir / 'summary.json'}\nreport:      {run_dir / 'report.md'} (PNG plots beside it)\n"
-        f"tensorboard: tensorboard --logdir {run_dir / 'tensorboard'}\n"
-    )
+    sys.stdout.write("\n" + closing_lines(args.runs_dir / summary["run_id"]))
     return 0
 
 
+def demo_redis_problem(url: str) -> str | None:
+    """`--redis-url` in the words `grpo up` uses for its redis_url: a URL that is not one, or no Redis there."""
+    from grpo.local.preflight import redis_problem, redis_url_problem
+
+    problem = redis_url_problem(url)
+    if problem:
+        return f"invalid option --redis-url {url}: {problem}"
+    # Other runs' keys are said when the services start (grpo.local.stack), not twice.
+    return redis_problem(url, run_id="", look_for_other_runs=False)
+
+
+def used_run_note(run_dir: Path) -> str | None:
+    """What re-using a run folder does, in words (the trainer says only `resuming from step -1: later checkpoints
+    set aside as [...]`); None for a new folder."""
+    if not ((run_dir / "summary.json").exists() or (run_dir / "checkpoints").is_dir()):
+        return None
+    return (
+        f"{run_dir} already holds an earlier run: this one starts afresh there, replacing its summary and report; "
+        "its checkpoints are kept, renamed abandoned-step-<N>. Give another --run-id to keep the two runs apart"
+    )
+
+
 def cmd_up(args: argparse.Namespace) -> int:
-    from grpo.local.launcher import LaunchError, TrainerFailed, up
+    from grpo.local.launcher import LaunchError, up
     from grpo.local.procs import ChildFailed
 
     try:
-        state = up(args.config, args.runs_dir, args.detach)
-    except TrainerFailed as exc:  # its run failed: say so with its own code, as a script or CI job expects
-        log.error("%s", exc)
+        state = up(args.config, args.runs_dir, args.detach, live_view=not args.no_live)
+    except ChildFailed as exc:  # its run failed (TrainerFailed: with the trainer's own code), or a child refused
+        log.error("%s", exc)  # its settings or data at start-up (2): say so as a script or CI job expects
         return exc.exit_code
-    except (LaunchError, ChildFailed) as exc:
+    except LaunchError as exc:
         log.error("%s", exc)
-        return 2 if isinstance(exc, LaunchError) else 1
+        return 2
     if args.detach:
         sys.stdout.write(
             f"up: run {state.run_id}, state in {Path(state.run_dir) / 'stack.json'}; `grpo down` stops it\n"
         )
+    elif state.trainer_http is not None:
+        sys.stdout.write("\n" + closing_lines(Path(state.trainer_output_dir or state.run_dir)))
     return 0
 
 
+def no_stack(args: argparse.Namespace) -> int:
+    """Where `status` / `down` looked, in full, and how to look elsewhere (run from another directory, `runs` is
+    another folder)."""
+    which = f" of run {args.run_id!r}" if args.run_id else ""
+    sys.stdout.write(
+        f"no running stack{which} under {args.runs_dir.resolve()}; give the folder `grpo up` put it in with "
+        "--runs-dir DIR\n"
+    )
+    return 1
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    from grpo.local.launcher import find_states, status
+    from grpo.local.launcher import find_states
+    from grpo.local.status import status
 
     paths = find_states(args.runs_dir, args.run_id, live_only=True)
     if not paths:
-        sys.stdout.write(f"no running stack under {args.runs_dir}\n")
-        return 1
-    for path in paths:
-        sys.stdout.write(json.dumps(status(path), indent=1, default=str) + "\n")
+        return no_stack(args)
+    shown = [status(path) for path in paths]
+    if args.json:
+        sys.stdout.write("".join(json.dumps(s, indent=1, default=str) + "\n" for s in shown))
+    else:
+        sys.stdout.write("\n".join(status_view(s) for s in shown))
     return 0
 
 
@@ -173,8 +209,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
     paths = find_states(args.runs_dir, args.run_id, live_only=args.run_id is None)
     if not paths:
-        sys.stdout.write(f"no running stack under {args.runs_dir}\n")
-        return 1
+        return no_stack(args)
     for path in paths:
         stopped = down(path)
         sys.stdout.write(f"down: {path.parent.name}: stopped {', '.join(stopped) or 'nothing (already gone)'}\n")

@@ -86,8 +86,10 @@ class DemoConfig(BaseModel):
             "max_new_tokens": self.max_new_tokens, "lr": self.lr, "warmup_steps": self.warmup_steps,
             "lr_schedule": self.lr_schedule, "sampler_exact": True,  # hf engine, fp32: exact behaviour log-probs
             "seed": self.seed, "micro_batch_size": 64, "eval_every": self.eval_every, "eval_size": self.eval_size,
-            "eval_temperature": 0.0, "eval_before_train": True,  # the report's "before": same problems, same scorer "reward_weights": R1_REWARD_WEIGHTS, "overlong_soft_penalty": True,
-            "overlong_buffer": self.overlong_buffer, "checkpoint_every": max(self.steps, 1), "resume": "never",
+            # eval_before_train: the report's "before" is the trainer's step 0 (same problems, same scorer)
+            "eval_temperature": 0.0, "eval_before_train": True,
+            "reward_weights": R1_REWARD_WEIGHTS, "overlong_soft_penalty": True, "overlong_buffer": self.overlong_buffer,
+            "checkpoint_every": max(self.steps, 1), "resume": "never",
             "torch_threads": 1, "host": "127.0.0.1", "grpc_port": grpc_port, "http_port": http_port,
             "min_replicas": self.replicas, "replica_wait_s": self.start_timeout_s, "group_timeout_s": 300.0,
         }  # fmt: skip

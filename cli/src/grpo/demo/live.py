@@ -1,11 +1,17 @@
-"""The live terminal view: a rich table refreshed from the trainer's /v1/status (plain log lines off a TTY)."""
+"""The live terminal view: a rich table refreshed from the trainer's /v1/status (plain log lines off a TTY).
+
+Used by `grpo demo` and by an attached `grpo up`.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +40,7 @@ class ViewState:
     """What the view shows; eval accuracy and KL persist between the steps that report them."""
 
     phase: str = "starting"
+    stage: str = ""  # "1/2 sft" in a staged run
     step: int = 0
     total: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -45,6 +52,7 @@ class ViewState:
 
     def update(self, status: dict[str, Any]) -> None:
         self.phase = str(status.get("phase", self.phase))
+        self.stage = str(status.get("stage") or "")
         step = int(status.get("step", 0))
         if self.grpo_started is None and self.phase in ("grpo", "eval") and step > 0:
             self.grpo_started, self.grpo_first_step = time.monotonic(), step
@@ -70,7 +78,7 @@ def rows(v: ViewState) -> list[tuple[str, str]]:
     m = v.last
     eta = v.eta_s()
     return [
-        ("phase", v.phase + (f"  ({v.note})" if v.note else "")),
+        ("phase", v.phase + (f"  stage {v.stage}" if v.stage else "") + (f"  ({v.note})" if v.note else "")),
         ("step", f"{v.step} / {v.total}" if v.total else "–"),
         ("reward (mean)", _fmt(m.get("rollout/reward_mean"))),
         ("train accuracy (T=1)", _fmt(m.get("rollout/accuracy"))),
@@ -85,8 +93,8 @@ def rows(v: ViewState) -> list[tuple[str, str]]:
     ]
 
 
-def render(v: ViewState) -> Table:
-    table = Table(title="grpo demo", show_header=False, min_width=60)
+def render(v: ViewState, title: str = "grpo demo") -> Table:
+    table = Table(title=title, show_header=False, min_width=60)
     table.add_column(style="bold cyan")
     table.add_column()
     for name, value in rows(v):
@@ -98,8 +106,36 @@ def plain_line(v: ViewState) -> str:
     return " | ".join(f"{k}: {val}" for k, val in rows(v)[:8])
 
 
-__all__ = ["Live", "ViewState", "fetch_status", "make_console", "plain_line", "render"]
+__all__ = ["Live", "ViewState", "fetch_status", "make_console", "plain_line", "progress", "render"]
 
 
 def make_console() -> Console:
     return Console(stderr=False)
+
+
+@contextmanager
+def progress(
+    view: ViewState, title: str, log: logging.Logger, live_view: bool = True, every_s: float = 10.0
+) -> Iterator[Callable[[], None]]:
+    """Yields `refresh()`, which shows `view`: the live table on a terminal, else a plain log line at most every
+    `every_s` (the first at once). Under the table INFO logging is quieted (lines written under it tear the
+    display) and restored after."""
+    console = make_console()
+    if not (live_view and console.is_terminal):
+        last = [-every_s]
+
+        def log_line() -> None:
+            if time.monotonic() - last[0] >= every_s:
+                last[0] = time.monotonic()
+                log.info("%s", plain_line(view))
+
+        yield log_line
+        return
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.WARNING))
+    try:
+        with Live(render(view, title), console=console, refresh_per_second=2) as screen:
+            yield lambda: screen.update(render(view, title))
+    finally:
+        root.setLevel(level)

@@ -1,8 +1,10 @@
-"""The demo's model folder: a 0.79M-parameter Qwen2 and a 20-token character tokenizer, built locally.
+"""The demo's model folder: a 0.8M-parameter Qwen2 and a 103-token character tokenizer, built locally.
 
-The tokenizer has one token per character (digits, `+`, `-`, `=`, space), the four R1 tags
-as single tokens, and two specials; decoding reproduces the text exactly. Saved as a standard Hugging Face folder: `AutoTokenizer` and
-`AutoModelForCausalLM.from_pretrained(path)` (and the rollout service's `--model PATH`) load it.
+The tokenizer has one token per character of printable ASCII (space to `~`) plus newline and tab, the four
+R1 tags as single tokens, and two specials; decoding reproduces such text exactly. A character outside that
+set has no token (the trainer refuses data holding one, naming it). Saved as a standard Hugging Face folder:
+`AutoTokenizer` and `AutoModelForCausalLM.from_pretrained(path)` (and the rollout service's `--model PATH`)
+load it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from typing import Any
 PAD, EOS = "<|endoftext|>", "<|im_end|>"
 SPECIALS = (PAD, EOS)
 TAGS = ("<think>", "</think>", "<answer>", "</answer>")
-CHARS = (*"0123456789", "+", "-", "=", " ")
+# The addition task's characters keep the ids (and the seeded initial embeddings) they had when the demo was
+# calibrated (docs/demo.md); the rest of printable ASCII, newline and tab follow, so any short text task fits.
+TASK_CHARS = (*"0123456789", "+", "-", "=", " ")
+CHARS = (*TASK_CHARS, *(c for c in map(chr, range(0x20, 0x7F)) if c not in TASK_CHARS), "\n", "\t")
+TASK_VOCAB_SIZE = len(SPECIALS) + len(TAGS) + len(TASK_CHARS)
 VOCAB_SIZE = len(SPECIALS) + len(TAGS) + len(CHARS)
 # Qwen2's pre-tokenizer split (transformers' tokenization_qwen2.PRETOKENIZE_REGEX).
 QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -28,6 +34,11 @@ ARCH: dict[str, Any] = {
     "max_position_embeddings": 64,
     "tie_word_embeddings": True,
 }
+
+
+def recipe(seed: int = 0, **arch: Any) -> dict[str, Any]:
+    """What the base model folder depends on: seed, architecture and vocabulary (keys the demo's SFT cache)."""
+    return {"seed": seed, **ARCH, **arch, "vocabulary": [*SPECIALS, *TAGS, *CHARS]}
 
 
 def _byte_level(char: str) -> str:
@@ -81,7 +92,7 @@ def build_model_folder(path: Path | str, seed: int = 0, **arch: Any) -> Path:
     tokenizer = build_tokenizer()
     pad_id, eos_id = tokenizer.convert_tokens_to_ids(PAD), tokenizer.convert_tokens_to_ids(EOS)
     config = Qwen2Config(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=TASK_VOCAB_SIZE,
         bos_token_id=pad_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
@@ -90,11 +101,14 @@ def build_model_folder(path: Path | str, seed: int = 0, **arch: Any) -> Path:
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
+    # Initialised at the task's vocabulary, then grown: every weight the calibrated demo had keeps its seeded
+    # value, and the added characters' rows are drawn after them (N(0, initializer_range), tied to lm_head).
+    model.resize_token_embeddings(VOCAB_SIZE, mean_resizing=False)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=pad_id)
     target.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
-    (target / "grpo_demo_model.json").write_text(json.dumps({"seed": seed, **ARCH, **arch}, indent=1))
+    (target / "grpo_demo_model.json").write_text(json.dumps(recipe(seed, **arch), indent=1))
     return target
 
 

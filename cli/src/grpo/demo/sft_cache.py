@@ -17,19 +17,25 @@ from pathlib import Path
 from typing import Any
 
 from grpo.common.tiny_model import cache_root
+from grpo.demo import model
 from grpo.demo.sft import SftResult
 
 log = logging.getLogger(__name__)
 
-# Bump when the SFT loop, the task generator or the demo model changes what a given setting produces.
+# Bump when the SFT loop or the task generator changes what a given setting produces (the base model's own recipe,
+# vocabulary included, is part of the key already).
 SFT_RECIPE_VERSION = 1
 _LIBRARIES = ("torch", "transformers", "tokenizers")
 
 
 def entry_dir(settings: dict[str, Any]) -> Path:
-    """Where the SFT model for these settings lives under the cache root ($GRPO_CACHE_DIR or ~/.cache/grpo)."""
+    """Where the SFT model for these settings lives under the cache root ($GRPO_CACHE_DIR or ~/.cache/grpo).
+
+    The base model's recipe is in the key: an entry trained from another vocabulary is another model."""
     versions = {name: metadata.version(name) for name in _LIBRARIES}
-    blob = json.dumps({"settings": settings, "recipe": SFT_RECIPE_VERSION, "versions": versions}, sort_keys=True)
+    base = model.recipe(int(settings.get("seed", 0)))
+    blob = json.dumps({"settings": settings, "recipe": SFT_RECIPE_VERSION, "versions": versions, "base": base},
+                      sort_keys=True)  # fmt: skip
     return cache_root() / "demo-sft" / hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -17,22 +17,21 @@ PIDs and ports go to <runs_dir>/<run_id>/stack.json; `down` stops exactly those 
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from grpo.local.procs import ChildFailed, Supervisor, same_process, stop_pid
+from grpo.common.settings import InvalidSettings, read_config_file
+from grpo.local.preflight import redis_url_problem
+from grpo.local.procs import ChildFailed, Supervisor, stop_pid
 from grpo.local.stack import STATE_FILE, LaunchError, StackSpec, StackState, start_services
+from grpo.local.status import process_table
 
 log = logging.getLogger(__name__)
-TRAINER_FIELDS = ("phase", "stage", "step", "total_steps", "policy_version", "tasks_published", "groups_trained",
-                  "dropped", "in_flight", "duplicates", "superseded", "error")  # fmt: skip
-LAST_TRAINER_STATUS = "trainer_status.json"  # what `grpo status` last heard from the trainer, for after it exits
 
 
 class StackConfig(BaseModel):
@@ -65,6 +64,15 @@ class StackConfig(BaseModel):
             raise ValueError(f"{value!r} must not start with a dot nor hold slashes, braces, colons or spaces")
         return value
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_value(cls, value: str | None) -> str | None:
+        # Checked once here: each section's own check said it again, in its own words.
+        problem = redis_url_problem(value) if value else None
+        if problem:
+            raise ValueError(problem)
+        return value
+
     @model_validator(mode="after")
     def _replicas_value(self) -> StackConfig:
         # Without a replica the trainer would wait replica_wait_s (default 5 minutes) and only then fail.
@@ -79,9 +87,10 @@ def read_stack_config(path: Path) -> StackConfig:
     """The config file checked key by key; LaunchError naming every problem, before anything starts."""
     if not path.is_file():
         raise LaunchError(f"config file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise LaunchError(f"{path}: must be a mapping with sections reward, rollout, trainer")
+    try:  # the services' own reader: YAML and UTF-8 errors are one line, with the line and column
+        data = read_config_file(path)
+    except InvalidSettings as exc:
+        raise LaunchError(str(exc)) from None
     known = sorted(StackConfig.model_fields)
     unknown = sorted(str(key) for key in set(data) - set(known))
     if unknown:
@@ -122,32 +131,49 @@ def spec_from_config(config: StackConfig, runs_dir: Path) -> StackSpec:
 
 
 class TrainerFailed(ChildFailed):
-    """The trainer exited with an error after it started; `grpo up` exits with `exit_code`."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+    """The trainer exited with an error after it started; `grpo up` exits with `exit_code` (its own)."""
 
 
-def supervise(sup: Supervisor, poll_s: float = 1.0) -> None:
+def supervise(sup: Supervisor, poll_s: float = 1.0, on_poll: Callable[[], None] = lambda: None) -> None:
     """Return once the trainer exits 0 (its run ended); ChildFailed as soon as another child exits, TrainerFailed
-    when the trainer exits with an error. Without a trainer it runs until interrupted."""
+    when the trainer exits with an error. Without a trainer it runs until interrupted. `on_poll` runs each poll."""
     trainer = next((c for c in sup.children if c.name == "trainer"), None)
     while True:
         sup.check([c.name for c in sup.children if c.name != "trainer"])
         if trainer is not None and not trainer.alive():
             code = trainer.proc.returncode
             if code == 0:
-                log.info("the trainer exited with code 0")
+                log.info("the trainer's run has ended; stopping the stack")
                 return
             # Killed by a signal (negative code): the shell's convention, 128 + the signal number.
             exit_code = code if code > 0 else 128 - code
             raise TrainerFailed(str(trainer.failure(f"exited with code {code}")), exit_code)
+        on_poll()
         time.sleep(poll_s)
 
 
-def up(config: Path, runs_dir: Path, detach: bool) -> StackState:
-    """Start the stack; attached, supervise until Ctrl-C or the trainer ends, then stop everything (TrainerFailed
+def follow(sup: Supervisor, state: StackState, live_view: bool = True) -> None:
+    """supervise, showing the trainer's progress as the demo does (its live table, or a line every 10 s)."""
+    from grpo.demo import live
+
+    port = state.trainer_http
+    if port is None:
+        supervise(sup)
+        return
+    view = live.ViewState()
+    with live.progress(view, f"grpo up: {state.run_id}", log, live_view) as refresh:
+
+        def poll() -> None:
+            status = live.fetch_status(port)
+            if status is not None:
+                view.update(status)
+            refresh()
+
+        supervise(sup, on_poll=poll)
+
+
+def up(config: Path, runs_dir: Path, detach: bool, live_view: bool = True) -> StackState:
+    """Start the stack; attached, follow it until Ctrl-C or the trainer ends, then stop everything (TrainerFailed
     when it ended with an error)."""
     spec = spec_from_config(read_stack_config(config), runs_dir)
     if (spec.run_dir / STATE_FILE).exists() and any(
@@ -164,7 +190,7 @@ def up(config: Path, runs_dir: Path, detach: bool) -> StackState:
     if detach:
         return state
     try:
-        supervise(sup)
+        follow(sup, state, live_view)
     finally:
         sup.stop_all()
         (spec.run_dir / STATE_FILE).unlink(missing_ok=True)
@@ -180,11 +206,6 @@ def find_states(runs_dir: Path, run_id: str | None, *, live_only: bool = False) 
     return paths
 
 
-def process_table(state: StackState) -> list[dict[str, Any]]:
-    """The recorded processes, each with `alive`: its PID still runs the process we started (same start time)."""
-    return [{**p, "alive": same_process(int(p["pid"]), float(p["create_time"]))} for p in state.processes]
-
-
 def down(state_path: Path, grace_s: float = 15.0) -> list[str]:
     """Stop every recorded process that is still ours, last started first; returns their names."""
     state = StackState.load(state_path)
@@ -195,62 +216,3 @@ def down(state_path: Path, grace_s: float = 15.0) -> list[str]:
             stopped.append(p["name"])
     state_path.unlink(missing_ok=True)
     return stopped
-
-
-def status(state_path: Path) -> dict[str, Any]:
-    """Processes, the trainer's run status, queue depths and replicas of one stack."""
-    from grpo.demo.live import fetch_status
-
-    state = StackState.load(state_path)
-    out: dict[str, Any] = {"run_id": state.run_id, "run_dir": state.run_dir, "redis_url": state.redis_url,
-                           "processes": [{k: p[k] for k in ("name", "pid", "ports", "alive")} for p in process_table(state)]}  # fmt: skip
-    if state.trainer_http:
-        out.update(trainer_status(state, fetch_status(state.trainer_http)))
-    try:
-        from grpo.common.queue import RunQueue, connect
-        from grpo.common.registry import ReplicaRegistry
-
-        client = connect(state.redis_url, socket_timeout_s=2.0, connect_timeout_s=2.0)
-        out["queues"] = {key: vars(s) for key, s in RunQueue(client, state.run_id).stats().items()}
-        out["replicas"] = [
-            {"replica_id": r.replica_id, "address": r.address, "weight_version": r.weight_version,
-             "tasks_done": r.tasks_done, "tasks_failed": r.tasks_failed}
-            for r in ReplicaRegistry(client, state.run_id).live_replicas()
-        ]  # fmt: skip
-    except Exception as exc:  # status must still show the processes when Redis is down
-        out["redis_error"] = f"{type(exc).__name__}: {exc}"
-    return out
-
-
-def trainer_status(state: StackState, live: dict[str, Any] | None) -> dict[str, Any]:
-    """The trainer's section: live from /v1/status while it answers (and remembered in the run folder), else
-    the last one heard plus what it left behind (exited, finished, last step), so an ended run still shows."""
-    remembered = Path(state.run_dir) / LAST_TRAINER_STATUS
-    if live is not None:
-        section = {"trainer": {k: live.get(k) for k in TRAINER_FIELDS}, "last_metrics": live.get("metrics", {})}
-        remembered.write_text(json.dumps(section))
-        return section
-    try:
-        section = json.loads(remembered.read_text())
-    except (OSError, ValueError):
-        section = {"trainer": {}, "last_metrics": {}}
-    row = next((p for p in process_table(state) if p["name"] == "trainer"), None)
-    trainer = section["trainer"]
-    trainer["alive"] = bool(row and row["alive"])
-    if not trainer["alive"]:
-        trainer["phase"] = "exited"
-    if state.trainer_output_dir:
-        output = Path(state.trainer_output_dir)
-        trainer["finished"] = (output / "final").is_dir()  # the trainer saves final/ only after its last step
-        rows = _metrics_rows(output / "metrics.jsonl")
-        if rows:
-            trainer["step"] = max(int(trainer.get("step") or 0), int(rows[-1].get("step", 0)))
-            section["last_metrics"] = section["last_metrics"] or rows[-1]
-    return section
-
-
-def _metrics_rows(path: Path) -> list[dict[str, Any]]:
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
-        return []

@@ -26,7 +26,12 @@ log = logging.getLogger(__name__)
 
 
 class ChildFailed(RuntimeError):
-    """A child exited or never became healthy; the message names it and quotes its log."""
+    """A child exited or never became healthy; the message names it and quotes its log. `exit_code` is what
+    `grpo up` exits with: 2 when the child refused its settings or data (its own exit 2), else 1."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 # PR_SET_PDEATHSIG is set by this trampoline, which then execs the command, not by a preexec_fn: subprocess
@@ -85,7 +90,9 @@ class Child:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
-                raise self.failure(f"exited with code {self.proc.returncode} while starting")
+                failed = self.failure(f"exited with code {self.proc.returncode} while starting")
+                failed.exit_code = 2 if self.proc.returncode == 2 else 1  # a refusal at start-up, as the child said
+                raise failed
             if ready():
                 return
             time.sleep(0.1)

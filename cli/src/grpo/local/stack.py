@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from grpo.common.net import free_port
 from grpo.common.tiny_model import TINY_NAMES, ModelNotFound, check_model
+from grpo.local.preflight import hub_problem, redis_problem
 from grpo.local.procs import Child, Supervisor, http_ok, port_open
 from grpo.local.redis_server import find_redis_server
 
@@ -125,9 +126,24 @@ def plan_services(spec: StackSpec, redis_url: str, *, with_trainer: bool = True)
     return planned
 
 
-def settings_problems(planned: list[Planned]) -> list[str]:
+@dataclass
+class Hub:
+    """Whether the model hub can be reached, asked at most once per start and only when a section names a hub id."""
+
+    asked: bool = False
+    problem: str | None = None
+
+    def unreachable(self) -> str | None:
+        """None when the hub answers (or HF_HUB_OFFLINE says not to ask it); else why it cannot be reached."""
+        if not self.asked:
+            self.asked, self.problem = True, hub_problem()
+        return self.problem
+
+
+def settings_problems(planned: list[Planned], hub: Hub | None = None) -> list[str]:
     """Every bad key or value of every section, one `section.field: message` each (replicas share a section), and
     every model a section names that its service's start-up check would refuse."""
+    hub = hub or Hub()
     problems: list[str] = []
     checked: set[str] = set()
     for service in planned:
@@ -147,7 +163,7 @@ def settings_problems(planned: list[Planned]) -> list[str]:
                     message = f"unknown setting{f' (did you mean {close[0]}?)' if close else ''}"
                 problems.append(f"{service.section}{'.' + field_name if field_name else ''}: {message}")
         if service.section in MODEL_SECTIONS:
-            problems += model_problems(service.section, service.values)
+            problems += model_problems(service.section, service.values, hub)
     return problems
 
 
@@ -165,28 +181,69 @@ def models_to_load(values: dict[str, Any]) -> list[tuple[str, str]]:
     return models
 
 
-def model_problems(section: str, values: dict[str, Any]) -> list[str]:
+def model_problems(section: str, values: dict[str, Any], hub: Hub | None = None) -> list[str]:
     """The service's own model check (it runs it first thing, grpo.common.tiny_model.check_model) done here too, so
     a missing folder or an unknown hub id stops `grpo up` before anything starts instead of one service after all
     the others are up. The built-in tiny model is skipped: it cannot be missing (the service builds it), and
-    building it here would load torch in the launcher."""
+    building it here would load torch in the launcher. A hub id while the hub cannot be reached is looked for in
+    the cache alone (check_model would retry the hub for 54 s first)."""
+    hub = hub or Hub()
     problems = []
     for name, model in models_to_load(values):
         if model in TINY_NAMES:
             continue
         try:
-            check_model(model)
+            unreachable = hub.unreachable() if is_hub_id(model) else None
+            if unreachable is None:
+                check_model(model)
+            else:
+                check_cached(model, unreachable)
         except ModelNotFound as exc:
             problems.append(f"{section}.{name}: {exc}")
     return problems
 
 
-def _service(sup: Supervisor, run_dir: Path, service: Planned) -> Child:
+def is_hub_id(model: str) -> bool:
+    """Whether check_model would ask the hub for `model`: nothing of that name here, and a valid `owner/name`."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if Path(model).expanduser().exists() or model.startswith((".", "/", "~")):
+        return False
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        return False
+    return True
+
+
+def check_cached(model: str, unreachable: str) -> None:
+    """ModelNotFound unless the hub cache holds `model`'s config.json (as HF_HUB_OFFLINE=1 would load it)."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(model, "config.json"), str):
+        return
+    raise ModelNotFound(
+        f"{model!r} is not a local folder nor in the hub cache ({constants.HF_HUB_CACHE}), and {unreachable}: give "
+        "the path of a local folder holding the model (its config.json and weights), or download it where there is "
+        "a network; HF_HUB_OFFLINE=1 then loads it from the cache without asking the hub"
+    )
+
+
+def offline_env(hub: Hub) -> dict[str, str]:
+    """HF_HUB_OFFLINE=1 for the services when the hub cannot be reached (their models are in the cache, or the
+    check would have stopped us): else each service's own check retries the hub for 54 s first."""
+    if hub.asked and hub.problem is not None:
+        log.warning("%s: the services load their models from the hub cache (HF_HUB_OFFLINE=1)", hub.problem)
+        return {"HF_HUB_OFFLINE": "1"}
+    return {}
+
+
+def _service(sup: Supervisor, run_dir: Path, service: Planned, env: dict[str, str]) -> Child:
     config = _write_config(run_dir, service.name, service.values)
     ports = {k: int(v) for k, v in service.values.items() if k.endswith("_port")}
     # Unbuffered so a crash's last lines reach the log file.
     cmd = [sys.executable, "-u", "-m", service.module, "--config", str(config)]
-    return sup.start(service.name, cmd, env={"PYTHONUNBUFFERED": "1"}, **ports)
+    return sup.start(service.name, cmd, env={"PYTHONUNBUFFERED": "1", **env}, **ports)
 
 
 def start_redis(sup: Supervisor, run_dir: Path, port: int) -> Child:
@@ -198,20 +255,28 @@ def start_redis(sup: Supervisor, run_dir: Path, port: int) -> Child:
 
 
 def start_services(sup: Supervisor, spec: StackSpec, *, with_trainer: bool = True) -> StackState:
-    """Check every section's settings (LaunchError naming each problem, nothing started), then start everything
-    in spec (Redis when no URL); returns when each is healthy. ChildFailed otherwise."""
+    """Check that the Redis given answers, and every section's settings (LaunchError naming each problem, nothing
+    started), then start everything in spec (Redis when no URL); returns when each is healthy. ChildFailed
+    otherwise."""
     redis_port = free_port() if spec.redis_url is None else 0
     redis_url = spec.redis_url or f"redis://127.0.0.1:{redis_port}/0"
+    # First (it takes milliseconds, the sections' checks seconds): the services would find out themselves only
+    # after their outage retries, the trainer's taking minutes.
+    unreachable = redis_problem(spec.redis_url, spec.run_id) if spec.redis_url is not None else None
+    if unreachable is not None:
+        raise LaunchError(f"{unreachable}; nothing started")
     planned = plan_services(spec, redis_url, with_trainer=with_trainer)
-    problems = settings_problems(planned)
+    hub = Hub()
+    problems = settings_problems(planned, hub)
     if problems:
         raise LaunchError(f"{len(problems)} invalid setting(s), nothing started:\n  " + "\n  ".join(problems))
+    env = offline_env(hub)
     run_dir, timeout = spec.run_dir, spec.start_timeout_s
     run_dir.mkdir(parents=True, exist_ok=True)
     if spec.redis_url is None:
         redis = start_redis(sup, run_dir, redis_port)
         sup.wait_ready(redis, lambda: port_open(redis_port), 30.0)
-    children = [(_service(sup, run_dir, service), service) for service in planned]
+    children = [(_service(sup, run_dir, service, env), service) for service in planned]
     for child, service in children:
         sup.wait_ready(child, functools.partial(http_ok, service.health_url), timeout)
     reward = planned[0].values

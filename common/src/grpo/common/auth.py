@@ -1,6 +1,7 @@
-"""Optional bearer-token auth for gRPC servers and clients.
+"""Optional bearer-token auth for gRPC servers and clients (HTTP servers share `token_matches`).
 
-Health checks and reflection stay open: Kubernetes probes cannot send a token.
+Health checks and reflection stay open: Kubernetes probes cannot send a token, and reflection only describes the
+API the repository's protos publish anyway (README "Security").
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ MethodTokens = dict[str, str | tuple[str, ...]]
 
 
 def token_matches(given: str | None, expected: str) -> bool:
-    """Constant-time comparison of an `Authorization` value against `Bearer <expected>`."""
-    if not given:
+    """Is `given` (an `Authorization` value) `Bearer <expected>`? The scheme in any case (RFC 7235: `bearer x` is
+    the same credential), the token compared in constant time."""
+    scheme, _, credentials = (given or "").partition(" ")
+    if scheme.lower() != "bearer":
         return False
-    return hmac.compare_digest(given.encode(), f"Bearer {expected}".encode())
+    return hmac.compare_digest(credentials.strip(" ").encode(), expected.encode())
 
 
 class _TokenCheck:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import random
 import socket
 from pathlib import Path
@@ -35,3 +36,23 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def beyond_loopback(host: str) -> bool:
+    """Does binding `host` accept connections from other machines? Only addresses that are all loopback do not
+    (127.0.0.0/8, ::1, a name such as localhost resolving only to those); 0.0.0.0, :: and anything else do."""
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), None)
+    except (OSError, UnicodeError):
+        return True  # the settings refuse such a host anyway
+    return not infos or not all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
+def exposure_warning(host: str, token: str | None, env_prefix: str) -> str | None:
+    """One line when a service with no token listens beyond loopback (its control API is open to the network)."""
+    if token or not beyond_loopback(host):
+        return None
+    return (
+        f"listening on {host} without a token: anyone who reaches this machine may call every gRPC method; set "
+        f"{env_prefix}TOKEN (--token), or bind to loopback (--host 127.0.0.1)"
+    )

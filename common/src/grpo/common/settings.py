@@ -23,6 +23,7 @@ from pydantic import ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     CliSettingsSource,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
@@ -104,6 +105,21 @@ class ServiceSettings(BaseSettings):
         return self
 
 
+def redis_url_problem(url: str) -> str | None:
+    """Why `url` is not a Redis URL the services' client can use, in the words every part of the system uses for it;
+    None when it is one. Only what follows the credentials is quoted: a mistyped URL must not put a password into
+    the logs."""
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        return f"redis_url must start with redis://, rediss:// or unix:// (got …{url.rpartition('@')[2]!r})"
+    from redis.connection import parse_url  # what the services' client parses it with; imported late: --help
+
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        return f"redis_url is not a Redis URL ({exc})"
+    return None
+
+
 def check_ca_file(field: str, path: str) -> None:
     """ValueError naming the setting unless `path` is a readable file of PEM CA certificates (else the first
     connection would fail, long after start-up, as a TLS handshake error)."""
@@ -168,17 +184,80 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-def load_settings(cls: type[S], argv: list[str] | None = None, env_file_var: str | None = None) -> S:
+# What a flag takes, in the words --help should use instead of pydantic-settings' Python types (`{Path,None}`).
+PLAIN_METAVARS = {"int": "N", "float": "NUMBER", "str": "TEXT", "Path": "PATH", "bool": "{true,false}"}
+
+
+def plain_metavar(metavar: str) -> str:
+    """`{Path,None}` → PATH, `{{k1,k2},None}` → {k1,k2}, `list[str]` → LIST, `dict[str,float]` → MAPPING."""
+    if metavar.startswith("{") and metavar.endswith(",None}"):  # optional: leaving the flag out is the None
+        metavar = metavar[1 : -len(",None}")]
+    if metavar.startswith(("list[", "tuple[", "set[")):
+        return "LIST"
+    if metavar.startswith("dict["):
+        return "MAPPING"
+    return PLAIN_METAVARS.get(metavar, metavar)
+
+
+def _add_argument(aliases: dict[str, str]) -> Any:
+    """argparse's add_argument with plain metavars, and each flag's alias (another name for it) beside it."""
+
+    def add(parser: argparse.ArgumentParser, *names: str, **kwargs: Any) -> argparse.Action:
+        if isinstance(kwargs.get("metavar"), str):
+            kwargs["metavar"] = plain_metavar(kwargs["metavar"])
+        return parser.add_argument(*names, *(aliases[name] for name in names if name in aliases), **kwargs)
+
+    return add
+
+
+# Settings that may hold a secret, and so may be read from a file: `GRPO_<SERVICE>_<FIELD>_FILE=/path` (the usual
+# container convention), for secrets mounted as files (compose's generated ones, Kubernetes Secret volumes) that
+# then appear in no process environment or `docker inspect`.
+SECRET_FIELDS = ("token", "weights_token", "reward_token", "redis_url")
+
+
+def secrets_from_files(cls: type[BaseSettings]) -> dict[str, str]:
+    """The secret settings whose `<ENV>_FILE` variable is set, read from those files. InvalidSettings for a file
+    that is missing or empty (an empty token would turn auth off without a word) or an `<ENV>` set beside it."""
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    values: dict[str, str] = {}
+    for field in SECRET_FIELDS:
+        env = (prefix + field).upper()
+        path = os.environ.get(f"{env}_FILE", "").strip()
+        if field not in cls.model_fields or not path:
+            continue
+        if os.environ.get(env, "").strip():
+            raise InvalidSettings(f"{field}: set {env} or {env}_FILE, not both")
+        try:
+            value = Path(path).read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            raise InvalidSettings(f"{field}: {env}_FILE {path}: no such file") from None
+        except (OSError, UnicodeError) as exc:
+            raise InvalidSettings(f"{field}: {env}_FILE {path}: cannot be read ({exc})") from None
+        if not value:
+            raise InvalidSettings(f"{field}: {env}_FILE {path} is empty")
+        values[field] = value
+    return values
+
+
+def load_settings(
+    cls: type[S],
+    argv: list[str] | None = None,
+    env_file_var: str | None = None,
+    flag_aliases: dict[str, str] | None = None,
+) -> S:
     """Build `cls` from its defaults, a config file, the environment and CLI flags.
 
     The config file comes from `--config PATH` or from the environment variable
-    `env_file_var` (e.g. GRPO_REWARD_CONFIG).
+    `env_file_var` (e.g. GRPO_REWARD_CONFIG). `flag_aliases` gives a flag a second name
+    (`{"--run": "--run-id"}`), on the command line only.
     """
     argv = sys.argv[1:] if argv is None else argv
     path, rest = _split_config_flag(argv)
     if path is None and env_file_var and os.environ.get(env_file_var):
         path = Path(os.environ[env_file_var])
     file_values = read_config_file(path) if path else {}
+    secret_files = secrets_from_files(cls)
 
     class _Loaded(cls):  # type: ignore[valid-type, misc]
         @classmethod
@@ -191,10 +270,13 @@ def load_settings(cls: type[S], argv: list[str] | None = None, env_file_var: str
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
             cli: CliSettingsSource[argparse.ArgumentParser] = CliSettingsSource(
-                settings_cls, cli_parse_args=rest, root_parser=_root_parser(cls, env_file_var)
-            )
-            # Earlier sources win: CLI > env > file (init) > defaults.
-            return (cli, env_settings, init_settings)
+                settings_cls, cli_parse_args=rest, root_parser=_root_parser(cls, env_file_var),
+                add_argument_method=_add_argument(flag_aliases or {}),
+            )  # fmt: skip
+            # Earlier sources win: CLI > env (and the secrets its `_FILE` variables name) > file (init) > defaults.
+            # A secret's own env variable is empty or unset when its file is read (else that is an error).
+            secrets = InitSettingsSource(settings_cls, init_kwargs=secret_files)
+            return (cli, secrets, env_settings, init_settings)
 
     _Loaded.__name__ = cls.__name__
     _Loaded.__doc__ = cls.__doc__

@@ -39,7 +39,7 @@ class VerifyMathResponse(_message.Message):
     def __init__(self, correct: _Optional[bool] = ..., status: _Optional[str] = ..., extracted_answer: _Optional[str] = ..., detail: _Optional[str] = ..., wall_s: _Optional[float] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("language", "code", "stdin", "timeout_s", "memory_mb", "files", "read_back")
+    __slots__ = ("language", "code", "stdin", "timeout_s", "memory_mb", "files", "read_back", "return_output_bytes")
     class FilesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class ExecuteRequest(_message.Message):
     MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     READ_BACK_FIELD_NUMBER: _ClassVar[int]
+    RETURN_OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     language: str
     code: str
     stdin: str
@@ -61,11 +62,19 @@ class ExecuteRequest(_message.Message):
     memory_mb: int
     files: _containers.ScalarMap[str, str]
     read_back: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, language: _Optional[str] = ..., code: _Optional[str] = ..., stdin: _Optional[str] = ..., timeout_s: _Optional[float] = ..., memory_mb: _Optional[int] = ..., files: _Optional[_Mapping[str, str]] = ..., read_back: _Optional[_Iterable[str]] = ...) -> None: ...
+    return_output_bytes: int
+    def __init__(self, language: _Optional[str] = ..., code: _Optional[str] = ..., stdin: _Optional[str] = ..., timeout_s: _Optional[float] = ..., memory_mb: _Optional[int] = ..., files: _Optional[_Mapping[str, str]] = ..., read_back: _Optional[_Iterable[str]] = ..., return_output_bytes: _Optional[int] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
-    __slots__ = ("status", "exit_code", "stdout", "stderr", "wall_s", "cpu_s", "peak_memory_mb", "files")
+    __slots__ = ("status", "exit_code", "stdout", "stderr", "wall_s", "cpu_s", "peak_memory_mb", "files", "file_encodings", "stdout_encoding", "stdout_bytes", "stdout_truncated", "stderr_bytes", "stderr_truncated")
     class FilesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class FileEncodingsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +89,12 @@ class ExecuteResponse(_message.Message):
     CPU_S_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
+    FILE_ENCODINGS_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_ENCODING_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    STDERR_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     status: str
     exit_code: int
     stdout: str
@@ -88,7 +103,13 @@ class ExecuteResponse(_message.Message):
     cpu_s: float
     peak_memory_mb: float
     files: _containers.ScalarMap[str, str]
-    def __init__(self, status: _Optional[str] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., wall_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., peak_memory_mb: _Optional[float] = ..., files: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    file_encodings: _containers.ScalarMap[str, str]
+    stdout_encoding: str
+    stdout_bytes: int
+    stdout_truncated: bool
+    stderr_bytes: int
+    stderr_truncated: bool
+    def __init__(self, status: _Optional[str] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., wall_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., peak_memory_mb: _Optional[float] = ..., files: _Optional[_Mapping[str, str]] = ..., file_encodings: _Optional[_Mapping[str, str]] = ..., stdout_encoding: _Optional[str] = ..., stdout_bytes: _Optional[int] = ..., stdout_truncated: _Optional[bool] = ..., stderr_bytes: _Optional[int] = ..., stderr_truncated: _Optional[bool] = ...) -> None: ...
 
 class CodeTest(_message.Message):
     __slots__ = ("stdio",)
@@ -110,7 +131,7 @@ class StdioTest(_message.Message):
     def __init__(self, stdin: _Optional[str] = ..., expected_stdout: _Optional[str] = ..., timeout_s: _Optional[float] = ..., memory_mb: _Optional[int] = ...) -> None: ...
 
 class VerifyCodeRequest(_message.Message):
-    __slots__ = ("language", "code", "tests", "timeout_s", "memory_mb", "compare", "abs_tol", "rel_tol", "stop_on_first_failure", "checker")
+    __slots__ = ("language", "code", "tests", "timeout_s", "memory_mb", "compare", "abs_tol", "rel_tol", "stop_on_first_failure", "checker", "return_output_bytes")
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     TESTS_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +142,7 @@ class VerifyCodeRequest(_message.Message):
     REL_TOL_FIELD_NUMBER: _ClassVar[int]
     STOP_ON_FIRST_FAILURE_FIELD_NUMBER: _ClassVar[int]
     CHECKER_FIELD_NUMBER: _ClassVar[int]
+    RETURN_OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     language: str
     code: str
     tests: _containers.RepeatedCompositeFieldContainer[CodeTest]
@@ -131,7 +153,8 @@ class VerifyCodeRequest(_message.Message):
     rel_tol: float
     stop_on_first_failure: bool
     checker: CheckerProgram
-    def __init__(self, language: _Optional[str] = ..., code: _Optional[str] = ..., tests: _Optional[_Iterable[_Union[CodeTest, _Mapping]]] = ..., timeout_s: _Optional[float] = ..., memory_mb: _Optional[int] = ..., compare: _Optional[str] = ..., abs_tol: _Optional[float] = ..., rel_tol: _Optional[float] = ..., stop_on_first_failure: _Optional[bool] = ..., checker: _Optional[_Union[CheckerProgram, _Mapping]] = ...) -> None: ...
+    return_output_bytes: int
+    def __init__(self, language: _Optional[str] = ..., code: _Optional[str] = ..., tests: _Optional[_Iterable[_Union[CodeTest, _Mapping]]] = ..., timeout_s: _Optional[float] = ..., memory_mb: _Optional[int] = ..., compare: _Optional[str] = ..., abs_tol: _Optional[float] = ..., rel_tol: _Optional[float] = ..., stop_on_first_failure: _Optional[bool] = ..., checker: _Optional[_Union[CheckerProgram, _Mapping]] = ..., return_output_bytes: _Optional[int] = ...) -> None: ...
 
 class CheckerProgram(_message.Message):
     __slots__ = ("language", "code")
@@ -142,7 +165,7 @@ class CheckerProgram(_message.Message):
     def __init__(self, language: _Optional[str] = ..., code: _Optional[str] = ...) -> None: ...
 
 class CodeTestResult(_message.Message):
-    __slots__ = ("verdict", "exit_code", "stdout", "stderr", "wall_s", "detail", "cpu_s", "peak_memory_mb")
+    __slots__ = ("verdict", "exit_code", "stdout", "stderr", "wall_s", "detail", "cpu_s", "peak_memory_mb", "stdout_encoding", "stdout_bytes", "stdout_truncated", "stderr_bytes", "stderr_truncated")
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     STDOUT_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +174,11 @@ class CodeTestResult(_message.Message):
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     CPU_S_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_ENCODING_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    STDERR_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     verdict: str
     exit_code: int
     stdout: str
@@ -159,7 +187,12 @@ class CodeTestResult(_message.Message):
     detail: str
     cpu_s: float
     peak_memory_mb: float
-    def __init__(self, verdict: _Optional[str] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., wall_s: _Optional[float] = ..., detail: _Optional[str] = ..., cpu_s: _Optional[float] = ..., peak_memory_mb: _Optional[float] = ...) -> None: ...
+    stdout_encoding: str
+    stdout_bytes: int
+    stdout_truncated: bool
+    stderr_bytes: int
+    stderr_truncated: bool
+    def __init__(self, verdict: _Optional[str] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., wall_s: _Optional[float] = ..., detail: _Optional[str] = ..., cpu_s: _Optional[float] = ..., peak_memory_mb: _Optional[float] = ..., stdout_encoding: _Optional[str] = ..., stdout_bytes: _Optional[int] = ..., stdout_truncated: _Optional[bool] = ..., stderr_bytes: _Optional[int] = ..., stderr_truncated: _Optional[bool] = ...) -> None: ...
 
 class VerifyCodeResponse(_message.Message):
     __slots__ = ("passed", "total", "tests")

@@ -11,7 +11,7 @@ class GetRunStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RunStatus(_message.Message):
-    __slots__ = ("run_id", "phase", "step", "total_steps", "policy_version", "tasks_published", "groups_trained", "dropped", "in_flight", "replicas", "metrics", "duplicates", "superseded", "error", "eval_history", "stage", "stages")
+    __slots__ = ("run_id", "phase", "step", "total_steps", "policy_version", "tasks_published", "groups_trained", "dropped", "in_flight", "replicas", "metrics", "duplicates", "superseded", "error", "eval_history", "stage", "stages", "last_eval")
     class DroppedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class RunStatus(_message.Message):
     EVAL_HISTORY_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
+    LAST_EVAL_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     phase: str
     step: int
@@ -60,7 +61,23 @@ class RunStatus(_message.Message):
     eval_history: _containers.RepeatedCompositeFieldContainer[EvalPoint]
     stage: str
     stages: _containers.RepeatedCompositeFieldContainer[StageOutcome]
-    def __init__(self, run_id: _Optional[str] = ..., phase: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., tasks_published: _Optional[int] = ..., groups_trained: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., in_flight: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., duplicates: _Optional[int] = ..., superseded: _Optional[int] = ..., error: _Optional[str] = ..., eval_history: _Optional[_Iterable[_Union[EvalPoint, _Mapping]]] = ..., stage: _Optional[str] = ..., stages: _Optional[_Iterable[_Union[StageOutcome, _Mapping]]] = ...) -> None: ...
+    last_eval: EvalResult
+    def __init__(self, run_id: _Optional[str] = ..., phase: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., tasks_published: _Optional[int] = ..., groups_trained: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., in_flight: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., duplicates: _Optional[int] = ..., superseded: _Optional[int] = ..., error: _Optional[str] = ..., eval_history: _Optional[_Iterable[_Union[EvalPoint, _Mapping]]] = ..., stage: _Optional[str] = ..., stages: _Optional[_Iterable[_Union[StageOutcome, _Mapping]]] = ..., last_eval: _Optional[_Union[EvalResult, _Mapping]] = ...) -> None: ...
+
+class EvalResult(_message.Message):
+    __slots__ = ("step", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class EvalPoint(_message.Message):
     __slots__ = ("step", "accuracy")

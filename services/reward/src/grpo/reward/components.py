@@ -16,11 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from grpo.reward import metrics
+from grpo.reward.cancellation import request_sandbox
 from grpo.reward.errors import DeadlineExceeded
+from grpo.reward.output import Returned, encode, returned_stderr, returned_stdout, share
 from grpo.reward.plugin_threads import PluginThreads, PluginTimeout, contained
 from grpo.reward.pool import DeadlinePassed, PoolFull, TaskTimeout, WorkerPool
 from grpo.reward.schemas import (
     CodeTestResult,
+    Encoding,
+    ExecStatus,
     ExecuteRequest,
     ExecuteResponse,
     ScoreItem,
@@ -43,6 +47,8 @@ log = logging.getLogger(__name__)
 
 # A verification that times out is the answer's doing when its gold alone parses and verifies within this.
 GOLD_CHECK_S = 2.0
+# What a score keeps of each test's output: it returns none, and quotes 200 characters of a failure's reason.
+SCORE_KEEP_BYTES = 1 << 10
 _GOLD_CACHE_SIZE = 4096  # golds whose own check has been decided (a data set has few; each GRPO group shares one)
 
 
@@ -142,7 +148,10 @@ class ComponentRunner:
             self._gold_quick.move_to_end(key)
             return self._gold_quick[key]
         try:
-            future = self.pool.submit(check_gold, gold, options, timeout_s=min(GOLD_CHECK_S, limit), deadline=last)
+            # Urgent: behind a backlog it waited past the deadline and the verdict became a null.
+            future = self.pool.submit(
+                check_gold, gold, options, timeout_s=min(GOLD_CHECK_S, limit), deadline=last, urgent=True
+            )
             await asyncio.wrap_future(future)
             quick = True
         except TaskTimeout:
@@ -165,17 +174,18 @@ class ComponentRunner:
         return Limits(timeout_s=timeout, memory_mb=min(memory_mb or s.code_memory_mb, s.max_code_memory_mb))
 
     async def execute(self, req: ExecuteRequest, deadline: float) -> ExecuteResponse:
-        """One sandboxed run."""
+        """One sandboxed run; its output comes back as a head and tail of each stream, files exactly."""
         started = time.monotonic()
         if self.sandbox is None:
             _observe("execute", "sandbox_error", started)
-            return ExecuteResponse(status="sandbox_error", stderr="no sandbox available on this server")
+            return _failed_run("no sandbox available on this server")
         limits = self._limits(req.timeout_s, req.memory_mb, deadline)
         loop = asyncio.get_running_loop()
+        sandbox = request_sandbox(self.sandbox)  # starts nothing once the request has ended
         try:
             res = await loop.run_in_executor(
                 self.code_threads,
-                lambda: self.sandbox.run(
+                lambda: sandbox.run(
                     req.code,
                     req.stdin,
                     limits,
@@ -187,7 +197,7 @@ class ComponentRunner:
         except Exception as exc:
             log.exception("sandbox run failed")
             _observe("execute", "sandbox_error", started)
-            return ExecuteResponse(status="sandbox_error", stderr=f"{type(exc).__name__}: {exc}")
+            return _failed_run(f"{type(exc).__name__}: {exc}")
         if res.status == "timeout":
             metrics.SANDBOX_KILLS.labels("sandbox").inc()
             asked = self._limits(req.timeout_s, req.memory_mb).timeout_s
@@ -198,10 +208,14 @@ class ComponentRunner:
                     f"left before the call's deadline, short of its own {asked:g}s limit"
                 )
         _observe("execute", res.status, started)
+        keep = share(req.return_output_bytes, 2, self.settings.max_response_output_bytes)
+        files = {name: encode(data) for name, data in res.files.items()}
         return ExecuteResponse(
-            status=res.status, exit_code=res.exit_code, stdout=res.stdout, stderr=res.stderr, wall_s=res.wall_s,
-            cpu_s=res.cpu_s, peak_memory_mb=res.peak_memory_mb,
-            files={name: data.decode("utf-8", "replace") for name, data in res.files.items()},
+            status=cast(ExecStatus, res.status), exit_code=res.exit_code, wall_s=res.wall_s, cpu_s=res.cpu_s,
+            peak_memory_mb=res.peak_memory_mb,
+            files={name: text for name, (text, _) in files.items()},
+            file_encodings={name: encoding for name, (_, encoding) in files.items()},
+            **_streams(returned_stdout(res.stdout, res.stdout_raw, keep), returned_stderr(res.stderr, keep)),
         )  # fmt: skip
 
     async def code_tests(
@@ -212,13 +226,15 @@ class ComponentRunner:
         timeout_s: float | None,
         memory_mb: int | None,
         judge: Any = None,
+        keep_bytes: int = SCORE_KEEP_BYTES,
     ) -> list[CodeTestResult]:
-        """Every test of one candidate (the last fenced block of a completion) in the sandbox."""
+        """Every test of one candidate (the last fenced block of a completion) in the sandbox; each result keeps
+        `keep_bytes` of each output stream (its head and tail), the judge having seen the whole stdout."""
         from grpo.reward.verifiers.code import extract_code, run_code_tests
 
         started = time.monotonic()
         if self.sandbox is None:
-            return [CodeTestResult(verdict="sandbox_error", stderr="no sandbox available on this server")] * len(tests)
+            return [_failed_test("no sandbox available on this server", keep_bytes)] * len(tests)
         limits = self._limits(timeout_s, memory_mb)
         for test in tests:  # a test's own limits are capped by the server's, as the request's are
             if "timeout_s" in test or "memory_mb" in test:
@@ -226,17 +242,17 @@ class ComponentRunner:
                 test.update(timeout_s=own.timeout_s, memory_mb=own.memory_mb)
         program = extract_code(code, language)
         loop = asyncio.get_running_loop()
+        sandbox = request_sandbox(self.sandbox)  # starts no test once the request has ended
         try:
             raw = await loop.run_in_executor(
                 self.code_threads,
                 lambda: run_code_tests(
-                    self.sandbox, program, tests, language, limits.timeout_s, limits.memory_mb, judge
+                    sandbox, program, tests, language, limits.timeout_s, limits.memory_mb, judge, keep_bytes
                 ),
             )
         except Exception as exc:
             log.exception("code tests failed in the sandbox machinery")
-            detail = f"{type(exc).__name__}: {exc}"
-            return [CodeTestResult(verdict="sandbox_error", stderr=detail)] * len(tests)
+            return [_failed_test(f"{type(exc).__name__}: {exc}", keep_bytes)] * len(tests)
         results = [
             CodeTestResult(
                 verdict=cast(Verdict, r.verdict),
@@ -247,6 +263,11 @@ class ComponentRunner:
                 detail=r.detail,
                 cpu_s=r.cpu_s,
                 peak_memory_mb=r.peak_memory_mb,
+                stdout_encoding=cast(Encoding, r.stdout_encoding),
+                stdout_bytes=r.stdout_bytes,
+                stdout_truncated=r.stdout_truncated,
+                stderr_bytes=r.stderr_bytes,
+                stderr_truncated=r.stderr_truncated,
             )
             for r in raw
         ]
@@ -418,6 +439,30 @@ class ScoreBatch:
             task.cancel()
         if self._prm_batch is not None:
             self._prm_batch.cancel()
+
+
+def _streams(out: Returned, err: Returned) -> dict[str, Any]:
+    """A response's output fields from the two streams as returned."""
+    return {
+        "stdout": out.text, "stdout_encoding": out.encoding, "stdout_bytes": out.total,
+        "stdout_truncated": out.truncated, "stderr": err.text, "stderr_bytes": err.total,
+        "stderr_truncated": err.truncated,
+    }  # fmt: skip
+
+
+def _failed_run(why: str) -> ExecuteResponse:
+    """A run the sandbox could not make, with why on stderr."""
+    return ExecuteResponse(
+        status="sandbox_error", **_streams(returned_stdout("", None, 0), returned_stderr(why, 1 << 20))
+    )
+
+
+def _failed_test(why: str, keep: int) -> CodeTestResult:
+    """A test the sandbox could not run, with why on stderr."""
+    err = returned_stderr(why, keep)
+    return CodeTestResult(
+        verdict="sandbox_error", stderr=err.text, stderr_bytes=err.total, stderr_truncated=err.truncated
+    )
 
 
 def _model_judgement(score: float) -> Judgement:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,9 +17,13 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from grpo.reward import metrics
-from grpo.reward.components import ComponentRunner
-from grpo.reward.errors import DeadlineExceeded, InputError, Overloaded
+from grpo.reward.admission import Admission, Ticket
+from grpo.reward.cancellation import SandboxGate
+from grpo.reward.components import GOLD_CHECK_S, ComponentRunner
+from grpo.reward.errors import DeadlineExceeded, InputError
+from grpo.reward.output import share
 from grpo.reward.pool import WorkerPool
+from grpo.reward.sandbox.build_cache import BuildCache, BuildCaches, compiled
 from grpo.reward.sandbox.languages import BUILD_LIMITS, TOOLCHAINS, program_files
 from grpo.reward.schemas import (
     CheckerProgram,
@@ -45,26 +48,28 @@ TEST_DATA_FIELDS = ("stdin", "expected_stdout")  # a test's fields capped by max
 
 
 class RewardCore:
-    """Verifier pools, sandbox, plug-ins and the admission counter of one service process."""
+    """Verifier pools, sandbox, plug-ins and the admission of one service process."""
 
     def __init__(self, settings: RewardSettings) -> None:
         self.settings = settings
+        workers = settings.sandbox_workers or settings.workers
+        self.admission = Admission(
+            settings.max_queue, settings.retry_after_s, settings.workers, workers, SandboxGate(workers)
+        )
         self.pool = WorkerPool(
             settings.workers,
             max_queue=settings.max_queue,
             max_batch=settings.math_batch,
-            preload=["grpo.reward.verifiers.math"],
+            preload=["grpo.reward.verifiers.math", "grpo.reward.math_warmup"],  # workers fork warm
             on_kill=lambda: metrics.SANDBOX_KILLS.labels("math_worker").inc(),
+            on_item=self.admission.math.observe,
+            on_cancel=metrics.CANCELLED.labels("math").inc,
         )
         metrics.QUEUE_DEPTH.set_function(self.pool.queue_depth)
         self.sandbox, self.sandbox_note = self._start_sandbox()
-        workers = settings.sandbox_workers or settings.workers
         self._code_threads = ThreadPoolExecutor(max_workers=workers * 2, thread_name_prefix="code")
         self._aux_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="aux")
         self.components = ComponentRunner(settings, self.pool, self.sandbox, self._code_threads, self._aux_threads)
-        self._inflight = 0
-        # Admission runs on the one loop today; the lock keeps the count right should a thread ever admit.
-        self._lock = threading.Lock()
 
     def _start_sandbox(self) -> tuple[Any, str]:
         from grpo.reward.sandbox import SandboxUnavailable, make_sandbox
@@ -78,12 +83,15 @@ class RewardCore:
                 workers=self.settings.sandbox_workers or self.settings.workers,
                 languages=self.settings.languages,
                 max_output_bytes=self.settings.max_output_bytes,
+                mode=self.settings.sandbox_mode,
+                user=self.settings.sandbox_user,
             )
         except (SandboxUnavailable, OSError, ValueError) as exc:
             # The service still verifies math; code requests answer sandbox_error (never a 0).
             log.error("sandbox unavailable, code verification disabled: %s", exc)
             return None, f"unavailable: {exc}"
         log.info("sandbox: %s", sandbox.isolation)
+        sandbox.build_caches = build_caches(self.settings)
         return sandbox, str(sandbox.isolation)
 
     # ---- plumbing ---------------------------------------------------------------------
@@ -97,26 +105,15 @@ class RewardCore:
         return time.monotonic() + max(0.0, budget)
 
     @contextmanager
-    def admit(self, units: int) -> Iterator[None]:
-        """Count `units` items against max_queue for the duration; refuse when full."""
-        limit = self.settings.max_queue
-        if units > limit:
-            raise InputError(f"{units} items exceed this server's queue capacity of {limit}; split the request")
-        with self._lock:
-            if self._inflight + units > limit:
-                metrics.REJECTED.labels("overloaded").inc()
-                raise Overloaded(
-                    f"server busy: {self._inflight} items in flight, limit {limit}; retry later",
-                    self.settings.retry_after_s,
-                )
-            self._inflight += units
-            metrics.INFLIGHT.set(self._inflight)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._inflight -= units
-                metrics.INFLIGHT.set(self._inflight)
+    def admit(self, items: int, deadline: float, *, math_units: int = 0, code_units: int = 0) -> Iterator[Ticket]:
+        """Admit a request (admission.py: refused when it cannot finish by `deadline`); when the block exits, the
+        request has ended and whatever of its work still runs stops at its next test."""
+        with self.admission.admit(items, deadline, math_units=math_units, code_units=code_units) as ticket:
+            yield ticket
+
+    @property
+    def _inflight(self) -> int:
+        return self.admission.inflight
 
     def health(self) -> Health:
         return Health(
@@ -217,11 +214,15 @@ class RewardCore:
     async def verify_math(self, req: VerifyMathRequest, remaining_s: float | None = None) -> VerifyMathResponse:
         self._check_text("answer", req.answer, self.settings.max_text_chars, "max_text_chars")
         self._check_text("gold", req.gold, self.settings.max_text_chars, "max_text_chars")
-        timeout = min(req.timeout_s or self.settings.math_timeout_s, self.settings.max_timeout_s)
-        deadline = self.deadline(timeout, remaining_s)
-        with self.admit(1):
-            # The request's timeout_s is this verification's own limit: reaching it is a timeout, not an error.
-            return await self.components.math(req.answer, req.gold, deadline, req.math_options(), limit_s=timeout)
+        s = self.settings
+        limit = min(req.timeout_s or s.math_timeout_s, s.max_timeout_s)
+        # timeout_s is the verification's own limit, from when a worker starts it (as math_timeout_s is for a
+        # /v1/score item); the request's deadline is default_timeout_s, or the limit and the gold's own check when
+        # that is more. It once was the limit counted from arrival: time spent waiting for a worker came off the
+        # verification, and a backlog turned verdicts into errors.
+        deadline = self.deadline(max(s.default_timeout_s, limit + GOLD_CHECK_S + 1.0), remaining_s)
+        with self.admit(1, deadline, math_units=1):
+            return await self.components.math(req.answer, req.gold, deadline, req.math_options(), limit_s=limit)
 
     async def execute(self, req: ExecuteRequest, remaining_s: float | None = None) -> ExecuteResponse:
         self._check_text("code", req.code, self.settings.max_code_chars, "max_code_chars")
@@ -237,7 +238,7 @@ class RewardCore:
         self._check_text("stdin", req.stdin, self.settings.max_test_chars, "max_test_chars")
         # req.timeout_s limits the program; the request itself may take the default deadline.
         deadline = self.deadline(None, remaining_s)
-        with self.admit(1):
+        with self.admit(1, deadline, code_units=1):
             result = await self._within(self.components.execute(req, deadline), deadline + 1.0)
         return result
 
@@ -247,7 +248,9 @@ class RewardCore:
         self._check_language("language", req.language, req.tests)
         self._check_checker("checker.language", req.checker)
         deadline = self.deadline(self._code_budget_s(req), remaining_s)
-        with self.admit(len(req.tests)):
+        # Each test's stdout and stderr share the response's budget of returned output.
+        keep = share(req.return_output_bytes, 2 * len(req.tests), self.settings.max_response_output_bytes)
+        with self.admit(len(req.tests), deadline, code_units=len(req.tests)):
             tests = await self._within(
                 self.components.code_tests(
                     req.code,
@@ -256,6 +259,7 @@ class RewardCore:
                     req.timeout_s,
                     req.memory_mb,
                     req.judge(),
+                    keep,
                 ),
                 deadline,
             )
@@ -267,14 +271,18 @@ class RewardCore:
         s = self.settings
         per_test = min(req.timeout_s or s.code_timeout_s, s.max_code_timeout_s)
         runs = sum(min(code_test_dict(t).get("timeout_s", per_test), s.max_code_timeout_s) for t in req.tests)
-        builds = BUILD_LIMITS.timeout_s * (2 if req.checker is not None else 1)
+        # An interpreted language has no build: a phantom 30 s let admission queue Python tests that long.
+        built = [req.language, *([req.checker.language] if req.checker is not None else [])]
+        builds = BUILD_LIMITS.timeout_s * sum(map(compiled, built))
         return max(s.default_timeout_s, builds + runs * (2 if req.checker is not None else 1))
 
     async def score_iter(self, req: ScoreRequest, remaining_s: float | None = None) -> AsyncIterator[ScoreResult]:
         """Yield each item's result as soon as it is done (any order)."""
         self.check_score(req)
         deadline = self.deadline(req.timeout_s, remaining_s)
-        with self.admit(len(req.items)):
+        math_units = sum(item.checks.math is not None for item in req.items)
+        code_units = sum(len(item.checks.code.tests) for item in req.items if item.checks.code is not None)
+        with self.admit(len(req.items), deadline, math_units=math_units, code_units=code_units):
             batch = self.components.start_batch(req.items, deadline)
             pending = {
                 asyncio.ensure_future(self._item_within(batch.score_item(item), item.id, deadline))
@@ -330,6 +338,24 @@ class RewardCore:
         self._code_threads.shutdown(wait=False, cancel_futures=True)
         self._aux_threads.shutdown(wait=False, cancel_futures=True)
         self.components.close()
+
+
+def build_caches(settings: RewardSettings) -> BuildCaches:
+    """This process's build caches for its sandbox, sized by the settings and counted in /metrics."""
+
+    def cache(kind: str, entries: int, mb: int) -> BuildCache:
+        made = BuildCache(
+            entries, mb << 20, settings.build_error_cache_s,
+            on_lookup=lambda outcome: metrics.BUILD_CACHE.labels(kind, outcome).inc(),
+            on_evict=metrics.BUILD_CACHE_EVICTIONS.labels(kind).inc,
+        )  # fmt: skip
+        metrics.BUILD_CACHE_BYTES.labels(kind).set_function(lambda: made.size)
+        return made
+
+    return BuildCaches(
+        checkers=cache("checker", settings.checker_cache_entries, settings.checker_cache_mb),
+        programs=cache("program", settings.program_cache_entries, settings.program_cache_mb),
+    )
 
 
 def _own_file_names(language: str) -> list[str]:

@@ -50,6 +50,12 @@ async def _abort(context: Context, method: str, exc: BaseException) -> NoReturn:
     raise AssertionError("context.abort always raises")  # for the type checker
 
 
+def _count_abandoned() -> None:
+    """Count a call cancelled before its answer: its client went away (grpc.aio cancels the call's task, and
+    `context.cancelled()` still says False then), or the shutdown's grace ran out."""
+    metrics.ABANDONED.labels("grpc").inc()
+
+
 class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     """Each method: parse, await the core, convert the answer."""
 
@@ -67,6 +73,9 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             # A backstop past the deadline only: the core answers its own timeouts.
             wait = self.core.settings.max_timeout_s if remaining is None else remaining + 1.0
             result = await asyncio.wait_for(make(req, remaining), wait + 5.0)
+        except asyncio.CancelledError:  # grpc.aio cancels the call's task when its client goes away
+            _count_abandoned()
+            raise
         except Exception as exc:
             await _abort(context, method, exc)
         metrics.REQUESTS.labels(f"grpc/{method}", "OK").inc()
@@ -98,6 +107,9 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         try:
             async for result in self.core.score_iter(req, _remaining(context)):
                 yield model_to_proto(result, pb.ScoreResult())
+        except asyncio.CancelledError:
+            _count_abandoned()
+            raise
         except Exception as exc:  # admission refusal ends the stream with its status
             await _abort(context, "ScoreStream", exc)
         metrics.REQUESTS.labels("grpc/ScoreStream", "OK").inc()

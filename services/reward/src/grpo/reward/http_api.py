@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from grpo.common.auth import token_matches
 from grpo.reward import metrics
+from grpo.reward.cancellation import CancelOnDisconnect
 from grpo.reward.core import RewardCore
 from grpo.reward.errors import DeadlineExceeded, InputError, Overloaded
 from grpo.reward.schemas import (
@@ -143,6 +144,7 @@ def create_app(core: RewardCore, token: str | None = None) -> FastAPI:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     _install_handlers(app)
+    app.add_middleware(CancelOnDisconnect)  # inside BodyLimit: it reads only bodies within the limit
     app.add_middleware(BodyLimit, max_bytes=core.settings.max_body_bytes)
     return app
 
@@ -159,12 +161,23 @@ def validation_details(errors: Sequence[Any]) -> list[dict[str, Any]]:
     ]
 
 
+def endpoint_label(scope: Scope) -> str:
+    """The metrics label of a request, once the router has seen it: its route's template under /v1 (`/v1/score`),
+    `other` for the app's other routes (probes, metrics, docs), `unknown` for a path no route serves. Never the raw
+    path: the client chooses it, and each new label value is a time series kept for the life of the process
+    (3,000 random paths grew /metrics from 6 KB to 5 MB)."""
+    if "endpoint" not in scope:  # the router matched nothing (404)
+        return "unknown"
+    path = str(getattr(scope.get("route"), "path", ""))  # set on a match, even when the method is wrong (405)
+    return path if path.startswith("/v1/") else "other"
+
+
 def _install_handlers(app: FastAPI) -> None:
     @app.middleware("http")
     async def count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         started = time.monotonic()
         response = await call_next(request)
-        endpoint = request.url.path if request.url.path.startswith("/v1/") else "other"
+        endpoint = endpoint_label(request.scope)
         metrics.REQUESTS.labels(endpoint, str(response.status_code)).inc()
         metrics.REQUEST_SECONDS.labels(endpoint).observe(time.monotonic() - started)
         return response

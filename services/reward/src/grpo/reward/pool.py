@@ -6,10 +6,15 @@ that runs the task. Each worker slot is a thread that owns one child process: it
 to `max_batch` tasks from a bounded queue, sends them down a pipe, and waits for each
 answer until that task's deadline; a late task kills and replaces the child and is
 answered with `TaskTimeout`; the rest of its batch goes to the fresh child.
+
+An urgent task (a timed-out verification's gold check) goes before everything queued: it decides a verdict that
+is already late, and behind a backlog it once waited past the deadline, which turned a 0 into a null.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import multiprocessing as mp
 import queue
@@ -17,7 +22,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -46,6 +51,24 @@ class TaskFailed(Exception):
     """The task function raised inside the worker; the message carries its repr."""
 
 
+class _TaskFuture(Future[Any]):
+    """A task's future that remembers being cancelled even once it runs: what is left of its batch after a kill
+    is then not run again for nobody."""
+
+    abandoned = False
+
+    def cancel(self) -> bool:
+        self.abandoned = True
+        return super().cancel()
+
+
+class _Wake:
+    """Put in the queue to wake a slot waiting on it: an urgent task is waiting beside the queue."""
+
+
+_WAKE = _Wake()
+
+
 @dataclass
 class _Task:
     fn: Callable[..., Any]
@@ -53,7 +76,7 @@ class _Task:
     timeout_s: float  # the task's own budget, from when its worker starts it
     deadline: float  # absolute (monotonic), the caller's: waiting for a worker counts against it
     callers: bool  # the deadline is the caller's own; else `timeout_s` from submitting, and its expiry a timeout
-    future: Future[Any] = field(default_factory=Future)
+    future: _TaskFuture = field(default_factory=_TaskFuture)
 
 
 def _worker_main(conn: Connection) -> None:
@@ -105,14 +128,21 @@ class WorkerPool:
         max_batch: int = 1,
         preload: Sequence[str] = (),
         on_kill: Callable[[], None] | None = None,
+        on_item: Callable[[float], None] | None = None,
+        on_cancel: Callable[[], None] | None = None,
     ) -> None:
+        """`on_item(seconds)` is called with each task's time on a worker (its answer, or its kill); `on_cancel` for
+        each task cancelled before it ran. Both from the slots' threads."""
         if workers < 1:
             raise ValueError("workers must be >= 1")
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(list(preload))
-        self._queue: queue.Queue[_Task | None] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[_Task | _Wake | None] = queue.Queue(maxsize=max_queue)
+        self._urgent: collections.deque[_Task] = collections.deque()
         self._max_batch = max(1, max_batch)
         self._on_kill = on_kill
+        self._on_item = on_item or (lambda seconds: None)
+        self._on_cancel = on_cancel or (lambda: None)
         self._closed = threading.Event()
         self.kills = 0
         self.crashes = 0
@@ -143,10 +173,16 @@ class WorkerPool:
         return self._queue.qsize()
 
     def submit(
-        self, fn: Callable[..., Any], *args: Any, timeout_s: float, deadline: float | None = None
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        timeout_s: float,
+        deadline: float | None = None,
+        urgent: bool = False,
     ) -> Future[Any]:
         """Queue `fn(*args)` (both picklable) to run for at most `timeout_s` once a worker starts it, and to be
         answered by `deadline` (monotonic; default: `timeout_s` from now, queueing included); raises PoolFull.
+        `urgent`: before every task queued (the next worker free takes it), never refused.
 
         A backlog must not spend the task's own budget: that turned items waiting behind others into
         "timeout" (a verdict on the answer) and killed the healthy workers running them."""
@@ -154,6 +190,11 @@ class WorkerPool:
             raise RuntimeError("pool is closed")
         task = _Task(fn, args, timeout_s, time.monotonic() + timeout_s if deadline is None else deadline,
                      callers=deadline is not None)  # fmt: skip
+        if urgent:
+            self._urgent.append(task)
+            with contextlib.suppress(queue.Full):  # a full queue has no slot waiting on it to wake
+                self._queue.put_nowait(_WAKE)
+            return task.future
         try:
             self._queue.put_nowait(task)
         except queue.Full:
@@ -161,7 +202,12 @@ class WorkerPool:
         return task.future
 
     def _take_batch(self) -> list[_Task] | None:
-        first = self._queue.get()
+        first: _Task | _Wake | None = _WAKE
+        while isinstance(first, _Wake):
+            if self._urgent:
+                with contextlib.suppress(IndexError):  # another slot took it first
+                    return [self._urgent.popleft()]
+            first = self._queue.get()
         if first is None:
             return None
         batch = [first]
@@ -175,7 +221,8 @@ class WorkerPool:
             if nxt is None:  # keep the shutdown marker for this or another slot
                 self._queue.put(None)
                 break
-            batch.append(nxt)
+            if isinstance(nxt, _Task):
+                batch.append(nxt)
         return batch
 
     def _slot(self) -> None:
@@ -184,13 +231,35 @@ class WorkerPool:
             batch = self._take_batch()
             if batch is None:
                 return
-            live = [t for t in batch if t.future.set_running_or_notify_cancel() and self._in_time(t)]
+            live = [t for t in batch if self._claim(t)]
             while live:  # what a kill left of the batch goes to the fresh worker, unless it is late by now
-                live = [t for t in self._run(index, live) if self._in_time(t)]
+                live = [t for t in self._run(index, self._urgent_first(live)) if self._in_time(t)]
 
-    @staticmethod
-    def _in_time(task: _Task) -> bool:
-        """False, and the task answered, when its deadline passed before it started."""
+    def _claim(self, task: _Task) -> bool:
+        """Mark a task taken from the queue as running; False when it was cancelled or is late (answered)."""
+        if not task.future.set_running_or_notify_cancel():
+            self._on_cancel()
+            return False
+        return self._in_time(task)
+
+    def _urgent_first(self, tasks: list[_Task]) -> list[_Task]:
+        """`tasks` behind the urgent tasks waiting now (after a kill, before the rest of a batch runs)."""
+        urgent: list[_Task] = []
+        while self._urgent:
+            try:
+                task = self._urgent.popleft()
+            except IndexError:
+                break
+            if self._claim(task):
+                urgent.append(task)
+        return urgent + tasks
+
+    def _in_time(self, task: _Task) -> bool:
+        """False, and the task answered, when its deadline passed before it started or its caller left."""
+        if task.future.abandoned:  # cancelled while in a batch a kill cut short: nobody waits for it
+            self._on_cancel()
+            task.future.set_exception(CancelledError())
+            return False
         if time.monotonic() < task.deadline:
             return True
         late = DeadlinePassed if task.callers else TaskTimeout
@@ -247,6 +316,7 @@ class WorkerPool:
                 return [pending[k] for k in sorted(pending)]
             if message is None:
                 ran = time.monotonic() - started
+                self._on_item(ran)
                 # Its own doing when it had (nearly) its whole limit: a limit derived from the caller's deadline
                 # itself ends with that deadline, a few ms of hand-over short.
                 own_limit = not task.callers or ran >= task.timeout_s - max(0.05, 0.1 * task.timeout_s)
@@ -267,6 +337,7 @@ class WorkerPool:
                     self._replace(index)
                 return [pending[k] for k in sorted(pending)]
             i, ok, payload = message
+            self._on_item(time.monotonic() - started)
             done = pending.pop(i)
             if ok:
                 done.future.set_result(payload)
@@ -285,7 +356,11 @@ class WorkerPool:
                 task = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if task is not None and task.future.set_running_or_notify_cancel():
+            if isinstance(task, _Task) and task.future.set_running_or_notify_cancel():
+                task.future.set_exception(RuntimeError("pool closed"))
+        while self._urgent:
+            task = self._urgent.popleft()
+            if task.future.set_running_or_notify_cancel():
                 task.future.set_exception(RuntimeError("pool closed"))
         # Kill busy workers too: a slot waiting on a sympy blow-up would otherwise hold shutdown until its deadline.
         for worker in list(self._workers):

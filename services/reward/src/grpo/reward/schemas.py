@@ -6,14 +6,31 @@ depend on the server's settings (items per batch, code length) are checked by th
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from grpo.reward.output import DEFAULT_RETURN_BYTES, MAX_RETURN_BYTES
 from grpo.reward.sandbox.base import require_text
 
+
+def _not_nan(value: Any) -> Any:
+    """Refuse NaN by its name: it fails every bound, so pydantic named a bound ("less than or equal to 3600")."""
+    number = value
+    if isinstance(value, str):  # JSON from gRPC spells a double's NaN "NaN"; pydantic reads the string as one
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+    if isinstance(number, float) and math.isnan(number):
+        raise ValueError("NaN is not a number")
+    return value
+
+
+NotNan = BeforeValidator(_not_nan)
 Language = Literal["python", "c", "cpp", "java", "javascript", "typescript", "go", "rust", "bash"]
-Timeout = Annotated[float, Field(gt=0, le=3600, description="Seconds; capped by the server's limit.")]
+Timeout = Annotated[float, NotNan, Field(gt=0, le=3600, description="Seconds; capped by the server's limit.")]
 MemoryMb = Annotated[int, Field(ge=16, le=65536)]
 TagName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][\w\-]*$")]
 # Bounded so a weighted sum stays finite: 1e308 times a score of 1 is fine alone, and two of them are infinity.
@@ -111,6 +128,19 @@ def code_test_dict(test: CodeTest) -> dict[str, Any]:
 FileName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")]
 
 
+ReturnOutputBytes = Annotated[
+    int,
+    Field(
+        ge=0,
+        le=MAX_RETURN_BYTES,
+        description=f"Bytes of each output stream (stdout, stderr) returned per run: its first and last halves, the "
+        f"bytes between them cut (default {DEFAULT_RETURN_BYTES >> 10} KiB). The streams of one response share the "
+        "server's max_response_output_bytes (8 MiB): each gets at most an equal share. The judge and a checker see "
+        "the whole stdout either way.",
+    ),
+]
+
+
 class ExecuteRequest(Body):
     language: Language = "python"
     code: str
@@ -123,20 +153,48 @@ class ExecuteRequest(Body):
     read_back: list[Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^/]+$")]] = Field(
         default_factory=list, max_length=16, description="Patterns (fnmatch) of working-directory files to return."
     )
+    return_output_bytes: ReturnOutputBytes | None = None
 
 
-ExecStatus = Literal["ok", "compile_error", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error"]
+ExecStatus = Literal[
+    "ok", "compile_error", "runtime_error", "timeout", "memory_limit", "process_limit", "output_limit", "sandbox_error"
+]
+Encoding = Literal["utf-8", "base64"]
+STDOUT = (
+    "What the program wrote to stdout: all of it, or when stdout_truncated its head and tail joined by a line "
+    "`[... N bytes of stdout cut ...]` (return_output_bytes in all). Text when those bytes are UTF-8, else their "
+    "base64 (stdout_encoding)."
+)
+STDOUT_ENCODING = "utf-8: stdout is text; base64: the program's bytes were not UTF-8 and stdout is their base64."
+STDOUT_BYTES = "Bytes the program wrote to stdout (a run stopped as output_limit: the cap, max_output_bytes)."
+STDERR = (
+    "What the program wrote to stderr, as text (bytes that are not UTF-8 read as U+FFFD): all of it, or when "
+    "stderr_truncated its head and tail joined by a line `[... N bytes of stderr cut ...]`."
+)
+STDERR_BYTES = "Bytes the program wrote to stderr (counted on its text)."
+TRUNCATED = "Bytes between the head and the tail were cut from what is returned."
 
 
 class ExecuteResponse(Model):
     status: ExecStatus
     exit_code: int | None = None
-    stdout: str = ""
-    stderr: str = ""
+    stdout: str = Field(default="", description=STDOUT)
+    stderr: str = Field(default="", description=STDERR)
     wall_s: float = 0.0
     cpu_s: float = 0.0
     peak_memory_mb: float = 0.0
-    files: dict[str, str] = Field(default_factory=dict, description="The files asked for by read_back (UTF-8).")
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="The files asked for by read_back, whole: text when UTF-8, else base64 (file_encodings).",
+    )
+    file_encodings: dict[str, Encoding] = Field(
+        default_factory=dict, description="Each returned file's encoding: utf-8 (text) or base64 (its bytes)."
+    )
+    stdout_encoding: Encoding = Field(default="utf-8", description=STDOUT_ENCODING)
+    stdout_bytes: int = Field(default=0, description=STDOUT_BYTES)
+    stdout_truncated: bool = Field(default=False, description=TRUNCATED)
+    stderr_bytes: int = Field(default=0, description=STDERR_BYTES)
+    stderr_truncated: bool = Field(default=False, description=TRUNCATED)
 
 
 class CheckerProgram(Model):
@@ -154,8 +212,12 @@ class JudgeOptions(Model):
         description="lines: line by line, trailing spaces ignored; exact; tokens: whitespace-separated tokens; "
         "case_insensitive: tokens ignoring case; float: tokens, numbers within abs_tol or rel_tol.",
     )
-    abs_tol: float = Field(default=1e-6, ge=0, le=1e6, description="compare float: absolute tolerance.")
-    rel_tol: float = Field(default=1e-6, ge=0, le=1, description="compare float: relative tolerance.")
+    abs_tol: Annotated[float, NotNan] = Field(
+        default=1e-6, ge=0, le=1e6, description="compare float: absolute tolerance."
+    )
+    rel_tol: Annotated[float, NotNan] = Field(
+        default=1e-6, ge=0, le=1, description="compare float: relative tolerance."
+    )
     stop_on_first_failure: bool = Field(
         default=False, description="Run the tests in order and skip the rest after the first that does not pass."
     )
@@ -176,6 +238,7 @@ class VerifyCodeRequest(JudgeOptions, Body):
     tests: list[CodeTest] = Field(min_length=1)
     timeout_s: Timeout | None = Field(default=None, description="Per test.")
     memory_mb: MemoryMb | None = None
+    return_output_bytes: ReturnOutputBytes | None = None
 
 
 Verdict = Literal[
@@ -185,6 +248,7 @@ Verdict = Literal[
     "timeout",
     "runtime_error",
     "memory_limit",
+    "process_limit",
     "output_limit",
     "skipped",
     "checker_error",
@@ -195,12 +259,20 @@ Verdict = Literal[
 class CodeTestResult(Model):
     verdict: Verdict
     exit_code: int | None = None
-    stdout: str = ""
-    stderr: str = ""
+    stdout: str = Field(default="", description=STDOUT)
+    stderr: str = Field(default="", description=STDERR)
     wall_s: float = 0.0
-    detail: str = Field(default="", description="Why the verdict is what it is (empty for a pass).")
+    detail: str = Field(
+        default="",
+        description="Why the verdict is what it is (empty for a pass); a wrong answer names where it first differs.",
+    )
     cpu_s: float = Field(default=0.0, description="CPU time of the run.")
     peak_memory_mb: float = Field(default=0.0, description="Peak resident memory of the program.")
+    stdout_encoding: Encoding = Field(default="utf-8", description=STDOUT_ENCODING)
+    stdout_bytes: int = Field(default=0, description=STDOUT_BYTES)
+    stdout_truncated: bool = Field(default=False, description=TRUNCATED)
+    stderr_bytes: int = Field(default=0, description=STDERR_BYTES)
+    stderr_truncated: bool = Field(default=False, description=TRUNCATED)
 
 
 class VerifyCodeResponse(Model):

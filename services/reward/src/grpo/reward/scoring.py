@@ -14,7 +14,7 @@ Per component:
 | component | judged | cannot judge | failed |
 |---|---|---|---|
 | math | correct → 1, incorrect → 0 (an answer that blew sympy up past math_timeout_s while its gold alone verifies in 2 s is incorrect), unparseable_answer → 0 (the model gave no answer) | unparseable_gold; timeout (the gold itself blew sympy up, or no time was left to check it; worker killed) | error (verifier exception, worker crash, queue full, the request's deadline passing before or during the verification) |
-| code | passed / total over real verdicts (fail, compile_error, timeout, runtime_error, memory_limit, output_limit, skipped count as not passed); all-or-nothing with `partial_credit: false` | — | any test with sandbox_error, or the sandbox machinery itself failing |
+| code | passed / total over real verdicts (fail, compile_error, timeout, runtime_error, memory_limit, process_limit, output_limit, skipped count as not passed); all-or-nothing with `partial_credit: false` | — | any test with sandbox_error, or the sandbox machinery itself failing |
 | format | 1 / 0.5 (a block empty) / 0 | — | — |
 | language | share of target-language words (0 when the reasoning has none) | target auto with a prompt that has no words | — |
 | overlong | 0 … -1 | — | — |

@@ -9,6 +9,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from grpo.common.logs import setup_logging
+from grpo.common.net import exposure_warning
 from grpo.common.settings import exit_on_invalid_settings
 from grpo.common.signals import exit_on_signals, stop_on_signals
 from grpo.common.tiny_model import check_model
@@ -108,6 +109,8 @@ def relayer(settings: RolloutSettings, service: RolloutService) -> Relayer:
 
 def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutService]:
     log.info("starting: loading %s with the %s engine", settings.model, settings.engine)
+    if warning := exposure_warning(settings.host, settings.token, "GRPO_ROLLOUT_"):
+        log.warning(warning)  # UpdateWeights would take a policy from anyone: said, not refused (no code runs)
     # Heavy imports (torch, transformers) only after the settings are known to be valid.
     from grpo.common.auth import MethodTokens
     from grpo.common.grpc_server import GrpcServer, server_credentials

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from grpo.common.settings import LogLevel, ServiceSettings, load_settings, service_config
+from grpo.common.settings import LogLevel, ServiceSettings, load_settings, redis_url_problem, service_config
 
 
 def hostname_and_pid() -> str:
@@ -122,10 +122,9 @@ class RolloutSettings(ServiceSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: str | None) -> str | None:
-        if value is not None:
-            from redis.connection import parse_url  # what the worker's client will parse it with
-
-            parse_url(value)
+        problem = redis_url_problem(value) if value is not None else None
+        if problem:  # in the trainer's words (redis-py's own name no setting)
+            raise ValueError(problem)
         return value
 
     @field_validator("reward_addr")
@@ -139,4 +138,5 @@ class RolloutSettings(ServiceSettings):
 
 
 def parse_settings(argv: list[str] | None = None) -> RolloutSettings:
-    return load_settings(RolloutSettings, argv, env_file_var="GRPO_ROLLOUT_CONFIG")
+    # The trainer and `grpo` call the run `--run-id`; the rollout takes that name too (`--run` stays).
+    return load_settings(RolloutSettings, argv, env_file_var="GRPO_ROLLOUT_CONFIG", flag_aliases={"--run": "--run-id"})

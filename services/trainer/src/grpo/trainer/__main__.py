@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+
 from grpo.common.logs import setup_logging
+from grpo.common.net import exposure_warning
 from grpo.common.settings import InvalidSettings, exit_on_invalid_settings
 from grpo.common.tiny_model import check_model
 from grpo.trainer.config import TrainerSettings, parse_settings
@@ -23,9 +27,12 @@ def main(argv: list[str] | None = None) -> None:
             raise InvalidSettings(problem)
     if env_rank() == 0:  # only rank 0 serves; a taken port is said before torch loads
         check_ports(settings, "grpc_port", "http_port")
+        if warning := exposure_warning(settings.host, settings.token, "GRPO_TRAINER_"):
+            logging.getLogger("grpo.trainer").warning(warning)  # Stop and SaveCheckpoint are open to the network
     quiet_deepspeed_on_cpu()  # imports torch; before check_models, which may build (and save) the tiny model
     with exit_on_invalid_settings("grpo-trainer"):
         check_models(settings)
+    check_data(settings)  # on every rank too: one that went on alone would wait for the others' collectives
 
     control = RunControl(settings.run_id, settings.steps)
     install_signal_handlers(control)
@@ -43,6 +50,18 @@ def check_models(settings: TrainerSettings) -> None:
     for stage in settings.stages or []:
         if stage.get("model"):
             check_model(stage["model"])
+
+
+def check_data(settings: TrainerSettings) -> None:
+    """The data of the run, or of every stage still to run, before anything trains: one line and exit code 2."""
+    from grpo.trainer.data import DataError
+    from grpo.trainer.preflight import check_run_data
+
+    try:
+        check_run_data(settings)
+    except DataError as exc:
+        sys.stderr.write(f"grpo-trainer: invalid data: {exc}\n")
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from grpo.trainer.config import TrainerSettings
-from grpo.trainer.data import DataError, PromptRow
+from grpo.trainer.data import DataError, PromptRow, load_rows
 from grpo.trainer.publisher import TaskSpec
 
 if TYPE_CHECKING:
@@ -20,8 +21,9 @@ log = logging.getLogger(__name__)
 STALE_TIS_CAP = 2.0  # veRL's and Yao et al.'s usual cap
 
 
-def resolve_algo(settings: TrainerSettings) -> LossConfig:
-    """The preset's values with every explicitly set algorithm field laid over them."""
+def resolve_algo(settings: TrainerSettings, *, warn: bool = True) -> LossConfig:
+    """The preset's values with every explicitly set algorithm field laid over them (`warn`: log what was added;
+    the start-up check resolves each stage before the run does, and one warning per run is enough)."""
     from grpo.algo import get_preset
 
     overrides = settings.algo_overrides()
@@ -31,7 +33,7 @@ def resolve_algo(settings: TrainerSettings) -> LossConfig:
     if settings.mode == "grpo" and settings.max_staleness > 0 and not settings.sampler_exact and algo.tis_cap is None:
         # π_old is then the trainer's current policy, so a stale sample's ratio starts at 1: without TIS
         # against the sampler's log-probs it would be trained as if on-policy.
-        log.warning(
+        (log.warning if warn else log.debug)(
             "max_staleness %d without exact sampler log-probs: stale samples are corrected with truncated importance "
             "sampling (tis_cap %.1f). Set sampler_exact: true (hf engine, float32) for the exact ratio, or tis_cap.",
             settings.max_staleness,
@@ -133,6 +135,45 @@ def check_reward_weights(spec: TaskSpec, rows: Sequence[PromptRow]) -> None:
             f"reward_weights names {name!r}, but {lacking[0].where} has no {name!r} check ({hint}): the reward "
             f"service fails every task whose weights name a check it lacks. The rows' checks: {known}"
         )
+
+
+@dataclass(frozen=True)
+class GrpoData:
+    """A GRPO run's rows, checked against its settings: what it trains on, what it evaluates on, and the longest
+    prompt of either in tokens (what every replica's context must hold with max_new_tokens)."""
+
+    rows: list[PromptRow]
+    eval_rows: list[PromptRow]
+    longest_prompt: int
+
+
+def load_grpo_data(settings: TrainerSettings, algo: LossConfig, spec: TaskSpec, tokenizer_model: str) -> GrpoData:
+    """Read and check a GRPO run's data: every row, each prompt's room in the context, step credit, and the reward
+    weights against every training and evaluation row. DataError names the file and the line.
+
+    `tokenizer_model`: where the tokenizer and context length come from; a later stage's own model (the previous
+    stage's final/) does not exist before that stage, and SFT leaves both as they were."""
+    from grpo.trainer.evaluation import eval_rows
+    from grpo.trainer.export import load_tokenizer
+    from grpo.trainer.sft import encode_prompt
+
+    assert settings.train_data is not None
+    tokenizer, context = load_tokenizer(tokenizer_model), model_context(tokenizer_model)
+
+    def prompt_tokens(row: PromptRow) -> int:
+        return len(encode_prompt(tokenizer, row, settings.apply_chat_template))
+
+    rows, longest = fit_prompts(load_rows(settings.train_data, tokenizer=tokenizer), prompt_tokens, settings, context)
+    check_step_credit(settings, algo, rows)
+    held_out: list[PromptRow] = []
+    longest_held_out = 0
+    if settings.eval_data:
+        held_out, longest_held_out = fit_prompts(
+            load_rows(settings.eval_data, tokenizer=tokenizer), prompt_tokens, settings, context
+        )
+    evaluated = eval_rows(held_out, settings.eval_size)
+    check_reward_weights(spec, [*rows, *evaluated])  # eval tasks carry the weights too
+    return GrpoData(rows, evaluated, max(longest, longest_held_out))
 
 
 def learner_config(settings: TrainerSettings, algo: LossConfig) -> LearnerConfig:

@@ -412,4 +412,5 @@ def stage_settings(base: TrainerSettings, stage: dict[str, Any], index: int) -> 
 
 def parse_settings(argv: list[str] | None = None) -> TrainerSettings:
     """Settings from defaults, `--config`/GRPO_TRAINER_CONFIG file, GRPO_TRAINER_* env and CLI flags."""
-    return load_settings(TrainerSettings, argv, env_file_var="GRPO_TRAINER_CONFIG")
+    # `--run` as well: the rollout's name for the same run (both take either).
+    return load_settings(TrainerSettings, argv, env_file_var="GRPO_TRAINER_CONFIG", flag_aliases={"--run-id": "--run"})

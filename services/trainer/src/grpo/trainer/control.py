@@ -41,6 +41,9 @@ class StatusSnapshot:
     eval_history: tuple[tuple[int, float], ...] = ()  # (step, held-out accuracy) of this GRPO run's evaluations
     stage: str = ""  # "2/2 grpo" in a staged run
     stages: tuple[dict[str, Any], ...] = ()  # the finished stages' outcomes
+    # The latest finished evaluation (step, its eval/* metrics), kept between evaluations: `metrics` is the last
+    # step's, so a monitor polling between evaluation steps would otherwise never see a held-out accuracy.
+    last_eval: tuple[int, dict[str, float]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,7 +64,9 @@ class StatusSnapshot:
             "eval_history": [{"step": s, "accuracy": a} for s, a in self.eval_history],
             "stage": self.stage,
             "stages": list(self.stages),
-        }
+            "last_eval": None if self.last_eval is None else {"step": self.last_eval[0],
+                                                              "metrics": dict(self.last_eval[1])},
+        }  # fmt: skip
 
 
 class RunControl:

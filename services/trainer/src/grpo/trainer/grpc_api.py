@@ -41,7 +41,9 @@ def to_proto(snap: StatusSnapshot) -> trainer_pb2.RunStatus:
         eval_history=[trainer_pb2.EvalPoint(step=step, accuracy=acc) for step, acc in snap.eval_history],
         stage=snap.stage,
         stages=[_stage_proto(outcome) for outcome in snap.stages],
-    )
+        last_eval=None if snap.last_eval is None else trainer_pb2.EvalResult(
+            step=snap.last_eval[0], metrics={k: float(v) for k, v in snap.last_eval[1].items()}),
+    )  # fmt: skip
 
 
 def _stage_proto(outcome: dict[str, Any]) -> trainer_pb2.StageOutcome:

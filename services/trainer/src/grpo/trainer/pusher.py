@@ -172,7 +172,8 @@ def push_to_replicas(
     `send_rate_mb_s` > 0 caps the trainer's pushing, all streams together (grpo.common.send_rate)."""
     if not targets:
         return []
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
     # The checksum on a thread of its own: in the pushers' pool, its thread would take up a 17th stream.
     with (
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="push-checksum") as hashing,
@@ -188,14 +189,16 @@ def push_to_replicas(
             pushed = [f.result() for f in [pool.submit(_push_one, push, t, retries) for t in left]]
         rest = iter(pushed)
         results = [done[i] if i in done else next(rest) for i in range(len(targets))]
+    # One INFO line per push (every step): each replica's own line is DEBUG, a failure an ERROR of its own.
     for r in results:
         if r.ok:
-            log.info("pushed version %d to %s in %.2fs (%s)", version, r.replica_id, r.seconds, r.route)
+            log.debug("pushed version %d to %s in %.2fs (%s)", version, r.replica_id, r.seconds, r.route)
         else:
             log.error("weight push of version %d to %s (%s) failed (%s): %s", version, r.replica_id, r.address,
                       r.route, r.error)  # fmt: skip
-    log.info("version %d: %d of %d replicas took it; the trainer sent %.1f MB", version, sum(r.ok for r in results),
-             len(results), sum(r.bytes_sent for r in results) / 1e6)  # fmt: skip
+    log.info("pushed version %d to %d of %d replicas in %.2fs; the trainer sent %.1f MB", version,
+             sum(r.ok for r in results), len(results), time.monotonic() - started,
+             sum(r.bytes_sent for r in results) / 1e6)  # fmt: skip
     return results
 
 

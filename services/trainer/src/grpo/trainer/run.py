@@ -35,15 +35,7 @@ from grpo.trainer.accounting import (
     resolved_groups,
     triage,
 )
-from grpo.trainer.assemble import (
-    build_learner,
-    check_reward_weights,
-    check_step_credit,
-    fit_prompts,
-    model_context,
-    resolve_algo,
-    task_spec,
-)
+from grpo.trainer.assemble import build_learner, load_grpo_data, resolve_algo, task_spec
 from grpo.trainer.checkpoint import Outcomes, latest_checkpoint, rewind
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.consumer import (
@@ -56,17 +48,15 @@ from grpo.trainer.consumer import (
     to_samples,
 )
 from grpo.trainer.control import ReplicaView, RunControl
-from grpo.trainer.data import DataCursor, PromptRow, load_rows
+from grpo.trainer.data import DataCursor
 from grpo.trainer.errors import RunError
-from grpo.trainer.evaluation import eval_rows, evaluate
-from grpo.trainer.export import load_tokenizer
+from grpo.trainer.evaluation import evaluate
 from grpo.trainer.ledger import read_segment
 from grpo.trainer.metrics import MetricsSink
 from grpo.trainer.publisher import Publisher
 from grpo.trainer.pusher import ReplicaTarget, highest_pushed, push_mode, push_to_replicas, record_pushed
 from grpo.trainer.ranks import RankDriver
 from grpo.trainer.report import evaluated, last_row_at, read_metrics
-from grpo.trainer.sft import encode_prompt
 from grpo.trainer.vine import VALUE_KIND, ValueBooks, sample_credit, split_points, value_task_id
 from grpo.trainer.waiting import WaitReporter
 from grpo.v1 import queue_pb2
@@ -99,19 +89,9 @@ class GrpoRun:
         self.algo = resolve_algo(s)
         self.zero_variance_on = self.algo.zero_variance_basis()  # resolved (and checked) once
         self.spec = task_spec(s, self.algo)
-        assert s.train_data is not None
-        tokenizer, context = load_tokenizer(s.model), model_context(s.model)
-
-        def prompt_tokens(row: PromptRow) -> int:
-            return len(encode_prompt(tokenizer, row, s.apply_chat_template))
-
-        self.rows, longest = fit_prompts(load_rows(s.train_data), prompt_tokens, s, context)
-        check_step_credit(s, self.algo, self.rows)
-        held_out, longest_held_out = fit_prompts(load_rows(s.eval_data), prompt_tokens, s, context) if s.eval_data \
-            else ([], 0)  # fmt: skip
-        self.eval_rows = eval_rows(held_out, s.eval_size)
-        self.longest_prompt = max(longest, longest_held_out)  # what every replica's context must hold
-        check_reward_weights(self.spec, [*self.rows, *self.eval_rows])  # eval tasks carry the weights too
+        data = load_grpo_data(s, self.algo, self.spec, s.model)
+        self.rows, self.eval_rows = data.rows, data.eval_rows
+        self.longest_prompt = data.longest_prompt  # what every replica's context must hold
         client = connect(s.redis_url)
         self.queue = RunQueue(client, s.run_id)
         self.control.readiness.add("redis", redis_check(s.redis_url))
@@ -172,10 +152,12 @@ class GrpoRun:
             run_config=s.run_record(),
             start_step=start_step,  # a fresh run (-1) starts fresh files, as the ledger
         )
-        self.control.update(eval_history=tuple(
-            (r["step"], r["eval/accuracy"]) for r in read_metrics(s.output_dir / "metrics.jsonl")
-            if "eval/accuracy" in r and r["step"] <= self.step
-        ))  # fmt: skip
+        evaluations = [r for r in read_metrics(s.output_dir / "metrics.jsonl")
+                       if "eval/accuracy" in r and r["step"] <= self.step]  # fmt: skip
+        self.control.update(
+            eval_history=tuple((r["step"], r["eval/accuracy"]) for r in evaluations),
+            last_eval=eval_result(evaluations[-1]) if evaluations else None,  # a resumed run's, until its next one
+        )
         self.confirmed: dict[str, int] = {}  # replica id -> version it confirmed (push reply)
         # replica id -> the incarnation that confirmed it: one restarted under the same id is back on the model from
         # disk, and is pushed to again
@@ -592,9 +574,9 @@ class GrpoRun:
         finally:
             self.control.update(phase="grpo")
         self.eval_owed = metrics.get("eval/stopped", 0.0) > 0
-        if "eval/accuracy" in metrics:
+        if "eval/accuracy" in metrics:  # finished (one a stop cut short keeps the previous last_eval)
             history = (*self.control.status().eval_history, (self.step, metrics["eval/accuracy"]))
-            self.control.update(eval_history=history)
+            self.control.update(eval_history=history, last_eval=eval_result({"step": self.step, **metrics}))
         return metrics
 
     def _evaluate_owed(self) -> None:
@@ -636,6 +618,11 @@ class GrpoRun:
         a = self.acct
         return {"tasks_published": a.published, "groups_trained": a.trained, "dropped": dict(a.dropped),
                 "in_flight": a.n_in_flight, "duplicates": a.duplicates, "superseded": a.superseded}  # fmt: skip
+
+
+def eval_result(row: dict[str, Any]) -> tuple[int, dict[str, float]]:
+    """(step, eval/* metrics) of a metrics row that holds a finished evaluation: the status's last_eval."""
+    return int(row["step"]), {k: float(v) for k, v in row.items() if k.startswith("eval/")}
 
 
 def check_replica_caps(live: list[ReplicaInfo], max_new_tokens: int, longest_prompt: int = 0) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -94,8 +96,8 @@ def lead(settings: TrainerSettings, control: RunControl | None) -> int:
     )
     grpc_server.start()
     http.start()
-    log.info("trainer %s: mode %s, preset %s, gRPC %d, HTTP %d", settings.run_id, settings.mode, settings.preset,
-             grpc_server.port, http.port)  # fmt: skip
+    log.info("trainer %s: %s, gRPC %d, HTTP %d", settings.run_id, run_description(settings), grpc_server.port,
+             http.port)  # fmt: skip
     code = 0
     try:
         run_mode(settings, control, registry)
@@ -117,13 +119,37 @@ def lead(settings: TrainerSettings, control: RunControl | None) -> int:
     return code
 
 
+def run_description(settings: TrainerSettings) -> str:
+    """What the run does, for its start-up line: each stage's own mode (a staged run's top-level mode is only the
+    default its stages override), and a preset only where GRPO uses one (SFT has none)."""
+
+    def mode(values: dict[str, Any]) -> str:
+        name = values.get("mode", settings.mode)
+        return str(name) if name == "sft" else f"{name}, preset {values.get('preset', settings.preset)}"
+
+    if settings.stages:
+        parts = "; ".join(f"{i}: {mode(stage)}" for i, stage in enumerate(settings.stages, 1))
+        return f"{len(settings.stages)} stages ({parts})"
+    return f"mode {mode({})}"
+
+
 def run_mode(settings: TrainerSettings, control: RunControl, registry: CollectorRegistry) -> None:
+    """The run: its stages in order, or the one run; a finished run's summary.json and report go to output_dir."""
+    from grpo.trainer.stages import run_stages, write_single_report
+
     make_output_dir(settings.output_dir)  # before the model loads: a folder that cannot be made fails at once
     if settings.stages:
-        from grpo.trainer.stages import run_stages
-
-        run_stages(settings, control, lambda stage: run_mode(stage, control, registry))
+        run_stages(settings, control, lambda stage: run_single(stage, control, registry))
         return
+    began = time.monotonic()
+    run_single(settings, control, registry)
+    if control.status().phase == "done":  # also a run finished earlier: its report is rewritten, never lost
+        write_single_report(settings, time.monotonic() - began)
+
+
+def run_single(settings: TrainerSettings, control: RunControl, registry: CollectorRegistry) -> None:
+    """One sft or grpo run (or stage): resumed, finished from its last checkpoint, or found finished."""
+    make_output_dir(settings.output_dir)  # a stage's own folder too, before its model loads
     finished = finished_run(settings)
     if finished:
         log.warning("%s", finished)

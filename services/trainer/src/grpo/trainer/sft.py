@@ -40,8 +40,8 @@ def run_sft(
 ) -> None:
     """`steps` SFT updates of `prompts_per_step` pairs each; checkpoints and resume as in GRPO."""
     assert settings.train_data is not None
-    rows = load_rows(settings.train_data, need_response=True)
     tokenizer = load_tokenizer(settings.model)
+    rows = load_rows(settings.train_data, need_response=True, tokenizer=tokenizer)
     learner = RankDriver(build_learner(settings), settings.model)
     try:
         _train(settings, control, learner, [to_pair(tokenizer, r, settings.apply_chat_template) for r in rows],

@@ -3,7 +3,8 @@
 Stage i runs as an ordinary sft or grpo run in output_dir/stage-<i>-<mode>, on the previous stage's
 final model unless it names its own. A finished stage leaves stage.json (its outcome) beside its
 final/ model; a restarted trainer skips those stages and resumes the current one from its
-checkpoints. The run's summary.json and report.md (with plots) go to output_dir after every stage.
+checkpoints. The run's summary.json and report.md (with plots) go to output_dir after every stage; a run without
+stages writes the same files at its end, as a run of one stage (`write_single_report`).
 """
 
 from __future__ import annotations
@@ -116,6 +117,15 @@ def write_run_report(
         (settings.output_dir / "summary.json").write_text(json.dumps(extra, indent=1))
         return
     write_report(last_grpo.folder, eval_before=None, wall_seconds=seconds, extra=extra, out_dir=settings.output_dir)
+
+
+def write_single_report(settings: TrainerSettings, seconds: float) -> None:
+    """A run without stages ends as a one-stage run does: summary.json with its outcome as the one stage and, for
+    GRPO, report.md with the plots, in output_dir (it was the only kind of run that left no report)."""
+    stage = Stage(1, settings)
+    outcome = stage_outcome(stage, seconds)
+    write_run_report(settings, [stage], [outcome], outcome["seconds"])
+    log.info("run %s done: %s; summary in %s", settings.run_id, outcome["outcome"], settings.output_dir)
 
 
 def _pct(x: float | None) -> str:

@@ -15,10 +15,12 @@ def make_sandbox(
     workers: int = os.cpu_count() or 2,
     languages: Collection[str] | None = None,
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    mode: str = "auto",
+    user: int | None = None,
 ) -> Sandbox:
     """Start a sandbox of `kind` ("namespace", or "auto" = the same) and prove it works with one run; with
     `languages`, it serves those of the installed toolchains only; `max_output_bytes` caps the stdout of runs whose
-    limits set no cap.
+    limits set no cap. `mode` (auto, root, rootless) and `user`: NamespaceSandbox's.
 
     Raises SandboxUnavailable with an actionable message when the machine lacks what the sandbox needs;
     there is deliberately no weaker fallback that would run untrusted code unconfined.
@@ -27,7 +29,9 @@ def make_sandbox(
 
     if kind not in ("auto", "namespace"):
         raise ValueError(f"unknown sandbox kind {kind!r}; choose 'auto' or 'namespace'")
-    sandbox = NamespaceSandbox(workers=workers, languages=languages, max_output_bytes=max_output_bytes)
+    sandbox = NamespaceSandbox(
+        workers=workers, languages=languages, max_output_bytes=max_output_bytes, mode=mode, user=user
+    )
     probe = sandbox.run("print(6 * 7)", limits=Limits(timeout_s=10.0))
     if probe.status != "ok" or probe.stdout.strip() != "42" or not probe.proof:
         sandbox.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -12,13 +13,14 @@ import orjson
 if TYPE_CHECKING:
     from collections.abc import Generator
 
+    from grpo.reward.sandbox.build_cache import BuildCaches
     from grpo.reward.sandbox.languages import Launch
 
 # A run's stdout cap unless its limits or the sandbox set one (the service: settings.max_output_bytes). As large as
 # the expected output a test may hold (settings.max_test_chars): a correct program must be able to print it.
 DEFAULT_MAX_OUTPUT_BYTES = 16 << 20
 
-STATUSES = ("ok", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error")
+STATUSES = ("ok", "runtime_error", "timeout", "memory_limit", "process_limit", "output_limit", "sandbox_error")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -30,7 +32,7 @@ class ExecResult:
     """What one sandboxed run did."""
 
     status: str
-    """ok | runtime_error | timeout | memory_limit | output_limit | sandbox_error"""
+    """ok | runtime_error | timeout | memory_limit | process_limit | output_limit | sandbox_error"""
     exit_code: int | None
     """The program's exit code; -N when it was killed by signal N; None when it never ran or was killed by us."""
     stdout: str
@@ -44,6 +46,15 @@ class ExecResult:
     """CPU time of the run (user + system, the program and the children it waited for)."""
     peak_memory_mb: float = 0.0
     """Peak resident memory of the program (ru_maxrss)."""
+    stdout_raw: bytes | None = None
+    """stdout's exact bytes when they are not UTF-8 (`stdout` then reads them with U+FFFD); None when `stdout` is
+    exact. The zygote's reply carries such a stdout as {"base64": ...} in its place (confine.wire_text)."""
+
+    def __post_init__(self) -> None:
+        wire: Any = self.stdout
+        if isinstance(wire, dict):  # the reply's form of output that is not UTF-8 (JSON text cannot hold it)
+            self.stdout_raw = base64.b64decode(wire["base64"])
+            self.stdout = self.stdout_raw.decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,8 @@ class Limits:
     unless it was given another). stderr does not count: only its first and last 32 KiB are kept (confine.py), and
     only a flood of it (STDERR_FLOOD_BYTES) stops the run."""
     max_processes: int = 64
-    """Processes and threads of the run (RLIMIT_NPROC on a uid no one else uses)."""
+    """Processes and threads of the run (RLIMIT_NPROC on a uid no one else uses); a run refused one past it ends as
+    process_limit."""
     max_file_bytes: int = 16 << 20
     """Largest file the program may write (RLIMIT_FSIZE)."""
     scratch_mb: int = 64
@@ -83,7 +95,9 @@ class Limits:
         }
         for name, ok in checks.items():
             if not ok:
-                raise ValueError(f"limit {name}={getattr(self, name)!r} is out of range")
+                value = getattr(self, name)
+                why = "not a number" if isinstance(value, float) and math.isnan(value) else "out of range"
+                raise ValueError(f"limit {name}={value!r} is {why}")
 
 
 def lone_surrogate(data: Any, path: str = "") -> str | None:
@@ -135,6 +149,8 @@ class Sandbox(ABC):
     """How many runs can proceed at the same time."""
     languages: dict[str, dict[str, str]] = {}  # noqa: RUF012 - set per instance
     """Language -> {tool: real path} for the toolchains this sandbox can run."""
+    build_caches: BuildCaches | None = None
+    """Builds kept between requests (build_cache.py); the service sets them, without them every request builds."""
 
     @abstractmethod
     def execute(self, launch: Launch, stdin: str = "", limits: Limits | None = None) -> ExecResult:

@@ -8,7 +8,7 @@ the per-run cost of a native program drops to about that of running it bare. Unl
 batch after any run (a stream), the zygote keeps the next run queued with the supervisor (its stdin and pipes
 already sent), which starts it the moment the last one is cleaned up: no round trip between runs.
 
-What the runs share, and why that is safe: the supervisor runs as the runs' uid but is init with every signal
+What the runs share, and why that is safe (rootless mode: the runs' uid owns /scratch; `_scratch_state`): the supervisor runs as the runs' uid but is init with every signal
 at its default (the kernel then drops signals sent from inside its namespace), not dumpable (no ptrace,
 /proc/1/mem or /proc/1/fd for the same uid), and seccomp keeps prlimit64 to the caller itself. After each run
 it kills every other process of the namespace (kill(-1) from init) and reaps them, so nothing a run started
@@ -18,11 +18,11 @@ leaves anything in /scratch, changes the supervisor's scheduling (nice, policy, 
 uid may), times out without the supervisor ending it, or the supervisor is past half its CPU limit. No batches
 where SysV IPC could not be switched off (PER_RUN_IPC): its objects would outlive a run unseen.
 
-Unlike a single run, the program is not pid 1: signals it sends itself act, as they do outside the sandbox.
+As in a single run (init.c), the program is not pid 1: signals it sends itself act, as they do outside the sandbox.
 """
 
 # Syscall-level code on purpose: plain os calls map one-to-one to what the kernel does.
-# ruff: noqa: PTH208
+# ruff: noqa: PTH116, PTH208
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
     try:
         # Python's own SIGINT handler would let a run interrupt us: init drops only signals left at default.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.setsid()  # a process group reaches past PID namespaces: not the zygote's (init.c's main says why)
         confine.setup_mounts()
         confine.first_to_die()
         for fd in map(int, os.listdir("/proc/self/fd")):  # whatever else the zygote had open (a prepared run's)
@@ -72,8 +73,7 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
         confine.become(uid)
         confine.check(confine.libc.prctl(confine.PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         os.chdir("/scratch")
-        own = {**req["limits"], "max_processes": req["limits"]["max_processes"] + 1}  # + the supervisor
-        confine.set_limits(confine.rlimits(own))
+        confine.set_limits(confine.rlimits(confine.beside_init(req["limits"])))  # + the supervisor
         confine.install_seccomp(confine.SECCOMP)
         ioprio_get = SYS_IOPRIO_GET[os.uname().machine]
         scheduling = _scheduling(ioprio_get)
@@ -81,7 +81,7 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
     except BaseException as exc:
         control.send(json.dumps({"setup_error": f"{type(exc).__name__}: {exc}"}).encode())
         os._exit(127)
-    cpu_limit, program = int(req["limits"]["cpu_s"]), set(os.listdir("/scratch"))
+    cpu_limit, program = int(req["limits"]["cpu_s"]), _scratch_state()
     try:
         running = _spawn(req, _next_run(control), null)
         while True:
@@ -91,7 +91,7 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
                 "status" not in reply  # the spawn failed: the zygote closes this box
                 or used.ru_utime + used.ru_stime >= cpu_limit / 2
                 or _scheduling(ioprio_get) != scheduling
-                or set(os.listdir("/scratch")) != program  # a run left a file: the next must not see it
+                or _scratch_state() != program  # a run left or changed a file: the next must not see it
             )
             if reply["retire"]:
                 control.send(json.dumps(reply).encode())
@@ -107,6 +107,18 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
         control.send(json.dumps({"setup_error": f"batch supervisor: {type(exc).__name__}: {exc}"}).encode())
     finally:
         os._exit(127)
+
+
+def _scratch_state() -> tuple:
+    """What a run may have changed in /scratch: its names, and each entry's inode, mode and change time (a write,
+    chmod or rename sets the ctime; no call sets it back), and the folder's own mode. In rootless mode a run's uid
+    owns /scratch and the program's files (there is one uid), so it could rewrite the program for the next run,
+    not only add files: either way the next run gets a fresh namespace."""
+    entries = []
+    for name in sorted(os.listdir("/scratch")):
+        st = os.stat("/scratch/" + name, follow_symlinks=False)
+        entries.append((name, st.st_ino, st.st_mode, st.st_ctime_ns))
+    return os.stat("/scratch").st_mode, tuple(entries)
 
 
 def _receive(control: socket.socket) -> dict:

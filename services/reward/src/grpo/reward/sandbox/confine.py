@@ -22,11 +22,12 @@ import socket
 import struct
 import time
 
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x04000000, 0x08000000, 0x10000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
+WALL = 0x40000000  # waitpid's __WALL: children of any kind, those cloned without an exit signal too
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -42,6 +43,7 @@ BATCH_UID_OFFSET = 1 << 22  # a batch's uid is its zygote's plus this: above eve
 SECCOMP = b""  # built once at start-up
 CAP_LAST_CAP = 63  # read at start-up from /proc/sys/kernel/cap_last_cap
 PER_RUN_IPC = False  # set at start-up when SysV IPC cannot be disabled for the zygote's IPC namespace
+ROOTLESS = False  # set at start-up in rootless mode: the zygote is root only in a user namespace of its own
 CLEAR_REFS = -1  # the zygote's /proc/self/clear_refs, opened at start-up (forget_peak)
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
@@ -77,10 +79,26 @@ def unshare(flags: int) -> None:
 
 
 def bind_ro(src: str, dst: str, devices: bool = False) -> None:
-    """Bind `src` read-only at `dst`; device nodes keep working only where asked."""
+    """Bind `src` read-only at `dst`; device nodes keep working only where asked.
+
+    The source's own nosuid/nodev/noexec are kept: in a user namespace (rootless mode) they are locked, and a
+    remount that would clear one fails with EPERM (a container's /dev or /tmp may well be noexec)."""
     mount(src, dst, None, MS_BIND | MS_REC)
-    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | (0 if devices else MS_NODEV)
+    locked = os.statvfs(src).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)  # ST_* and MS_* agree on these
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | (0 if devices else MS_NODEV) | locked
     mount(None, dst, None, flags)
+
+
+def enter_user_namespace(uid: int, gid: int) -> None:
+    """Rootless mode: a new user namespace in which we are root, our own `uid`/`gid` (the ids outside) mapped to 0.
+
+    The only ids an unprivileged process may map are its own, one each (more takes newuidmap, a setuid helper):
+    every run shares this one uid. setgroups is denied first, as the kernel requires before an unprivileged
+    gid_map. We then hold every capability, over namespaces this user namespace owns only."""
+    unshare(CLONE_NEWUSER)
+    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
 
 
 def disable_sysv_ipc() -> None:
@@ -93,6 +111,21 @@ def disable_sysv_ipc() -> None:
     for name, value in (("shmmni", "0"), ("msgmni", "0"), ("sem", "0 0 0 0")):
         with open(f"/proc/sys/kernel/{name}", "w") as f:
             f.write(value)
+
+
+def mount_visible_proc(path: str) -> None:
+    """Rootless mode: a proc of our own PID namespace in the root, under each run's own /proc. A user namespace
+    may mount a proc only where its mount namespace already holds one that shows everything (the kernel's
+    mount_too_revealing), and after the pivot the container's is gone. Runs never see this one: each mounts its
+    own over it first thing, and may not unmount (seccomp; no capability over this mount namespace anyway)."""
+    try:
+        mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except OSError as exc:
+        raise OSError(
+            exc.errno,
+            f"{exc.strerror}: a user namespace may mount a fresh /proc only where the container's is not masked "
+            "(Kubernetes: hostUsers: false with procMount: Unmasked; docker: --security-opt systempaths=unconfined)",
+        ) from exc
 
 
 def build_root(cfg: dict, uid: int) -> None:
@@ -118,6 +151,8 @@ def build_root(cfg: dict, uid: int) -> None:
             bind_ro(path, new + path)
     for d in ("dev", "etc", "proc", "scratch", "held", ".old"):
         os.makedirs(f"{new}/{d}", exist_ok=True)
+    if ROOTLESS:
+        mount_visible_proc(new + "/proc")
     if cfg.get("init") is not None:  # a copy of what the service holds open: the file it checked, whatever the
         fd = os.open(new + INIT, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o755)  # path names now
         try:
@@ -133,10 +168,16 @@ def build_root(cfg: dict, uid: int) -> None:
     for i, name in enumerate(("stdin", "stdout", "stderr")):
         os.symlink(f"/proc/self/fd/{i}", f"{new}/dev/{name}")
     os.symlink("/proc/self/fd", f"{new}/dev/fd")
+    # Rootless: runs are uid 0 of our user namespace, named as runs are in root mode; what real root owns shows as
+    # the overflow uid, 65534.
+    users = (
+        {0: "sandbox", 65534: "nobody"} if ROOTLESS else {0: "root", uid: "sandbox", uid + BATCH_UID_OFFSET: "sandbox"}
+    )
     etc = {
-        "passwd": "root:x:0:0::/:/bin/false\n"
-        + "".join(f"sandbox:x:{u}:{u}::/scratch:/bin/false\n" for u in (uid, uid + BATCH_UID_OFFSET)),
-        "group": "root:x:0:\n" + "".join(f"sandbox:x:{u}:\n" for u in (uid, uid + BATCH_UID_OFFSET)),
+        "passwd": "".join(
+            f"{name}:x:{u}:{u}::{'/scratch' if name == 'sandbox' else '/'}:/bin/false\n" for u, name in users.items()
+        ),
+        "group": "".join(f"{name}:x:{u}:\n" for u, name in users.items()),
         "hosts": "127.0.0.1 localhost\n",
         "hostname": "sandbox\n",
     }
@@ -172,8 +213,11 @@ NS_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | N
 def mount_held(size_bytes: int, files: int) -> int:
     """A tmpfs on /held for the built programs the service keeps in this zygote (zygote.stock), read-only to runs
     (a read-only bind over it) and writable to us through the fd returned (the tmpfs beneath, which no path
-    reaches any more). Mode 0711: a run may follow a link into it but not list it, and the names are random."""
-    mount("tmpfs", HELD, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size_bytes},nr_inodes={files},mode=0711")
+    reaches any more). Mode 0711: a run may follow a link into it but not list it, and the names are random.
+    Rootless mode: 0111, since a run's uid is the owner's there; we write through CAP_DAC_OVERRIDE instead (we
+    hold it in our user namespace, which owns this tmpfs)."""
+    mode = "0111" if ROOTLESS else "0711"
+    mount("tmpfs", HELD, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size_bytes},nr_inodes={files},mode={mode}")
     store = os.open(HELD, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     mount(HELD, HELD, None, MS_BIND)
     mount(None, HELD, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
@@ -252,7 +296,7 @@ def mount_scratch(scratch_mb: int, uid: int, shared: bool = False) -> None:
     """
     # Group root may read (mode 0750, gid 0): the zygote lists and reads build outputs without CAP_DAC_OVERRIDE.
     # A batch's scratch is mounted over a prepared single run's (zygote.py) and unmounted first.
-    owner = "mode=1777,uid=0" if shared else f"mode=0750,uid={uid}"
+    owner = "mode=1777,uid=0" if shared else f"mode=0750,uid={uid}"  # rootless: uid 0 either way
     opts = f"size={scratch_mb}m,nr_inodes=4096,{owner},gid=0"
     mount("tmpfs", "/scratch", "tmpfs", MS_NOSUID | MS_NODEV, opts)
 
@@ -294,9 +338,19 @@ def collect_files(patterns: list[str], max_bytes: int) -> tuple[dict[str, str], 
 
 
 def setup_mounts() -> None:
-    """Fresh mount namespace (it keeps the zygote's /scratch tmpfs) with this PID namespace's /proc."""
+    """Fresh mount namespace (it keeps the zygote's /scratch tmpfs) with this PID namespace's /proc (init.c's
+    set_up does the same)."""
     unshare(CLONE_NEWNS | (CLONE_NEWIPC if PER_RUN_IPC else 0))
-    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if not ROOTLESS:
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        return
+    # Rootless: the run's uid is the kernel's uid of the worker's namespaces' owner, and /proc/sys files of
+    # namespaced sysctls (net.*, SysV IPC's kernel.shm*/msg*/sem) are writable by that uid without a capability:
+    # /proc/sys read-only, or a run could switch SysV IPC back on for later runs. hidepid=2: a non-dumpable init
+    # shows /proc/1/* as owned by that same uid; hidden, its few writable files (clear_refs) are out of reach.
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+    mount("/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)
+    mount(None, "/proc/sys", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
 def first_to_die() -> None:
@@ -324,13 +378,32 @@ def drop_bounding_set() -> None:
             break  # no CAP_SETPCAP: moot anyway for a non-root uid under no_new_privs and seccomp
 
 
+SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
+
+
+def drop_capabilities() -> None:
+    """Empty effective, permitted and inheritable sets (capset, version 3). Rootless mode: a setresuid to the uid we
+    already have (0 in our user namespace) does not clear them."""
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()  # two {effective, permitted, inheritable}, all zero
+    check(libc.syscall(SYS_CAPSET[os.uname().machine], header, data), "capset")
+
+
 def become(uid: int) -> None:
-    """An empty bounding set, no_new_privs, then the unprivileged uid."""
-    drop_bounding_set()
+    """An empty bounding set, no_new_privs, then the unprivileged uid.
+
+    Rootless mode: a user namespace of the run's own first (per run: RLIMIT_NPROC is counted per user namespace,
+    so a run counts its own processes, not every run's under the one uid), then no capabilities at all."""
+    if ROOTLESS:
+        enter_user_namespace(0, 0)  # 0 of the zygote's namespace, which is our uid outside
+    drop_bounding_set()  # after the new user namespace: entering one fills the bounding set again
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    os.setgroups([])
+    if not ROOTLESS:  # setgroups is denied in a user namespace made without privileges
+        os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
+    if ROOTLESS:
+        drop_capabilities()
     # A uid change clears the parent-death signal, so it is set after: zygote gone -> this init and its
     # whole PID namespace gone.
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
@@ -483,13 +556,45 @@ def rlimits(limits: dict) -> list[tuple[int, int]]:
     return [
         *stack,
         (memory, limits["memory_mb"] << 20),
-        (r.RLIMIT_CPU, int(limits["cpu_s"])),  # an init ignores SIGXCPU, so the hard limit (SIGKILL) acts
+        (r.RLIMIT_CPU, int(limits["cpu_s"])),  # soft = hard: at the hard limit the kernel sends SIGKILL alone
         (r.RLIMIT_NPROC, limits["max_processes"]),
         (r.RLIMIT_FSIZE, limits["max_file_bytes"]),
         (r.RLIMIT_NOFILE, 256),
         (r.RLIMIT_CORE, 0),
         (r.RLIMIT_MSGQUEUE, 0),
     ]
+
+
+def beside_init(limits: dict) -> dict:
+    """A run's limits with one process more: its namespace's init (a single run's, or a batch's supervisor) shares
+    the run's uid, and so its RLIMIT_NPROC count, yet is not one of the program's processes."""
+    return {**limits, "max_processes": limits["max_processes"] + 1}
+
+
+def wait_for(program: int) -> int:
+    """As an init: reap until `program` has exited (an orphan re-parented to us goes on the way: a zombie counts
+    against the run's RLIMIT_NPROC until it is reaped); its wait status."""
+    while True:
+        pid, status = os.waitpid(-1, WALL)
+        if pid == program:
+            return status
+
+
+def exit_record(wait_status: int) -> bytes:
+    """How a single run's init reports its program's wait status on the status pipe, after any set-up error's
+    text: a NUL byte, then the status in decimal (init.c writes the same)."""
+    return b"\0" + str(wait_status).encode()
+
+
+def read_status(data: bytes) -> tuple[str, int | None]:
+    """What a single run's init wrote on the status pipe: (its set-up error, empty when none; the program's wait
+    status, None when it did not report one: killed by us, or failed before its program ran)."""
+    error, nul, record = data.partition(b"\0")
+    try:
+        status = int(record) if nul else None
+    except ValueError:
+        return f"a malformed exit record after {error[-200:]!r}", None
+    return error.decode("utf-8", "replace"), status
 
 
 def set_limits(pairs: list[tuple[int, int]]) -> None:
@@ -583,6 +688,15 @@ def read_outputs(done: int, readers: dict[str, int], limits: dict, deadline: flo
     return verdict, {output.name: output.data() for output in outputs.values()}
 
 
+def wire_text(data: bytes) -> str | dict:
+    """Output for the reply's JSON: its text when it is UTF-8 (nearly always), else {"base64": ...}, which JSON text
+    can carry exactly; ExecResult reads both forms, so a program's binary stdout reaches the API byte for byte."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode()}
+
+
 def outcome(
     got: dict, limits: dict, nonce: bytes | None, wait_status: int | None, cpu_s: float, peak_mb: float
 ) -> dict:
@@ -593,7 +707,7 @@ def outcome(
         exit_code = -os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else os.WEXITSTATUS(wait_status)
     return {
         "exit_code": exit_code,
-        "stdout": got["out"][:cap].decode("utf-8", "replace"),
+        "stdout": wire_text(got["out"][:cap]),
         "stderr": got["err"].decode("utf-8", "replace"),  # already bounded (Output)
         "proof": nonce is not None and got["proof"] == nonce,
         "cpu_s": cpu_s,

@@ -1,16 +1,24 @@
-/* A single sandboxed run's PID 1, from its set-up to its exec: zygote.py spawns it into a fresh PID namespace
- * before the run's request arrives, and it becomes the program.
+/* A single sandboxed run's PID 1, from its set-up to its program's exit: zygote.py spawns it into a fresh PID
+ * namespace before the run's request arrives, and it starts the program as its child (pid 2).
  *
  * Why C: a program exec'd by a forked copy of the zygote's interpreter pays for tearing that copy down (about
  * 0.3 ms), and the interpreter's own steps before the exec cost as much again; from this small static process the
- * exec costs what it costs a bare run. Its set-up (the zygote's `_child` does the same in Python, where this
- * program could not be built) is, in order:
+ * spawn and exec cost what they cost a bare run. Its set-up (the zygote's `_child` does the same in Python, where
+ * this program could not be built) is, in order:
  *
  *   own mount namespace (and IPC namespace where the zygote's own could not be locked) with this PID namespace's
  *   /proc; oom_score_adj 1000; an empty capability bounding set; no_new_privs; the run's uid and gid, no
- *   groups; parent-death signal; cwd /scratch; the seccomp filter (argv[3], hex); our mount namespace sent
- *   to the zygote on fd 5 (it lets it go after the run's reply: zygote.release). Then fd 7 is closed: the
- *   zygote's sign that the set-up is done.
+ *   groups; not dumpable; parent-death signal; cwd /scratch; the seccomp filter (argv[3], hex); our mount
+ *   namespace sent to the zygote on fd 5 (it lets it go after the run's reply: zygote.release). Then fd 7 is
+ *   closed: the zygote's sign that the set-up is done.
+ *
+ * Why the program is not PID 1 itself: an init drops every signal it has no handler for, even one it sends
+ * itself, so `raise(SIGTERM)` or a self-SIGKILL did nothing, and abort() ended in glibc's last resort, a SIGSEGV
+ * (exit -11, where a batch's run, batch.py, reported -6). Staying as PID 1 costs a spawn, and keeps what being the
+ * init gave: the program shares our uid, but we have every signal at its default, so the kernel drops whatever it
+ * sends us; we are not dumpable (no /proc/1/mem or /proc/1/fd), and seccomp refuses ptrace and prlimit64 on
+ * another process. When the program exits we exit, and the kernel kills whatever else is left in the namespace
+ * (daemons, setsid children, fork-bomb remnants); meanwhile we reap the orphans re-parented to us.
  *
  * Fds from the zygote: 0 a stdin memfd (written on the request), 1-2 stdout/stderr, 3-4 the proof pipes (see
  * zygote.py), 5 the request socket, 6 the status pipe, 7 the set-up's "done" pipe.
@@ -19,11 +27,19 @@
  * NUL-terminated strings:
  *   stdin (0: /dev/null, 1: fd 0 as it is, 2: the fd passed), nlimits, argc, envc,
  *   nlimits x (resource, value: soft and hard), argc strings, envc strings.
- * Then: stdin on fd 0, the rlimits (after the request is parsed: a tiny RLIMIT_AS must not fail the parse),
- * execve. Any failure is written to fd 6 (close-on-exec: empty once the exec succeeded) and exits 127; an empty
- * request (discarded, or the zygote is gone) exits 0.
+ * Then the rlimits (after the request is parsed: a tiny RLIMIT_AS must not fail the parse), and the program spawned
+ * with its stdin on fd 0. Any failure, its exec's included, is written to fd 6 as text (close-on-exec: the program
+ * never holds it) and exits 127; an empty request (discarded, or the zygote is gone) exits 0. Once the program has
+ * exited, its wait status goes to fd 6 as a NUL byte and the status in decimal (confine.exit_record), and we
+ * exit 0.
  *
- * Usage: init UID NEW_IPC(0|1) SECCOMP_HEX
+ * Rootless mode (FLAGS bit 2; the zygote is root only in a user namespace of its own, confine.enter_user_namespace):
+ * uid 0 of that namespace is the one uid there, so it is the run's; /proc is mounted hidepid=2 and /proc/sys
+ * read-only (that uid owns the namespaced sysctls); and after the mounts the init enters a user namespace of its
+ * own (RLIMIT_NPROC counts per user namespace: the run's own processes only), then drops every capability
+ * (confine.setup_mounts and confine.become do the same in Python).
+ *
+ * Usage: init UID FLAGS SECCOMP_HEX (FLAGS: 1 a new IPC namespace, 2 rootless)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -33,6 +49,7 @@
 #include <linux/seccomp.h>
 #include <sched.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,10 +57,14 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <linux/capability.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 enum { REQUEST = 5, STATUS = 6, READY = 7 };
+enum { NEW_IPC = 1, ROOTLESS = 2 };
 #define MAX_REQUEST (4 << 20) /* above the kernel's own limit on argv and env (ARG_MAX, 2 MiB by default) */
 
 static char request[MAX_REQUEST];
@@ -116,17 +137,50 @@ static void send_namespace(void) {
     close(ns);
 }
 
-static void set_up(uid_t uid, int new_ipc, const char *hex) {
-    if (unshare(CLONE_NEWNS | (new_ipc ? CLONE_NEWIPC : 0))) fail("unshare");
-    if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL)) fail("mount /proc");
-    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-    if (fd < 0 || write(fd, "1000", 4) != 4) fail("oom_score_adj");
+static void write_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    size_t n = strlen(text);
+    if (fd < 0 || write(fd, text, n) != (ssize_t)n) fail(path);
     close(fd);
+}
+
+/* Rootless mode: the run's own user namespace, 0 mapped to 0 of the zygote's (our uid there). */
+static void own_user_namespace(void) {
+    if (unshare(CLONE_NEWUSER)) fail("unshare user namespace");
+    write_file("/proc/self/setgroups", "deny");
+    write_file("/proc/self/uid_map", "0 0 1");
+    write_file("/proc/self/gid_map", "0 0 1");
+}
+
+static void mount_proc(int rootless) {
+    if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, rootless ? "hidepid=2" : NULL))
+        fail("mount /proc");
+    if (!rootless) return;
+    if (mount("/proc/sys", "/proc/sys", NULL, MS_BIND | MS_REC, NULL)) fail("bind /proc/sys");
+    if (mount(NULL, "/proc/sys", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
+        fail("read-only /proc/sys");
+}
+
+static void set_up(uid_t uid, unsigned long flags, const char *hex) {
+    int rootless = (flags & ROOTLESS) != 0;
+    if (unshare(CLONE_NEWNS | (flags & NEW_IPC ? CLONE_NEWIPC : 0))) fail("unshare");
+    mount_proc(rootless);
+    write_file("/proc/self/oom_score_adj", "1000");
+    if (rootless) own_user_namespace(); /* before the bounding set: a new user namespace fills it again */
     /* An empty bounding set (where CAP_SETPCAP allows; moot anyway for a non-root uid under no_new_privs). */
     for (int cap = 0; prctl(PR_CAPBSET_READ, cap, 0, 0, 0) >= 0; cap++)
         if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)) break;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) fail("no_new_privs");
-    if (setgroups(0, NULL) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid)) fail("uid");
+    /* setgroups is denied in a user namespace made without privileges (and we have no groups there to drop). */
+    if ((!rootless && setgroups(0, NULL)) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid)) fail("uid");
+    if (rootless) { /* uid 0 of our user namespace keeps its capabilities through setresuid: drop them */
+        struct __user_cap_header_struct header = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+        struct __user_cap_data_struct none[2] = {{0}};
+        if (syscall(SYS_capset, &header, none)) fail("capset");
+    }
+    /* The program shares our uid: neither /proc/1/mem nor /proc/1/fd may be its way into us. (The uid change
+     * already cleared it where fs.suid_dumpable is 0; not every host's is.) */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) fail("not dumpable");
     /* A uid change clears the parent-death signal, so it is set after: zygote gone -> this whole namespace. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)) fail("pdeathsig");
     if (chdir("/scratch")) fail("chdir /scratch");
@@ -169,13 +223,60 @@ static int receive(void) {
     return passed;
 }
 
+/* The program, spawned (a vfork and an exec, as a batch's supervisor starts its runs: no copy of our memory is
+ * made) with its stdin on fd 0; the rlimits are set on us first, and inherited. (They cannot hurt us: from here we
+ * only wait, and write a few bytes to a pipe.) Its pid; a failure, its exec's too, is reported and exits 127. */
+static pid_t spawn_program(char **args, char **env, uint64_t stdin_kind, int passed, uint64_t nlimits) {
+    for (uint64_t i = 0; i < nlimits; i++) {
+        uint64_t resource = word(), value = word();
+        struct rlimit limit = {.rlim_cur = value, .rlim_max = value};
+        if (setrlimit((int)resource, &limit)) fail("setrlimit");
+    }
+    if (stdin_kind == 2 && passed < 0) {
+        errno = EPROTO;
+        fail("stdin: the request came without its fd");
+    }
+    posix_spawn_file_actions_t actions;
+    int err = posix_spawn_file_actions_init(&actions);
+    if (!err && stdin_kind == 2) err = posix_spawn_file_actions_adddup2(&actions, passed, 0);
+    if (!err && stdin_kind == 0) err = posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    pid_t program = -1;
+    if (!err) err = posix_spawn(&program, args[0], &actions, NULL, args, env);
+    if (err) {
+        errno = err;
+        char what[256];
+        snprintf(what, sizeof what, "execve %s", args[0]);
+        fail(what);
+    }
+    posix_spawn_file_actions_destroy(&actions);
+    return program;
+}
+
+/* Reap until the program itself has exited (orphans re-parented to us go on the way: a zombie counts against the
+ * run's RLIMIT_NPROC until it is reaped); its wait status. */
+static int wait_for(pid_t program) {
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, __WALL);
+        if (pid == program) return status;
+        if (pid < 0 && errno != EINTR) fail("wait for the program");
+    }
+}
+
 int main(int argc, char **argv) {
     errno = EINVAL;
-    if (argc != 4) fail("usage: init UID NEW_IPC SECCOMP_HEX");
+    if (argc != 4) fail("usage: init UID FLAGS SECCOMP_HEX");
     char *end;
+    unsigned long flags = strtoul(argv[2], &end, 10);
+    if (!*argv[2] || *end || flags > (NEW_IPC | ROOTLESS)) fail("flags");
     unsigned long uid = strtoul(argv[1], &end, 10);
-    if (!*argv[1] || *end || uid == 0 || uid >= (uid_t)-1) fail("uid: not a non-root uid"); /* never root */
-    set_up((uid_t)uid, argv[2][0] == '1', argv[3]);
+    /* Never root: in rootless mode 0 is the one uid of the zygote's user namespace, and holds no capability. */
+    if (!*argv[1] || *end || (uid == 0 && !(flags & ROOTLESS)) || uid >= (uid_t)-1) fail("uid: not a non-root uid");
+    signal(SIGCHLD, SIG_DFL); /* not ignored, whatever we were started with: wait_for must see the exit */
+    /* A session of our own: a process group reaches past PID namespaces (kill(0), setpriority(PRIO_PGRP)), and
+     * the zygote's is the service's too. In rootless mode they share the run's uid, so those would act on them. */
+    if (setsid() < 0) fail("setsid");
+    set_up((uid_t)uid, flags, argv[3]);
     int passed = receive();
     uint64_t stdin_kind = word(), nlimits = word(), nargs = word(), nenv = word();
     if (nlimits > MAX_REQUEST) {
@@ -193,21 +294,13 @@ int main(int argc, char **argv) {
         errno = EPROTO;
         fail("request: no program");
     }
-    if (stdin_kind == 2 && (passed < 0 || dup2(passed, 0) < 0)) fail("stdin");
-    if (stdin_kind == 0) {
-        int null = open("/dev/null", O_RDONLY);
-        if (null < 0 || dup2(null, 0) < 0) fail("/dev/null");
-        close(null);
-    }
-    if (passed >= 0) close(passed);
     at = limits;
-    for (uint64_t i = 0; i < nlimits; i++) {
-        uint64_t resource = word(), value = word();
-        struct rlimit limit = {.rlim_cur = value, .rlim_max = value};
-        if (setrlimit((int)resource, &limit)) fail("setrlimit");
-    }
-    execve(args[0], args, env);
-    char what[256];
-    snprintf(what, sizeof what, "execve %s", args[0]);
-    fail(what);
+    pid_t program = spawn_program(args, env, stdin_kind, passed, nlimits);
+    for (int fd = 0; fd < 5; fd++) close(fd); /* the program's fds are its own: its outputs end with it */
+    if (passed >= 0) close(passed);
+    int status = wait_for(program);
+    char record[32];
+    int n = snprintf(record, sizeof record, "%c%d", 0, status);
+    if (write(STATUS, record, (size_t)n) != n) _exit(127); /* the zygote reads none: a sandbox error */
+    _exit(0);
 }

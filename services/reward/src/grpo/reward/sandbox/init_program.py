@@ -1,6 +1,6 @@
 """The program single runs start from (init.c): found, or built once with the C compiler, or None.
 
-Without it a run's PID 1 is a fork of the zygote that sets up in Python: as safe, about a millisecond slower per
+Without it a run's PID 1 is a fork of the zygote that sets up in Python: as safe, about 2 ms slower per
 run. It runs as root until it drops to the run's uid, so the file must be one no one else could have put there
 or changed: it and every folder above it owned by us (or root) and writable by no one else. The service then
 holds it open, and each zygote copies what it holds into its root, not what the path names later.
@@ -89,7 +89,7 @@ def init_program() -> int | None:
             build(path)
             return _open(path)
     except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("single sandbox runs set up in Python, about 1 ms slower each: %s (install gcc and libc6-dev)", exc)
+        log.warning("single sandbox runs set up in Python, about 2 ms slower each: %s (install gcc and libc6-dev)", exc)
         return None
 
 

@@ -45,13 +45,23 @@ ETC_BINDS = ("java-*", "ld.so.cache")
 RUN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/scratch", "LANG": "C.UTF-8", "TMPDIR": "/scratch"}
 REPLY_SLACK_S = 5.0  # the zygote enforces the deadline itself; this only catches a wedged zygote
 MAX_REPLY_BYTES = 1 << 30  # a length header past this means a broken stream, not a reply
-REMEDY = (  # what docker-compose.yml and the Helm chart grant the reward container, and no more
-    "the namespace sandbox needs to run as root with CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID and CAP_KILL, and "
+MODES = ("auto", "root", "rootless")
+REMEDY = (  # root mode: what docker-compose.yml and the Helm chart grant the reward container, and no more
+    "root mode runs as root with CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID and CAP_KILL, and "
     "mount/unshare/pivot_root allowed by seccomp and AppArmor (docker: --user 0 --cap-add SYS_ADMIN --cap-add "
     "SETUID --cap-add SETGID --cap-add KILL --security-opt seccomp=unconfined --security-opt apparmor=unconfined; "
     "kubernetes: runAsUser 0, capabilities drop [ALL] add [SYS_ADMIN, SETUID, SETGID, KILL], seccompProfile "
-    "Unconfined, AppArmor unconfined); it never falls back to running code unconfined"
+    "Unconfined, AppArmor unconfined)"
 )
+REMEDY_ROOTLESS = (  # rootless mode: no root, no capability; the kernel and the container runtime must allow it
+    "rootless mode runs as any uid where the kernel allows unprivileged user namespaces (user.max_user_namespaces "
+    "> 0; kernel.unprivileged_userns_clone=1 and kernel.apparmor_restrict_unprivileged_userns=0 where those exist) "
+    "and seccomp and AppArmor allow unshare, mount and pivot_root without CAP_SYS_ADMIN, which the runtimes' "
+    "default profiles do not (docker: --security-opt seccomp=deploy/seccomp/reward-rootless.json --security-opt "
+    "apparmor=unconfined; kubernetes: seccompProfile Localhost with that profile, an AppArmor profile that allows "
+    "mount and userns, and an unmasked /proc where the runtime masks it: docs/reward.md#sandbox-modes)"
+)
+NEVER_UNCONFINED = "the sandbox never falls back to running code unconfined"
 ISOLATION = (
     "linux namespaces (pid, mount, net, ipc, uts) from a zygote pool: minimal read-only root (/usr, /bin, /lib*), "
     "private size-capped tmpfs scratch, own /proc, no network interface up, SysV IPC disabled, unprivileged "
@@ -60,6 +70,24 @@ ISOLATION = (
     "a program's stdin/stdout tests batched in one namespace under an unprivileged pid-1 supervisor that spawns each "
     "run and kills all it left"
 )
+ROOTLESS_ISOLATION = (
+    "rootless mode (no root, no capability outside the sandbox's own user namespace): as root mode but every run "
+    "under the one uid mapped (0 of that namespace, the service's uid outside), each run in a user namespace of its "
+    "own (its process count), /proc hidepid=2 with /proc/sys read-only"
+)
+
+
+def root_capable() -> bool:
+    """Root with the capabilities root mode uses (CAP_KILL 5, SETGID 6, SETUID 7, SYS_ADMIN 21) in effect."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        with Path("/proc/self/status").open() as f:
+            effective = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    needed = (1 << 5) | (1 << 6) | (1 << 7) | (1 << 21)
+    return effective & needed == needed
 
 
 # Built programs a zygote keeps between requests (files in its /held tmpfs), so that the runs of one submission
@@ -128,7 +156,11 @@ def _default_interpreter() -> str:
 class Zygote:
     """One launcher process and the pipes to it; used by one thread at a time."""
 
-    def __init__(self, interpreter: str, uid_base: int, init: int | None = None) -> None:
+    def __init__(
+        self, interpreter: str, uid_base: int, init: int | None = None, rootless: bool = False, user: int | None = None
+    ) -> None:
+        """`rootless`: the zygote makes its own user namespace (zygote.go_rootless). `user`: it is started as that uid
+        and gid, with no supplementary group and so no capability (a root service whose sandbox runs rootless)."""
         etc = sorted(str(p) for pattern in ETC_BINDS for p in Path("/etc").glob(pattern) if p.exists())
         self._ahead, self._spare = bytearray(), bytearray(1 << 16)  # what _read_exact read past its message
         # Large stdins go as memfds over a socket beside the pipes (the pipe would copy them twice, slowly).
@@ -141,7 +173,10 @@ class Zygote:
             "init": init,  # an fd of the single runs' PID 1 (init.c), or None: they set up in Python
             "held_bytes": HELD_BYTES + HELD_FILES * 4096,  # each file rounded up to whole pages
             "held_files": HELD_FILES + 8,
+            "rootless": rootless,
         }
+        remedy = REMEDY_ROOTLESS if rootless else REMEDY
+        ids: dict[str, Any] = {} if user is None else {"user": user, "group": user, "extra_groups": []}
         # Empty environment and isolated interpreter: nothing of the service's environment reaches the zygote.
         try:
             self.proc = subprocess.Popen(
@@ -152,6 +187,8 @@ class Zygote:
                 close_fds=True,
                 pass_fds=(theirs.fileno(), *([] if init is None else [init])),
                 cwd="/",
+                start_new_session=True,  # no run can reach the service through a shared process group
+                **ids,
             )
         except OSError as exc:
             self.fd_channel.close()
@@ -163,10 +200,14 @@ class Zygote:
         except ZygoteError as exc:
             self.kill()
             raise SandboxUnavailable(f"sandbox zygote cannot start: {exc}") from exc
-        if not hello.get("ready"):
+        if not hello.get("ready") or bool(hello.get("rootless")) != rootless:
             self.kill()
-            raise SandboxUnavailable(f"sandbox zygote could not start: {hello.get('error')}; {REMEDY}")
+            raise SandboxUnavailable(f"sandbox zygote could not start: {hello.get('error')}; {remedy}")
         self.uid = int(hello["uid"])
+        self.rootless = rootless
+        self.started: dict[str, Any] = hello.get("started", {})  # its uid and CapEff before it made any namespace
+        # The process that is the zygote: rootless, the child of the one we started (zygote.go_rootless).
+        self.pid = self._only_child() if rootless else self.proc.pid
         self.batches = bool(hello.get("batches"))
         self.held = Held()
 
@@ -270,6 +311,13 @@ class Zygote:
             got = min(n, got + k)
         return bytes(buf)
 
+    def _only_child(self) -> int:
+        pid = self.proc.pid
+        try:
+            return int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            return pid  # gone already: the next request finds out
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 
@@ -300,16 +348,19 @@ def classify(reply: dict[str, Any]) -> tuple[str, int | None]:
         over = reply.get("peak_mb", 0.0) > reply.get("memory_limit_mb", float("inf"))
         return ("memory_limit", 0) if over else ("ok", 0)
     # A SIGKILL we did not send, with the CPU time used up, came from the kernel: the CPU-time rlimit, a deadline
-    # too. (A single run is its namespace's init, which nothing inside can SIGKILL; a batch's run could kill
-    # itself, and then it failed either way.) wait4's user+system time falls short
+    # too. (A run could also kill itself, and then it failed either way.) wait4's user+system time falls short
     # of the count the kernel enforces when the CPUs are contended (0.85 s at a 1 s limit, 3 test processes on
     # 2 vCPUs), hence the margin.
     if exit_code == -signal.SIGKILL and reply.get("cpu_s", 0.0) >= 0.75 * reply.get("cpu_limit_s", float("inf")):
         return "timeout", exit_code
-    if _died_of_memory(reply["stderr"]):
-        return "memory_limit", exit_code
     # A native program that ignores a failed allocation crashes; at its memory limit, that crash is the limit.
-    if reply.get("peak_mb", 0.0) >= 0.9 * reply.get("memory_limit_mb", float("inf")):
+    at_memory_limit = reply.get("peak_mb", 0.0) >= 0.9 * reply.get("memory_limit_mb", float("inf"))
+    # A thread or process refused below the memory limit: the process limit. (glibc reports a thread stack it
+    # could not map as EAGAIN too: threads whose stacks, not their number, pass the memory limit read the same,
+    # and are process_limit unless the peak reached the memory limit; stacks of hundreds of MiB are rare.)
+    if not at_memory_limit and _refused_a_process(reply["stderr"]):
+        return "process_limit", exit_code
+    if _died_of_memory(reply["stderr"]) or at_memory_limit:
         return "memory_limit", exit_code
     # A binary whose static data alone is past the rlimit (`static char a[300 << 20]`) dies in its exec, a SIGSEGV
     # or SIGKILL from the kernel before it has run or written anything.
@@ -355,12 +406,39 @@ OUT_OF_MEMORY = ("Cannot allocate memory", "cannot allocate", "std::bad_alloc", 
                  "JavaScript heap out of memory", "Allocation failed - process out of memory")  # fmt: skip
 
 
-def _died_of_memory(stderr: str) -> bool:
+def _last_words(stderr: str) -> list[str]:
+    """The lines of stderr a runtime's fatal message is in: the JVM and V8 print a stack after it; Go prints it
+    first, then every goroutine."""
     lines = stderr.rstrip().splitlines()
-    # The JVM and V8 print a stack after the message; Go prints it first, then every goroutine.
-    ends = lines[:3] + lines[-40:]
-    python = any(line.startswith("MemoryError") for line in lines[-3:])
-    return python or any(marker in line for line in ends for marker in OUT_OF_MEMORY)
+    return lines[:3] + lines[-40:]
+
+
+def _died_of_memory(stderr: str) -> bool:
+    python = any(line.startswith("MemoryError") for line in stderr.rstrip().splitlines()[-3:])
+    return python or any(marker in line for line in _last_words(stderr) for marker in OUT_OF_MEMORY)
+
+
+# A thread or process refused (fork/clone's EAGAIN: the run's RLIMIT_NPROC, max_processes), in the words of the
+# JVM (17; 8), Python's threading and Go's runtime. The JVM's is an OutOfMemoryError, so this is read first.
+NO_THREAD = ("unable to create native thread", "unable to create new native thread", "can't start new thread",
+             "failed to create new OS thread")  # fmt: skip
+# Elsewhere, EAGAIN's message (or name) beside the call refused, in the same line or just above it: C's
+# perror("fork") or strerror after pthread_create, Rust's "failed to spawn thread: Os { code: 11, ... }", Bash's
+# "fork: retry: Resource temporarily unavailable", node's "spawn ... EAGAIN", Python's BlockingIOError under the
+# traceback's `os.fork()` line.
+# ("thread" alone is no such word: every Java exception's line starts "Exception in thread".)
+EAGAIN = ("Resource temporarily unavailable", "EAGAIN")
+SPAWNING = ("fork", "spawn", "clone", "pthread_create")
+
+
+def _refused_a_process(stderr: str) -> bool:
+    words = _last_words(stderr)
+    if any(marker in line for line in words for marker in NO_THREAD):
+        return True
+    return any(
+        any(e in line for e in EAGAIN) and any(s in near for near in words[max(0, i - 3) : i + 1] for s in SPAWNING)
+        for i, line in enumerate(words)
+    )
 
 
 def request_for(launch: Launch, limits: Limits) -> dict[str, Any]:
@@ -409,9 +487,14 @@ class NamespaceSandbox(Sandbox):
         acquire_timeout_s: float = 600.0,
         languages: Collection[str] | None = None,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        mode: str = "auto",
+        user: int | None = None,
     ) -> None:
-        if os.geteuid() != 0:
-            raise SandboxUnavailable(f"running as uid {os.geteuid()}, not root: {REMEDY}")
+        """`mode`: root (today's: root with four capabilities, a uid per worker), rootless (a user namespace, no
+        privilege: docs/reward.md#sandbox-modes), or auto (root where root mode's capabilities are in effect, else
+        rootless). `user`: a root service starts its zygotes as this uid and gid, rootless (tests run that way)."""
+        self.mode = self._resolve_mode(mode, user)
+        self._user = user
         self.workers = workers
         self.max_output_bytes = max_output_bytes  # the stdout cap of runs whose limits set none
         self.acquire_timeout_s = acquire_timeout_s
@@ -425,11 +508,10 @@ class NamespaceSandbox(Sandbox):
             self.languages = {name: tools for name, tools in self.languages.items() if name in languages}
         self.init = init_program()  # held open while the sandbox lives: every zygote binds this very file
         how = (
-            "set up by a forked Python init (no init.c)"
-            if self.init is None
-            else "exec'd from a static C init (init.c)"
+            "set up by a forked Python init (no init.c)" if self.init is None else "spawned by a static C init (init.c)"
         )
-        self.isolation = f"{ISOLATION}; single runs {how}"
+        isolation = ISOLATION if self.mode == "root" else f"{ISOLATION}; {ROOTLESS_ISOLATION}"
+        self.isolation = f"{isolation}; single runs {how}"
         self._uid_base = uid_base
         self._idle: queue.Queue[Zygote] = queue.Queue()
         self._lock = threading.Lock()
@@ -441,9 +523,35 @@ class NamespaceSandbox(Sandbox):
         try:
             for future in [self._request_spawn() for _ in range(workers)]:
                 self._idle.put(future.result())
+        except SandboxUnavailable as exc:
+            self.close()
+            if mode == "auto" and self.mode == "rootless" and user is None:  # and why root mode was not tried
+                raise SandboxUnavailable(
+                    f"no sandbox: not root with root mode's capabilities (uid {os.geteuid()}; {REMEDY}), and rootless "
+                    f"mode failed: {exc}; {NEVER_UNCONFINED}"
+                ) from exc
+            raise SandboxUnavailable(f"{exc}; {NEVER_UNCONFINED}") from exc
         except BaseException:
             self.close()
             raise
+        log.info("sandbox mode: %s (%d zygotes)", self.mode, workers)
+
+    @staticmethod
+    def _resolve_mode(mode: str, user: int | None) -> str:
+        """The mode to run: `mode` checked against what this process is, auto decided."""
+        if mode not in MODES:
+            raise ValueError(f"unknown sandbox mode {mode!r}; choose one of {', '.join(MODES)}")
+        if user is not None:
+            if mode == "root":
+                raise ValueError("a sandbox started as another user runs rootless, not in root mode")
+            if os.geteuid() != 0:
+                raise SandboxUnavailable(f"starting the sandbox as uid {user} takes root; running as {os.geteuid()}")
+            return "rootless"
+        if mode == "root" and os.geteuid() != 0:
+            raise SandboxUnavailable(f"sandbox mode root: running as uid {os.geteuid()}, not root: {REMEDY}")
+        if mode == "auto":
+            return "root" if root_capable() else "rootless"
+        return mode
 
     def _request_spawn(self) -> Future[Zygote]:
         future: Future[Zygote] = Future()
@@ -453,7 +561,7 @@ class NamespaceSandbox(Sandbox):
     def _spawn_loop(self) -> None:
         while (future := self._spawns.get()) is not None:
             try:
-                zygote = Zygote(self.interpreter, self._uid_base, self.init)
+                zygote = Zygote(self.interpreter, self._uid_base, self.init, self.mode == "rootless", self._user)
             except Exception as exc:
                 future.set_exception(exc)
                 continue

@@ -2,7 +2,8 @@
 
 It is started by `namespace.py` as `python3 -I -S zygote.py CONFIG_JSON` with an empty environment and never
 imports anything from the service, only its two siblings: confine.py (the kernel calls) and batch.py (batches).
-At start it enters its own mount, network, IPC and UTS namespaces (no interface is up, not even loopback; SysV
+It is root (root mode), or, in rootless mode, a process with no privilege that first makes a user namespace in
+which it is root and becomes PID 1 of a PID namespace that namespace owns (`go_rootless`). At start it enters its own mount, network, IPC and UTS namespaces (no interface is up, not even loopback; SysV
 IPC is disabled), builds a minimal read-only root (the read-only binds listed in the config, a few device nodes,
 a synthetic /etc) and pivots into it, so nothing of the host (/work, /root, /home, /tmp, /proc, /sys, ...) is
 reachable from it any more. Built programs the service asks it to keep go into /held, a tmpfs the runs see
@@ -13,19 +14,22 @@ its request arrives (after the last reply is written, while the service reads it
     zygote ── tmpfs /scratch (size-capped), unshare(NEWPID) + posix_spawn ──▶ init.c = pid 1 of a fresh PID
                                            namespace: unshare(NEWNS); fresh /proc; oom_score_adj 1000; empty
                                            bounding set; no_new_privs; unprivileged uid (unique per zygote);
-                                           seccomp filter; sends its mount namespace back; waits
+                                           not dumpable; seccomp filter; sends its mount namespace back; waits
     zygote ── the run's files into /scratch (as the run's uid), its stdin into a memfd the init holds,
-              then argv, env and limits ─────────────────────────▶ fds 0-4; rlimits;
-                                           execve(argv) with a minimal environment
+              then argv, env and limits ─────────────────────────▶ rlimits; spawns the program as pid 2:
+                                           fds 0-4, execve(argv) with a minimal environment; waits for it
+                                           and reports its wait status on the status pipe
 
 init.c is built by the service (init_program.py); where it cannot be, the init is a fork of this process that
-sets up in Python (`_child`), the same steps. The program is the namespace's init: when it exits, the kernel
-kills everything left in the PID namespace (daemons, setsid children, fork-bomb remnants), and no privileged
-process exists inside it. On the wall-clock deadline or the output limit the zygote SIGKILLs it, with the same
-effect; if the zygote dies, the parent-death signal does it. (As an init, the program ignores signals it sends
-itself without installing a handler.) The zygote reads stdout/stderr itself and enforces both limits, and holds
-the run's mount namespace until its reply is written (`release`), so that tearing it down is not on the run's
-path.
+sets up in Python (`_child`), the same steps. The program is the init's child, not the init: an init drops the
+signals it sends itself, and a program must see what a normal process sees (its raise(SIGTERM), its abort()'s
+SIGABRT), as a batch's runs always did. The init exits with the program: the kernel then kills everything left in
+the PID namespace (daemons, setsid children, fork-bomb remnants), and no privileged process exists inside it. The
+init shares the program's uid but is out of its reach: every signal at its default (the kernel drops what the
+program sends it), not dumpable, and seccomp refuses ptrace and prlimit64 on another process. On the wall-clock
+deadline or the output limit the zygote SIGKILLs the init, with the same effect; if the zygote dies, the
+parent-death signal does it. The zygote reads stdout/stderr itself and enforces both limits, and holds the run's
+mount namespace until its reply is written (`release`), so that tearing it down is not on the run's path.
 
 A batch (many runs of one program, a submission's tests) shares one PID namespace between its runs: batch.py.
 
@@ -67,16 +71,24 @@ from grpo.reward.sandbox import batch, confine  # after the stand-ins
 
 def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int) -> None:
     """Pid 1 of a fresh PID namespace, forked before its request arrives (`prepare`) where init.c could not be
-    built, doing what init.c does: mounts, unprivileged uid and seccomp first; once the request has come, its
-    stdin, limits and exec. Never returns.
+    built, doing what init.c does: mounts, unprivileged uid and seccomp first; once the request has come, the
+    program forked as our child (its stdin, limits and exec), waited for, and its wait status reported on the
+    status pipe (confine.exit_record). Never returns.
 
-    The program itself is the namespace's init, so when it exits (or is killed) the kernel kills every
-    process it left behind, and no privileged process exists inside the namespace at all.
+    The program is not the init (an init drops the signals it sends itself: see init.c); when it exits we do,
+    and the kernel kills every process it left behind. No privileged process exists inside the namespace.
     """
     try:
+        # An init drops what it has no handler for, and so must we: Python's own SIGINT handler would let the
+        # program interrupt our wait (a KeyboardInterrupt, and its run a sandbox error instead of a verdict).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()  # out of the zygote's process group, which reaches past PID namespaces (init.c's main says why)
         confine.setup_mounts()
         confine.first_to_die()  # as root: once the uid changes, /proc/self is no longer ours to write
         confine.become(uid)
+        # The program shares our uid: neither /proc/1/mem nor /proc/1/fd may be its way into us.
+        confine.check(confine.libc.prctl(confine.PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         confine.install_seccomp(confine.SECCOMP)  # nothing below needs a call the filter denies
         confine.send_namespace(request)
         # Set up: our mount namespace is our own (the zygote may mount again) and the CPU we used so far is not
@@ -92,19 +104,32 @@ def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int
             stdin = passed
         else:
             stdin = fds[0] if kind == confine.STDIN_OWN else os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in (stdin, *fds[1:])]  # above every target
-        for target, fd in enumerate(high):
-            os.dup2(fd, target)  # inheritable: exactly fds 0-4 survive the exec
-        os.chdir("/scratch")
-        confine.set_limits(limits)
-        for sig in confine.DEFAULT_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
-        os.execve(argv[0], argv, env)
+        program = os.fork()
+        if program == 0:
+            _exec_program([stdin, *fds[1:]], limits, argv, env)
+        for fd in {stdin, *fds}:  # the program's fds are its own: its outputs end with it
+            os.close(fd)
+        status = confine.wait_for(program)
+        os.write(status_w, confine.exit_record(status))
+        os._exit(0)
     except BaseException as exc:  # report through the close-on-exec status pipe; never return to the loop
         try:
             os.write(status_w, f"{type(exc).__name__}: {exc}".encode())
         finally:
             os._exit(127)
+
+
+def _exec_program(fds: list[int], limits: list[tuple[int, int]], argv: list[str], env: dict[str, str]) -> None:
+    """The program, in the child `_child` forked: `fds` as its 0-4, in /scratch, under its rlimits. Never returns
+    (a failure raises into `_child`'s report, made from this process before the exec)."""
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]  # above every target
+    for target, fd in enumerate(high):
+        os.dup2(fd, target)  # inheritable: exactly fds 0-4 survive the exec
+    os.chdir("/scratch")
+    confine.set_limits(limits)
+    for sig in confine.DEFAULT_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    os.execve(argv[0], argv, env)
 
 
 def _spawn_init(uid: int, fds: list[int]) -> int:
@@ -113,7 +138,8 @@ def _spawn_init(uid: int, fds: list[int]) -> int:
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]  # above every target
     try:
         actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(high)]
-        argv = [confine.INIT, str(uid), "1" if confine.PER_RUN_IPC else "0", confine.SECCOMP.hex()]
+        flags = int(confine.PER_RUN_IPC) | int(confine.ROOTLESS) << 1  # init.c's FLAGS
+        argv = [confine.INIT, str(uid), str(flags), confine.SECCOMP.hex()]
         return os.posix_spawn(confine.INIT, argv, {}, file_actions=actions, setsigdef=confine.DEFAULT_SIGNALS)
     finally:
         for fd in high:
@@ -219,7 +245,8 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
     started = time.monotonic()
     passed = req["stdin"] if isinstance(req["stdin"], int) else None
     kind = confine.STDIN_PASSED if passed is not None else confine.STDIN_OWN if req["stdin"] else confine.STDIN_NULL
-    go = confine.encode_request(kind, confine.rlimits(req["limits"]), req["argv"], req["env"])
+    limits = confine.rlimits(confine.beside_init(req["limits"]))
+    go = confine.encode_request(kind, limits, req["argv"], req["env"])
     settle(warm)
     if req["limits"]["scratch_mb"] != warm["scratch_mb"]:
         confine.resize_scratch(req["limits"]["scratch_mb"])
@@ -241,8 +268,8 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
     finally:
         os.close(warm["request"])
     pid, readers = warm["pid"], warm["readers"]
-    # The pidfd turns readable when init (the program) exits, which the kernel reports only after every
-    # other process of its PID namespace is gone; a program that closes its pipes is still waited for.
+    # The pidfd turns readable when the init exits (right after the program), which the kernel reports only after
+    # every other process of its PID namespace is gone; a program that closes its pipes is still waited for.
     exited = os.pidfd_open(pid)
     try:
         verdict, got = confine.read_outputs(exited, readers, req["limits"], started + req["limits"]["timeout_s"])
@@ -252,14 +279,16 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
     wall = time.monotonic() - started
     if verdict is not None:
         os.kill(pid, signal.SIGKILL)  # init dies -> the kernel kills the whole PID namespace
-    _, wait_status, usage = os.wait4(pid, 0)
+    # The init's rusage counts the program's (and the orphans' it reaped): it waited for them.
+    _, init_status, usage = os.wait4(pid, 0)
     # Every process of the run is gone: what it left in /scratch can be read (the tmpfs goes in `release`).
     collected, collect_error = confine.collect_files(req.get("collect", []), req["limits"].get("collect_max_bytes", 0))
+    setup_error, wait_status = _program_status(got["status"], init_status, verdict)
     return {
         "files": collected,
         "collect_error": collect_error,
         "verdict": verdict,
-        "setup_error": got["status"].decode("utf-8", "replace"),
+        "setup_error": setup_error,
         "wall_s": wall,
         **confine.outcome(
             got,
@@ -267,11 +296,24 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
             warm["nonce"],
             wait_status,
             # The init's own set-up (mounts, uid, seccomp; a millisecond or two where it is a forked interpreter)
-            # is not the program's CPU time; what it spends from its request on (the exec included) is.
+            # is not the program's CPU time; what it spends from its request on (the fork and exec included) is.
             max(0.0, usage.ru_utime + usage.ru_stime - warm["setup_cpu_s"]),
             usage.ru_maxrss / 1024,
         ),
     }
+
+
+def _program_status(said: bytes, init_status: int, verdict: str | None) -> tuple[str, int]:
+    """(The set-up error, the wait status to judge) from what the init wrote on its status pipe and how it
+    ended. Without its report, the init's own end stands for the program's: killed (by us at the deadline, or
+    with the whole run by the OOM killer), which is how the program ended too. An init that exited on its own
+    without one failed itself."""
+    setup_error, wait_status = confine.read_status(said)
+    if wait_status is not None:
+        return setup_error, wait_status
+    if not setup_error and verdict is None and os.WIFEXITED(init_status):
+        setup_error = f"the run's init exited with {os.WEXITSTATUS(init_status)} without its program's status"
+    return setup_error, init_status
 
 
 def read_raw(sizes: list[int | None], channel: socket.socket) -> list[bytes | int] | None:
@@ -311,14 +353,46 @@ def stock(
     return files
 
 
+def _capabilities() -> str:
+    """Our effective capability set as /proc/self/status shows it (hex), for the hello: what we started with."""
+    with open("/proc/self/status") as f:
+        return next((line.split()[1] for line in f if line.startswith("CapEff:")), "?")
+
+
+def go_rootless(cfg: dict) -> None:
+    """Rootless mode: root in a user namespace of our own (our uid mapped to 0), and PID 1 of a PID namespace it owns.
+
+    PID 1 because `prepare` returns to its own PID namespace after each spawn (setns), which takes CAP_SYS_ADMIN
+    over the namespace's owner: the PID namespace we started in belongs to the host's (or the container's) user
+    namespace, where we have none. So we fork once: the child goes on as the zygote in the new PID namespace;
+    this process only waits for it and exits with its status (the service sees one process, as in root mode).
+    The child's parent-death signal takes it, and with it every run, when this process is killed."""
+    confine.enter_user_namespace(os.geteuid(), os.getegid())
+    confine.unshare(confine.CLONE_NEWPID)
+    child = os.fork()
+    if child:
+        for fd in (0, 1, cfg["fd_channel"], *([] if cfg.get("init") is None else [cfg["init"]])):
+            os.close(fd)  # the service talks to the child alone: its EOF is the child's
+        _, status = os.waitpid(child, 0)
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    confine.libc.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # a fork does not inherit it
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # as PID 1 nothing from inside reaches us: not even this
+    confine.ROOTLESS = True
+
+
 def main() -> int:
     cfg = json.loads(sys.argv[1])
     confine.libc.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the service died -> so do we
     confine.keep_heap_small()  # before anything large is allocated: our size is every run's floor of peak memory
-    uid = cfg["uid_base"] + os.getpid()  # unique among live zygotes, so RLIMIT_NPROC is per run
+    started = {"uid": os.getuid(), "euid": os.geteuid(), "cap_eff": _capabilities()}  # the hello says how we began
+    # Root mode: unique among live zygotes, so RLIMIT_NPROC is per worker. Rootless: 0, the one uid mapped (each
+    # run's user namespace keeps its RLIMIT_NPROC count its own: confine.become).
+    uid = 0 if cfg.get("rootless") else cfg["uid_base"] + os.getpid()
     os.set_inheritable(cfg["fd_channel"], False)  # passed to us inheritable; no run may have it
     channel = socket.socket(fileno=cfg["fd_channel"])
     try:
+        if cfg.get("rootless"):
+            go_rootless(cfg)
         with open("/proc/sys/kernel/cap_last_cap") as f:
             confine.CAP_LAST_CAP = int(f.read())
         pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY)
@@ -335,7 +409,8 @@ def main() -> int:
     except Exception as exc:
         confine.write_msg(1, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         return 1
-    confine.write_msg(1, {"ready": True, "uid": uid, "pid": os.getpid(), "batches": not confine.PER_RUN_IPC})
+    hello = {"ready": True, "uid": uid, "pid": os.getpid(), "batches": not confine.PER_RUN_IPC}
+    confine.write_msg(1, {**hello, "rootless": confine.ROOTLESS, "started": started})
     spawn = cfg.get("init") is not None  # init.c is bound into our root (build_root)
     held: dict[str, str] = {}  # built programs kept for later requests: the service's key -> its path in /held
     warm, scratch_mb = None, 64  # the next run is prepared on the last one's scratch size (at first Limits')
@@ -364,7 +439,8 @@ def main() -> int:
                 if warm is not None:
                     settle(warm)
                 # Its own uid: the prepared init waiting meanwhile does not count against the batch's processes.
-                batch.run_batch(req, uid + confine.BATCH_UID_OFFSET, pidns_fd, stdins)
+                batch_uid = uid if confine.ROOTLESS else uid + confine.BATCH_UID_OFFSET  # rootless: own userns
+                batch.run_batch(req, batch_uid, pidns_fd, stdins)
                 continue
             scratch_mb = req["limits"]["scratch_mb"]
             if warm is not None and not waiting(warm):  # killed while it waited (the OOM killer, say): not ours

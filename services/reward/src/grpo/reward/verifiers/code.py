@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
+from grpo.reward.output import returned_stderr, returned_stdout, stream_bytes
 from grpo.reward.sandbox import ExecResult, Limits, Sandbox
-from grpo.reward.sandbox.languages import Launch, build, run_launch
+from grpo.reward.sandbox.build_cache import build_checker, build_program
+from grpo.reward.sandbox.languages import Launch, run_launch
 
-VERDICTS = ("pass", "fail", "compile_error", "timeout", "runtime_error", "memory_limit", "output_limit", "skipped",
-            "checker_error", "sandbox_error")  # fmt: skip
+VERDICTS = ("pass", "fail", "compile_error", "timeout", "runtime_error", "memory_limit", "process_limit",
+            "output_limit", "skipped", "checker_error", "sandbox_error")  # fmt: skip
 COMPARES = ("lines", "exact", "tokens", "case_insensitive", "float")
 CHECKER_REJECTS = frozenset({1, 2, 4, 7, 8})  # testlib's _wa, _pe, _dirt, _points, _unexpected_eof
 # How each runtime reports an uncaught error on stderr (C and C++ die of a signal instead, never a reject code).
@@ -80,7 +83,7 @@ class CodeTestResult:
     """The verdict of one test, with what the program did."""
 
     verdict: str
-    """pass | fail | timeout | runtime_error | memory_limit | output_limit | sandbox_error"""
+    """pass | fail | timeout | runtime_error | memory_limit | process_limit | output_limit | sandbox_error"""
     exit_code: int | None
     stdout: str
     stderr: str
@@ -89,6 +92,29 @@ class CodeTestResult:
     """Why the verdict is what it is, in words (empty for a pass)."""
     cpu_s: float = 0.0
     peak_memory_mb: float = 0.0
+    stdout_encoding: str = "utf-8"
+    """utf-8: `stdout` is its text; base64: its bytes were not UTF-8 and `stdout` is their base64."""
+    stdout_bytes: int = 0
+    """Bytes the program wrote to stdout; `stdout` holds their head and tail when `stdout_truncated`."""
+    stdout_truncated: bool = False
+    stderr_bytes: int = 0
+    stderr_truncated: bool = False
+
+
+def result_for(verdict: str, result: ExecResult, detail: str, keep: int | None = None) -> CodeTestResult:
+    """`verdict` with what the program did: each stream cut to its first and last halves of `keep` bytes (None:
+    whole), so that a request's results hold no more than the reply returns (grpo.reward.output)."""
+    limit = sys.maxsize if keep is None else keep
+    out, err = returned_stdout(result.stdout, result.stdout_raw, limit), returned_stderr(result.stderr, limit)
+    return CodeTestResult(
+        verdict, result.exit_code, out.text, err.text, result.wall_s, detail, result.cpu_s, result.peak_memory_mb,
+        out.encoding, out.total, out.truncated, err.total, err.truncated,
+    )  # fmt: skip
+
+
+def message_result(verdict: str, stderr: str, detail: str = "", keep: int | None = None) -> CodeTestResult:
+    """A test that did not run, with why on stderr (a sandbox failure, a checker that could not be built)."""
+    return result_for(verdict, ExecResult(verdict, None, "", stderr, 0.0), detail, keep)
 
 
 def extract_code(completion: str, language: str = "python") -> str:
@@ -143,6 +169,115 @@ def stdout_matches(actual: str, expected: str, judge: Judge | None = None) -> bo
     raise ValueError(f"unknown compare mode {mode!r}; choose one of {COMPARES}")
 
 
+EXCERPT_CHARS = 100  # what a wrong answer's detail shows of each side where they differ
+END = "the end of the output"
+
+
+def first_difference(actual: str, expected: str, judge: Judge | None = None) -> str:
+    """Where the output first differs from the expected one under `judge.compare`, as judges say it: the line
+    (lines, exact) or token (tokens, case_insensitive, float: with the tolerance it missed) and both sides, each cut to
+    EXCERPT_CHARS around the difference; "" when they match.
+
+    >>> first_difference("1\\n2\\n4\\n", "1\\n2\\n3\\n")
+    "line 3: expected '3', got '4'"
+    """
+    mode = judge.compare if judge else "lines"
+    if mode in ("lines", "exact"):
+        split = _lines if mode == "lines" else _exact_lines
+        got, want = split(actual), split(expected)
+        index = _first_unequal(got, want, lambda g, w: g == w)
+        return "" if index is None else _line_difference(index, got, want)
+    got, want = actual.split(), expected.split()
+    if mode == "tokens":
+        index = _first_unequal(got, want, lambda g, w: g == w)
+    elif mode == "case_insensitive":
+        index = _first_unequal(got, want, lambda g, w: g.casefold() == w.casefold())
+    elif mode == "float" and judge is not None:
+        index = _first_unequal(got, want, lambda g, w: _close(g, w, judge.abs_tol, judge.rel_tol))
+    else:
+        raise ValueError(f"unknown compare mode {mode!r}; choose one of {COMPARES}")
+    return "" if index is None else _token_difference(index, got, want, judge)
+
+
+def _exact_lines(text: str) -> list[str]:
+    """The lines of `text` with their line ends (only "\\n" ends a line), so that a "\\r" or a missing last newline
+    shows."""
+    parts = text.split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+def _first_unequal(got: list[str], want: list[str], same: Callable[[str, str], bool]) -> int | None:
+    """The first index where the two differ, or where the shorter one ends; None when they agree throughout."""
+    for index, (g, w) in enumerate(zip(got, want, strict=False)):
+        if not same(g, w):
+            return index
+    return None if len(got) == len(want) else min(len(got), len(want))
+
+
+def _differ_at(a: str, b: str) -> int:
+    """The first character where `a` and `b` differ (the shorter one's length when it begins the other). Compared
+    a block at a time: a line may be megabytes."""
+    end, block, at = min(len(a), len(b)), 4096, 0
+    while at < end and a[at : at + block] == b[at : at + block]:
+        at += block
+    return next((i for i in range(at, min(end, at + block)) if a[i] != b[i]), end)
+
+
+def _excerpt(text: str, at: int) -> str:
+    """`text` quoted with its escapes shown (a stray "\\r", a byte that is not UTF-8), cut to EXCERPT_CHARS from
+    a little before `at`; … marks where it goes on."""
+    start = max(0, at - EXCERPT_CHARS // 2) if len(text) > EXCERPT_CHARS else 0
+    piece = text[start : start + EXCERPT_CHARS]
+    return ("…" if start else "") + repr(piece) + ("…" if start + EXCERPT_CHARS < len(text) else "")
+
+
+def _sides(index: int, got: list[str], want: list[str]) -> tuple[int, str, str]:
+    """(where they differ in the item, expected shown, got shown) of item `index`."""
+    if index >= len(got):
+        return 0, _excerpt(want[index], 0), END
+    if index >= len(want):
+        return 0, END, _excerpt(got[index], 0)
+    at = _differ_at(got[index], want[index])
+    return at, _excerpt(want[index], at), _excerpt(got[index], at)
+
+
+def _line_difference(index: int, got: list[str], want: list[str]) -> str:
+    at, expected, actual = _sides(index, got, want)
+    long = any(index < len(side) and len(side[index]) > EXCERPT_CHARS for side in (got, want))
+    where = f"line {index + 1}, column {at + 1}" if long else f"line {index + 1}"
+    return f"{where}: expected {expected}, got {actual}"
+
+
+def _token_difference(index: int, got: list[str], want: list[str], judge: Judge | None) -> str:
+    _, expected, actual = _sides(index, got, want)
+    said = f"token {index + 1}: expected {expected}, got {actual}"
+    if judge is None or index >= min(len(got), len(want)):
+        return said
+    if judge.compare == "case_insensitive":
+        return f"{said} (ignoring case)"
+    return said + (_missed_tolerance(got[index], want[index], judge) if judge.compare == "float" else "")
+
+
+def _missed_tolerance(got: str, want: str, judge: Judge) -> str:
+    """How far two numbers are apart against the tolerance they missed ("" when one is not a finite number)."""
+    try:
+        a, e = float(got), float(want)
+    except ValueError:
+        return ""
+    if not (math.isfinite(a) and math.isfinite(e)):
+        return ""
+    return (
+        f": they differ by {abs(a - e):.4g}, more than max(abs_tol {judge.abs_tol:g}, "
+        f"rel_tol {judge.rel_tol:g} × {abs(e):.7g})"
+    )
+
+
+def judged_text(result: ExecResult) -> str:
+    """The stdout a test's expected output is compared with: exact, a byte that is not UTF-8 read as a lone
+    surrogate (which equals no character of an expected output), never as U+FFFD (which one could hold)."""
+    return result.stdout if result.stdout_raw is None else result.stdout_raw.decode("utf-8", "surrogateescape")
+
+
 def verdict_for(result: ExecResult, test: dict[str, Any], judge: Judge | None = None) -> tuple[str, str]:
     """Map one sandbox result to (verdict, detail) for `test` (stdio or assert)."""
     if result.status != "ok":
@@ -151,9 +286,13 @@ def verdict_for(result: ExecResult, test: dict[str, Any], judge: Judge | None = 
         if not result.proof:
             return "fail", "the program exited before the tests ran to completion (no proof of completion)"
         return "pass", ""
-    if stdout_matches(result.stdout, test["expected_stdout"], judge):
+    actual = judged_text(result)
+    if stdout_matches(actual, test["expected_stdout"], judge):
         return "pass", ""
-    return "fail", f"stdout does not match the expected output ({judge.compare if judge else 'lines'})"
+    where = first_difference(actual, test["expected_stdout"], judge)
+    return "fail", f"stdout does not match the expected output ({judge.compare if judge else 'lines'})" + (
+        f": {where}" if where else ""
+    )
 
 
 def validate_tests(tests: list[dict[str, Any]]) -> None:
@@ -187,6 +326,7 @@ def run_code_tests(
     timeout_s: float = 10.0,
     memory_mb: int = 512,
     judge: Judge | None = None,
+    keep_output_bytes: int | None = None,
 ) -> list[CodeTestResult]:
     """Build once (compiled languages), then run every test in its own sandboxed process.
 
@@ -194,6 +334,8 @@ def run_code_tests(
     Stdin/stdout tests of the program as given run as batches (`_batched`); assert tests, tests with their own
     limits and tests judged by a checker run one sandbox run each, `sandbox.workers` at a time. With
     `judge.stop_on_first_failure` every test after the first that does not pass is `skipped` (not run).
+    `keep_output_bytes`: each result keeps that much of each stream, its head and tail (`result_for`), cut as soon
+    as the test is judged on its whole stdout; None keeps them whole.
     """
     judge = judge or Judge()
     validate_tests(tests)
@@ -206,26 +348,24 @@ def run_code_tests(
         raise ValueError(
             f"checker language {checker.language!r} is not available here; available: {sorted(sandbox.languages)}"
         )
-    failed, built = build(sandbox, language, code)
+    failed, built = build_program(sandbox, language, code)  # kept between requests (build_cache.py)
     if failed is not None:
         verdict = "compile_error" if failed.status == "compile_error" else failed.status
         detail = "the program did not compile" if verdict == "compile_error" else "the build could not run"
-        return [CodeTestResult(verdict, failed.exit_code, failed.stdout, failed.stderr, failed.wall_s, detail)] * len(
-            tests
-        )
+        return [result_for(verdict, failed, detail, keep_output_bytes)] * len(tests)
     checker_built: dict[str, bytes] = {}
     if checker is not None:
-        failed, checker_built = build(sandbox, checker.language, checker.code)
+        failed, checker_built = build_checker(sandbox, checker.language, checker.code)  # built once per process
         if failed is not None:
             detail = f"the checker could not be built: {failed.stderr[-500:]}"
-            return [CodeTestResult("checker_error", None, "", failed.stderr, 0.0, detail)] * len(tests)
+            return [message_result("checker_error", failed.stderr, detail, keep_output_bytes)] * len(tests)
     tools = sandbox.languages[language]
 
-    def check(test: dict[str, Any], stdin: str, output: str) -> tuple[str, str]:
+    def check(test: dict[str, Any], stdin: str, output: bytes) -> tuple[str, str]:
         assert checker is not None
         files = {
             "input.txt": stdin.encode(),
-            "output.txt": output.encode(),
+            "output.txt": output,
             "answer.txt": test["expected_stdout"].encode(),
         }
         launch = run_launch(checker.language, checker.code, sandbox.languages[checker.language], 512, checker_built)
@@ -244,11 +384,8 @@ def run_code_tests(
     def judged(test: dict[str, Any], stdin: str, result: ExecResult) -> CodeTestResult:
         verdict, detail = verdict_for(result, test, judge)
         if checker is not None and "expected_stdout" in test and result.status == "ok":
-            verdict, detail = check(test, stdin, result.stdout)
-        return CodeTestResult(
-            verdict, result.exit_code, result.stdout, result.stderr, result.wall_s, detail, result.cpu_s,
-            result.peak_memory_mb,
-        )  # fmt: skip
+            verdict, detail = check(test, stdin, stream_bytes(result.stdout, result.stdout_raw))  # exact bytes
+        return result_for(verdict, result, detail, keep_output_bytes)
 
     def one(test: dict[str, Any]) -> CodeTestResult:
         program, stdin = program_for(code, test)
@@ -313,7 +450,11 @@ def _batched(
         return out
     size = math.ceil(len(tests) / max(1, min(sandbox.workers, len(tests))))
     slices = [range(i, min(i + size, len(tests))) for i in range(0, len(tests), size)]
+
+    def run(part: range) -> list[CodeTestResult]:
+        # Judged as they come: each result's whole output is let go once judged (512 floods held were 8 GiB).
+        runs = sandbox.execute_many(launch, [stdins[i] for i in part], limits)
+        return [judged(tests[i], stdins[i], result) for i, result in zip(part, runs, strict=True)]
+
     with ThreadPoolExecutor(max_workers=len(slices)) as pool:
-        parts = pool.map(lambda part: list(sandbox.execute_many(launch, [stdins[i] for i in part], limits)), slices)
-        results = [result for part in parts for result in part]
-    return [judged(test, stdin, result) for test, stdin, result in zip(tests, stdins, results, strict=True)]
+        return [result for part in pool.map(run, slices) for result in part]
