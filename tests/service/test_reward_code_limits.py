@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 
+from grpo.v1 import reward_pb2 as pb
+from grpo.v1 import reward_pb2_grpc
 from tests.support.reward_proc import RewardService, start_reward_service, stop_reward_service
 
 SUM = "import sys\nprint(sum(map(int, sys.stdin.read().split())))"
@@ -87,3 +90,24 @@ def test_a_programs_own_signals_and_its_process_limit_through_the_api(service: R
     assert executed["status"] == "process_limit" and "unable to create native thread" in executed["stderr"], executed
     judged = verify(service, language="java", code=bomb, timeout_s=20, tests=[{"expected_stdout": ""}] * 2).json()
     assert [t["verdict"] for t in judged["tests"]] == ["process_limit"] * 2, judged
+
+
+def test_a_programs_own_signals_and_a_thread_bomb_over_grpc(service: RewardService) -> None:
+    """The same over gRPC: Execute (a single run) and VerifyCode (a batch) report the signal the program sent
+    itself, and a C thread bomb that hits the process limit is process_limit."""
+    abort = "#include <stdlib.h>\nint main(void){ abort(); }"
+    bomb = (  # small stacks: 8 MiB ones would reach the address-space limit first (that is memory_limit)
+        "#include <pthread.h>\n#include <stdio.h>\n#include <unistd.h>\n"
+        "static void *rest(void *p){ sleep(100); return p; }\n"
+        "int main(void){ pthread_attr_t a; pthread_attr_init(&a); pthread_attr_setstacksize(&a, 1 << 16);\n"
+        '  for(;;){ pthread_t t; if(pthread_create(&t, &a, rest, 0)){ perror("pthread_create"); return 1; } } }'
+    )
+    with grpc.insecure_channel(service.grpc_addr) as channel:
+        stub = reward_pb2_grpc.RewardServiceStub(channel)
+        run = stub.Execute(pb.ExecuteRequest(language="c", code=abort), timeout=60)
+        assert (run.status, run.exit_code) == ("runtime_error", -6), run
+        tests = [pb.CodeTest(stdio=pb.StdioTest(stdin="", expected_stdout=""))] * 2
+        judged = stub.VerifyCode(pb.VerifyCodeRequest(language="c", code=abort, tests=tests), timeout=60)
+        assert [(t.verdict, t.exit_code) for t in judged.tests] == [("runtime_error", -6)] * 2, judged
+        run = stub.Execute(pb.ExecuteRequest(language="c", code=bomb), timeout=60)
+        assert run.status == "process_limit", run

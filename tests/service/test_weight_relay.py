@@ -221,7 +221,7 @@ def test_the_trainer_relays_to_three_replicas_by_default(
                                                weights_data_port=target.data_port))  # fmt: skip
         version = next_version(replicas)
         run.learner.set_version(version)
-        with caplog.at_level(logging.INFO, logger="grpo.trainer"):
+        with caplog.at_level(logging.DEBUG, logger="grpo.trainer"):  # each replica's route: DEBUG, one INFO a push
             run._sync_replicas()
         assert run.confirmed == {"r1": version, "r2": version, "r3": version}
         sent = run.push_stats["push/bytes_sent"]

@@ -211,6 +211,9 @@ def test_every_preset_has_an_example_config_that_runs_from_the_repo_root(monkeyp
         rows = load_rows(Path(s.train_data))  # the data it names ships with the repository
         assert rows and load_rows(Path(s.eval_data))
         check_step_credit(s, algo, rows)
+        # Run by hand beside a rollout replica on a few cores, torch's default (every core) oversubscribed them:
+        # 13 s a step against 2.4 s under `grpo up`, which sets 1 (issue 34).
+        assert s.torch_threads == 1, f"{path}: torch_threads"
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -49,10 +49,10 @@ def beyond_loopback(host: str) -> bool:
 
 
 def exposure_warning(host: str, token: str | None, env_prefix: str) -> str | None:
-    """One line when a service with no token listens beyond loopback (its control API is open to the network)."""
+    """One line when a service with no token is bound beyond loopback (its control API is open to the network)."""
     if token or not beyond_loopback(host):
         return None
     return (
-        f"listening on {host} without a token: anyone who reaches this machine may call every gRPC method; set "
+        f"bound to {host} with no token: anyone who reaches this machine may call every gRPC method; set "
         f"{env_prefix}TOKEN (--token), or bind to loopback (--host 127.0.0.1)"
     )
