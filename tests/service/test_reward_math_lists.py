@@ -59,9 +59,17 @@ def test_a_score_item_pays_only_the_whole_list(live_reward: Any) -> None:
             "checks": {"math": {"gold": "\\infty-\\infty"}},
         },
     ]
+    wrong = {  # an earlier right box corrected to a wrong one, a right box then a wrong final sentence, cut off
+        "corrected": "\\boxed{-2, 1} ... no wait, the roots are \\boxed{1}",
+        "later_sentence": "First \\boxed{-2, 1}. The final answer is $5$.",
+        "truncated": "<answer>\\boxed{-2, 1",
+    }
+    items += [{"id": k, "completion": v, "checks": {"math": {"gold": "-2, 1"}}} for k, v in wrong.items()]
     r = httpx.post(f"{live_reward.http_url}/v1/score", json={"items": items}, timeout=60)
     assert r.status_code == 200, r.text
     by_id = {result["id"]: result for result in r.json()["results"]}
     assert by_id["whole"]["reward"] == 1.0, by_id["whole"]
     assert by_id["part"]["reward"] == 0.0, by_id["part"]
     assert by_id["undefined"]["reward"] is None, by_id["undefined"]  # no score, never a silent 0
+    for key in wrong:
+        assert by_id[key]["reward"] == 0.0, by_id[key]
