@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -129,28 +128,10 @@ def run_demo(
     run_id = run_id or new_run_id()
     run_dir = (runs_dir / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    console = live.make_console()
     view = live.ViewState(note="building the tiny model")
-    use_live = live_view and console.is_terminal
-    if use_live:  # the table shows progress; INFO lines written under it would tear the display
-        logging.getLogger().setLevel(logging.WARNING)
-    last_line = [0.0]
-
-    with Supervisor(run_dir / "logs") as sup:
-        live_ctx: Any = (
-            live.Live(live.render(view), console=console, refresh_per_second=2) if use_live else nullcontext()
-        )
-        with live_ctx as screen:
-
-            def refresh() -> None:
-                if screen is not None:
-                    screen.update(live.render(view))
-                elif time.monotonic() - last_line[0] > 10:
-                    last_line[0] = time.monotonic()
-                    log.info("%s", live.plain_line(view))
-
-            sft_dir, _, sft_info = prepare(cfg, run_dir, view, refresh)
-            grpo_phase(sup, cfg, run_dir, run_id, sft_dir, view, refresh)
+    with Supervisor(run_dir / "logs") as sup, live.progress(view, "grpo demo", log, live_view) as refresh:
+        sft_dir, _, sft_info = prepare(cfg, run_dir, view, refresh)
+        grpo_phase(sup, cfg, run_dir, run_id, sft_dir, view, refresh)
     extra = {"run_id": run_id, "config": cfg.model_dump(), **sft_info}
     return demo_report(run_dir, wall_seconds=time.monotonic() - started, extra=extra)
 
