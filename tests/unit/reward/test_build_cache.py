@@ -206,7 +206,9 @@ class FakeSandbox(Sandbox):
         self.languages = {"python": {"python3": "/usr/bin/python3"}, "cpp": {"g++": "/usr/bin/g++"}}
         self.compiles = 0
 
-    def execute(self, launch: Launch, stdin: str = "", limits: Limits | None = None) -> ExecResult:
+    def execute(
+        self, launch: Launch, stdin: str = "", limits: Limits | None = None, cancel: threading.Event | None = None
+    ) -> ExecResult:
         if launch.collect:
             self.compiles += 1
             return ExecResult("ok", 0, "", "", 1.0, files={"main": bytes(20_000)})

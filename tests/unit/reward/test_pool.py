@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import CancelledError
 
 import pytest
 
@@ -134,3 +135,21 @@ def test_per_item_times_and_cancelled_tasks_are_reported() -> None:
         assert busy.result(10) is None
     assert cancelled == [1]
     assert len(times) == 2 and times[0] >= 0.3, times  # the 5 s sleep never ran
+
+
+def test_a_running_task_whose_caller_left_is_stopped() -> None:
+    """A blow-up whose request ended ran on to its own deadline, holding the worker; now its worker is killed and
+    replaced at once, the task counted as cancelled (not as a timeout), and the next task runs."""
+    cancelled: list[int] = []
+    with WorkerPool(1, max_queue=16, on_cancel=lambda: cancelled.append(1)) as one:
+        stuck = one.submit(time.sleep, 30, timeout_s=60)
+        time.sleep(0.3)  # it runs
+        pid = one.pids()[0]
+        assert not stuck.cancel()  # running: the future cannot say cancelled, but the task is abandoned
+        left = time.monotonic()
+        assert one.submit(pow, 2, 5, timeout_s=5).result(10) == 32
+        assert time.monotonic() - left < 2.0
+        assert one.pids()[0] != pid and one.kills == 0
+        with pytest.raises(CancelledError):
+            stuck.result(1)
+    assert cancelled == [1]

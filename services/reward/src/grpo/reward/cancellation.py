@@ -1,9 +1,10 @@
 """Work of a request that has ended stops: its client went away, its deadline passed, or it was answered.
 
-Math items waiting for a worker are cancelled with their futures (pool.py). Sandbox work runs on threads, which
-cannot be cancelled: each request sees the sandbox through a `RequestSandbox` that starts no run of a request
-whose ticket has ended, and stops a batch of its tests after the run under way (the batch's own stop, before its
-next run). A build always finishes: other requests may be waiting for the same one (build_cache.py).
+Math items are cancelled with their futures: one waiting for a worker never runs, one running past a moment has
+its worker killed (pool.py). Sandbox work runs on threads, which cannot be cancelled: each request sees the
+sandbox through a `RequestSandbox` that starts no run of a request whose ticket has ended, and hands the sandbox
+the ticket's `ended` event, on which it kills the run under way (its zygote, replaced at once) and a batch's run
+started ahead. A build always finishes: other requests may be waiting for the same one (build_cache.py).
 
 The HTTP edge notices a client that goes away with `CancelOnDisconnect`; grpc.aio cancels the call's task itself.
 """
@@ -22,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from grpo.reward import metrics
 from grpo.reward.admission import RequestEnded, Ticket, current_ticket
-from grpo.reward.sandbox.base import ExecResult, Limits, Sandbox
+from grpo.reward.sandbox.base import ExecResult, Limits, RunCancelled, Sandbox
 from grpo.reward.sandbox.languages import BUILD_LIMITS
 
 if TYPE_CHECKING:
@@ -76,22 +77,33 @@ class RequestSandbox(Sandbox):
         self.isolation, self.workers, self.languages = inner.isolation, inner.workers, inner.languages
         self.build_caches = inner.build_caches
 
-    def execute(self, launch: Launch, stdin: str = "", limits: Limits | None = None) -> ExecResult:
+    def execute(
+        self, launch: Launch, stdin: str = "", limits: Limits | None = None, cancel: threading.Event | None = None
+    ) -> ExecResult:
         build = limits is BUILD_LIMITS  # languages.build's: others may wait for this very build
         with self._gate.slot(None if build else self._ticket, 1):
             started = time.monotonic()
             try:
-                return self._inner.execute(launch, stdin, limits)
+                return self._inner.execute(launch, stdin, limits, None if build else self._ticket.ended)
+            except RunCancelled:
+                self._ticket.skip(1)
+                self._ticket.check()  # raises RequestEnded: the only way `ended` is set
+                raise
             finally:
                 self._ticket.spent(time.monotonic() - started, 1)
                 metrics.SANDBOX_RUNS.inc()
 
     def execute_many(
-        self, launch: Launch, stdins: list[str], limits: Limits | None = None, stream: bool = False
+        self,
+        launch: Launch,
+        stdins: list[str],
+        limits: Limits | None = None,
+        stream: bool = False,
+        cancel: threading.Event | None = None,
     ) -> Generator[ExecResult, None, None]:
         with self._gate.slot(self._ticket, len(stdins)):
             started, done = time.monotonic(), 0
-            runs = self._inner.execute_many(launch, stdins, limits, stream)
+            runs = self._inner.execute_many(launch, stdins, limits, stream, self._ticket.ended)
             try:
                 for result in runs:
                     done += 1
@@ -99,8 +111,12 @@ class RequestSandbox(Sandbox):
                     yield result
                     if done < len(stdins):
                         self._starting(len(stdins) - done)
+            except RunCancelled:
+                self._ticket.skip(len(stdins) - done)
+                self._ticket.check()
+                raise
             finally:
-                runs.close()  # stops the batch before its next run, and gives its worker back
+                runs.close()  # stops the batch before its next run (kills it, the request having ended)
                 self._ticket.spent(time.monotonic() - started, done)
 
     def _starting(self, tests: int) -> None:

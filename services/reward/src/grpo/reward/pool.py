@@ -9,6 +9,9 @@ answered with `TaskTimeout`; the rest of its batch goes to the fresh child.
 
 An urgent task (a timed-out verification's gold check) goes before everything queued: it decides a verdict that
 is already late, and behind a backlog it once waited past the deadline, which turned a 0 into a null.
+
+A task cancelled while it runs (its request ended: the client went away) has its worker killed once it has run
+CANCEL_AFTER_S, as a late task does: a blow-up nobody waits for must not hold the worker to its deadline.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 log = logging.getLogger(__name__)
+# A cancelled task that has run this long is stopped by killing its worker; a shorter one is left to finish, since
+# most tasks take milliseconds and a kill costs a fresh worker. Also how often a slot looks for such a cancel.
+CANCEL_AFTER_S = 0.1
 
 
 class PoolFull(Exception):
@@ -60,6 +66,10 @@ class _TaskFuture(Future[Any]):
     def cancel(self) -> bool:
         self.abandoned = True
         return super().cancel()
+
+
+class _Abandoned(Exception):
+    """The running task was cancelled: its caller left."""
 
 
 class _Wake:
@@ -301,10 +311,18 @@ class WorkerPool:
             current = min(pending)
             task = pending[current]
             # Each item gets its own timeout from when the previous one finished, capped by its deadline.
-            wait = min(task.deadline, started + task.timeout_s) - time.monotonic()
+            due = min(task.deadline, started + task.timeout_s)
             try:
-                ready = worker.conn.poll(max(0.0, wait))
-                message = worker.conn.recv() if ready else None
+                message = self._receive(worker, task, due)
+            except _Abandoned:
+                self._on_cancel()
+                log.info("a running task's request ended: killing worker %d (pid %s)", index, worker.proc.pid)
+                self._discard(index)
+                task.future.set_exception(CancelledError())
+                del pending[current]
+                if not self._closed.is_set():
+                    self._replace(index)
+                return [pending[k] for k in sorted(pending)]
             except (EOFError, OSError):
                 self.crashes += 1
                 log.warning("worker %d died (exit %s)", index, worker.proc.exitcode)
@@ -345,6 +363,19 @@ class WorkerPool:
                 done.future.set_exception(TaskFailed(payload))
             started = time.monotonic()
         return []
+
+    @staticmethod
+    def _receive(worker: _Worker, task: _Task, due: float) -> Any:
+        """The worker's next answer, or None once `due` (monotonic) passes; raises _Abandoned when `task`, the
+        one running, is cancelled and has run CANCEL_AFTER_S (EOFError/OSError when the worker died)."""
+        while True:
+            left = due - time.monotonic()
+            if worker.conn.poll(max(0.0, min(left, CANCEL_AFTER_S))):
+                return worker.conn.recv()
+            if left <= CANCEL_AFTER_S:
+                return None
+            if task.future.abandoned:
+                raise _Abandoned
 
     def close(self) -> None:
         """Stop accepting tasks, fail queued ones, stop the workers."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import math
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,10 @@ STATUSES = ("ok", "runtime_error", "timeout", "memory_limit", "process_limit", "
 
 class SandboxUnavailable(RuntimeError):
     """The sandbox cannot be set up on this machine (missing privileges or kernel features)."""
+
+
+class RunCancelled(Exception):
+    """The run's `cancel` event was set (its request ended): the run was killed and has no result."""
 
 
 @dataclass
@@ -153,18 +158,27 @@ class Sandbox(ABC):
     """Builds kept between requests (build_cache.py); the service sets them, without them every request builds."""
 
     @abstractmethod
-    def execute(self, launch: Launch, stdin: str = "", limits: Limits | None = None) -> ExecResult:
-        """Run one prepared launch (files, argv, what to collect) under `limits`; never raises for the program."""
+    def execute(
+        self, launch: Launch, stdin: str = "", limits: Limits | None = None, cancel: threading.Event | None = None
+    ) -> ExecResult:
+        """Run one prepared launch (files, argv, what to collect) under `limits`; never raises for the program.
+        Once `cancel` is set the run is killed and RunCancelled raised (its request ended: nobody waits for it)."""
 
     def execute_many(
-        self, launch: Launch, stdins: list[str], limits: Limits | None = None, stream: bool = False
+        self,
+        launch: Launch,
+        stdins: list[str],
+        limits: Limits | None = None,
+        stream: bool = False,
+        cancel: threading.Event | None = None,
     ) -> Generator[ExecResult, None, None]:
         """Runs of one launch, one per stdin, results in order; closing the iterator early stops before the next
         run. Implementations may share set-up between the runs; each run still starts from the same state.
         `stream`: the caller may stop early, so each result should come as soon as its run ends (else results may
-        be held and delivered together, which costs the runs less)."""
+        be held and delivered together, which costs the runs less). `cancel`: as execute's, and closing the
+        iterator once it is set kills the run under way (or started ahead) rather than letting it finish."""
         for stdin in stdins:
-            yield self.execute(launch, stdin, limits)
+            yield self.execute(launch, stdin, limits, cancel)
 
     def run(
         self,

@@ -28,6 +28,7 @@ from grpo.reward.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     ExecResult,
     Limits,
+    RunCancelled,
     Sandbox,
     SandboxUnavailable,
     check_text,
@@ -44,6 +45,7 @@ RO_BINDS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/libx32", "/sbin")
 ETC_BINDS = ("java-*", "ld.so.cache")
 RUN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/scratch", "LANG": "C.UTF-8", "TMPDIR": "/scratch"}
 REPLY_SLACK_S = 5.0  # the zygote enforces the deadline itself; this only catches a wedged zygote
+CANCEL_POLL_S = 0.05  # how often a run waiting for its reply looks whether it was cancelled
 MAX_REPLY_BYTES = 1 << 30  # a length header past this means a broken stream, not a reply
 MODES = ("auto", "root", "rootless")
 REMEDY = (  # root mode: what docker-compose.yml and the Helm chart grant the reward container, and no more
@@ -218,10 +220,11 @@ class Zygote:
         stdin: bytes = b"",
         blobs: dict[str, bytes] | None = None,
         holdable: frozenset[str] = frozenset(),
+        cancel: threading.Event | None = None,
     ) -> dict[str, Any]:
         """One run: the JSON request, then `stdin` and the binary files raw (no JSON or base64 for megabytes)."""
         self.send(req, stdin, blobs, holdable=holdable)
-        return self.receive(deadline)
+        return self.receive(deadline, cancel)
 
     def send(
         self,
@@ -281,13 +284,15 @@ class Zygote:
         except OSError as exc:
             raise ZygoteError(f"zygote pipe broken: {exc}") from exc
 
-    def receive(self, deadline: float) -> dict[str, Any]:
-        size = struct.unpack(">I", self._read_exact(4, deadline))[0]
+    def receive(self, deadline: float, cancel: threading.Event | None = None) -> dict[str, Any]:
+        """The next reply; RunCancelled when `cancel` is set while waiting for it (the zygote is then mid-run: the
+        caller must kill it)."""
+        size = struct.unpack(">I", self._read_exact(4, deadline, cancel))[0]
         if size > MAX_REPLY_BYTES:
             raise ZygoteError(f"a reply of {size} bytes: the zygote's stream is out of step")
-        return orjson.loads(self._read_exact(size, deadline))
+        return orjson.loads(self._read_exact(size, deadline, cancel))
 
-    def _read_exact(self, n: int, deadline: float) -> bytes:
+    def _read_exact(self, n: int, deadline: float, cancel: threading.Event | None = None) -> bytes:
         """n bytes of the zygote's stream. Each read also takes what follows them, up to 64 KiB (`_ahead`): a
         small reply costs one read for its length and body, and a batch's held replies one read for all."""
         assert self.proc.stdout is not None
@@ -302,8 +307,12 @@ class Zygote:
         view = memoryview(buf)
         while got < n:  # into one buffer: a large reply arrives in many pipe reads
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0:
                 raise ZygoteError("zygote did not answer in time")
+            if not select.select([fd], [], [], left if cancel is None else min(left, CANCEL_POLL_S))[0]:
+                if cancel is not None and cancel.is_set():
+                    raise RunCancelled("the run's request ended")
+                continue
             k = os.readv(fd, [view[got:], self._spare])
             if not k:
                 raise ZygoteError(f"zygote exited (code {self.proc.poll()})")
@@ -587,7 +596,9 @@ class NamespaceSandbox(Sandbox):
         limits.validate()
         return limits
 
-    def execute(self, launch: Launch, stdin: str = "", limits: Limits | None = None) -> ExecResult:
+    def execute(
+        self, launch: Launch, stdin: str = "", limits: Limits | None = None, cancel: threading.Event | None = None
+    ) -> ExecResult:
         limits = self._limits(limits)
         check_text(launch, [stdin])
         req = request_for(launch, limits)
@@ -599,7 +610,10 @@ class NamespaceSandbox(Sandbox):
         started = time.monotonic()
         try:
             deadline = started + limits.timeout_s + REPLY_SLACK_S
-            reply = zygote.request(req, deadline, stdin.encode(), launch.binary_files, launch.held)
+            reply = zygote.request(req, deadline, stdin.encode(), launch.binary_files, launch.held, cancel)
+        except RunCancelled:
+            self._replace(zygote)  # killing the zygote kills the run's whole PID namespace
+            raise
         except (ZygoteError, OSError, ValueError) as exc:
             log.error("sandbox zygote failed, restarting it: %s", exc)
             self._replace(zygote)
@@ -611,17 +625,23 @@ class NamespaceSandbox(Sandbox):
         return self._result(reply, {**req, "image_mb": image}, limits, started)
 
     def execute_many(
-        self, launch: Launch, stdins: list[str], limits: Limits | None = None, stream: bool = False
+        self,
+        launch: Launch,
+        stdins: list[str],
+        limits: Limits | None = None,
+        stream: bool = False,
+        cancel: threading.Event | None = None,
     ) -> Generator[ExecResult, None, None]:
         """Runs of one launch, one per stdin, in one namespace on one zygote (batch.py), results in
-        order. Closing the iterator early stops the batch; runs not started are not run."""
+        order. Closing the iterator early stops the batch; runs not started are not run. Once `cancel` is set, the
+        zygote is killed instead (with the run under way and the one its supervisor started ahead)."""
         limits = self._limits(limits)
         check_text(launch, stdins)
         req = {**request_for(launch, limits), "batch": True, "stream": stream}
         judged = {**req, "image_mb": image_mb(launch)}  # what _result reads; not sent to the zygote
         # One run costs less as a prepared single run than a batch's set-up and tear-down.
         if req["limits"]["memory_mb"] < BATCH_MIN_MEMORY_MB or launch.collect or len(stdins) <= 1:
-            yield from super().execute_many(launch, stdins, limits)
+            yield from super().execute_many(launch, stdins, limits, cancel=cancel)
             return
         zygote = self._take()
         if zygote is None:
@@ -631,12 +651,12 @@ class NamespaceSandbox(Sandbox):
             return
         if not zygote.batches:
             self._idle.put(zygote)
-            yield from super().execute_many(launch, stdins, limits)
+            yield from super().execute_many(launch, stdins, limits, cancel=cancel)
             return
         done, healthy, failure = 0, False, ""
         try:
             zygote.send(req, blobs=launch.binary_files, stdins=[s.encode() for s in stdins], holdable=launch.held)
-            while "end" not in (reply := zygote.receive(self._batch_deadline(limits))):
+            while "end" not in (reply := zygote.receive(self._batch_deadline(limits), cancel)):
                 if "error" in reply:
                     raise ZygoteError(reply["error"])
                 done += 1
@@ -647,8 +667,10 @@ class NamespaceSandbox(Sandbox):
             if done < len(stdins):
                 raise ZygoteError(f"the batch ended after {done} of {len(stdins)} runs")
             healthy = True
-        except GeneratorExit:  # the caller wants no more runs: stop the batch, keep the zygote
-            healthy = self._stop(zygote, limits)
+        except GeneratorExit:  # the caller wants no more runs: stop the batch, keep the zygote (unless cancelled)
+            healthy = not (cancel is not None and cancel.is_set()) and self._stop(zygote, limits)
+            raise
+        except RunCancelled:  # unhealthy: killed with its runs
             raise
         except (ZygoteError, OSError, ValueError) as exc:
             log.error("sandbox zygote failed in a batch, restarting it: %s", exc)
