@@ -110,18 +110,23 @@ def test_a_resave_killed_between_its_renames_keeps_the_step(tmp_path: Path, monk
     assert checkpoint_step(latest_checkpoint(tmp_path) or tmp_path) == 5
 
 
-def test_resuming_an_older_checkpoint_sets_the_later_ones_aside(tmp_path: Path) -> None:
+def test_resuming_an_older_checkpoint_sets_the_later_ones_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     root, ledger, learner = tmp_path / "checkpoints", tmp_path / "ledger", make()
     for step in (30, 40, 50):
         save_checkpoint(root, learner, step=step, keep_last=3, outcomes=[(f"t{step}", "trained")], ledger_root=ledger)
     rewind(root, ledger, load_checkpoint(root / "step-00000030", learner))  # --resume …/step-00000030
+    assert "resuming from step 30: later checkpoints set aside as ['abandoned-step-00000040'" in caplog.text
     assert [e["task_id"] for e in read_ledger(ledger)] == ["t30"]
     assert [p.name for p in list_checkpoints(root)] == ["step-00000030"]
     assert (root / "abandoned-step-00000050" / "trainer_state.json").is_file()  # set aside, not deleted
     save_checkpoint(root, learner, step=35, keep_last=3, outcomes=[("t35", "trained")], ledger_root=ledger)
     assert latest_checkpoint(root) == root / "step-00000035"  # the next --resume auto stays in this lineage
+    caplog.clear()
     rewind(root, ledger, None)  # --resume never: a fresh ledger, and no checkpoint of the old run to resume
     assert read_ledger(ledger) == [] and list_checkpoints(root) == []
+    assert "starting afresh in a folder with checkpoints" in caplog.text and "step -1" not in caplog.text
     assert (root / "abandoned-step-00000035").is_dir() and (root / "abandoned-step-00000030").is_dir()
 
 

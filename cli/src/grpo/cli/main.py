@@ -147,8 +147,8 @@ def demo_redis_problem(url: str) -> str | None:
 
 
 def used_run_note(run_dir: Path) -> str | None:
-    """What re-using a run folder does, in words (the trainer says only `resuming from step -1: later checkpoints
-    set aside as [...]`); None for a new folder."""
+    """What re-using a run folder does, in words (the trainer says only that it set its checkpoints aside, by
+    name); None for a new folder."""
     if not ((run_dir / "summary.json").exists() or (run_dir / "checkpoints").is_dir()):
         return None
     return (

@@ -189,7 +189,11 @@ def set_aside_after(root: Path, step: int) -> list[Path]:
     picks: a run resumed from an earlier step, or started afresh, must not be resumed into the lost lineage."""
     moved = [_set_aside(path) for s, path in _complete(Path(root)) if s > step]
     if moved:
-        log.warning("resuming from step %d: later checkpoints set aside as %s", step, [p.name for p in moved])
+        names = [p.name for p in moved]
+        if step < 0:
+            log.warning("starting afresh in a folder with checkpoints: they are set aside as %s", names)
+        else:
+            log.warning("resuming from step %d: later checkpoints set aside as %s", step, names)
     return moved
 
 
