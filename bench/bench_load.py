@@ -13,9 +13,6 @@ import asyncio
 import json
 import logging
 import sys
-import threading
-import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -23,62 +20,14 @@ import httpx
 
 from grpo.local.services import start_reward
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # a script's path starts at bench/: the load loops are shared with the fault test
+from tests.support.load import closed_loop_rate, open_loop, rss_mb  # noqa: E402
+
 RESULTS = Path(__file__).parent / "results" / "load.json"
 CODE = "x = 0\nfor i in range(400_000):\n    x += i\nprint(x)"  # ~50 ms of sandboxed CPU per call
 BODY = {"language": "python", "code": CODE}
 log = logging.getLogger("bench_load")
-
-
-def rss_mb(pid: int) -> float:
-    """Resident memory of `pid` and its descendants (MiB)."""
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            total += int(Path(f"/proc/{p}/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
-            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
-        except (OSError, IndexError):
-            continue
-    return total
-
-
-def capacity(url: str, seconds: float, clients: int = 4) -> float:
-    done, stop = [0], time.monotonic() + seconds
-
-    def loop() -> None:
-        with httpx.Client(timeout=30) as client:
-            while time.monotonic() < stop:
-                if client.post(f"{url}/v1/execute", json=BODY).status_code == 200:
-                    done[0] += 1
-
-    threads = [threading.Thread(target=loop) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return done[0] / seconds
-
-
-async def offer(url: str, rate: float, seconds: float) -> tuple[Counter[int], float]:
-    """Open loop at `rate`/s for `seconds`; (status counts, wall until the last answer)."""
-    codes: Counter[int] = Counter()
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-
-        async def one() -> None:
-            try:
-                codes[(await client.post(f"{url}/v1/execute", json=BODY)).status_code] += 1
-            except httpx.HTTPError:
-                codes[-1] += 1
-
-        tasks, start, i = [], time.monotonic(), 0
-        while (now := time.monotonic() - start) < seconds:
-            while i < rate * now:
-                tasks.append(asyncio.create_task(one()))
-                i += 1
-            await asyncio.sleep(0.005)
-        await asyncio.gather(*tasks)
-        return codes, time.monotonic() - start
 
 
 def main() -> int:
@@ -91,11 +40,11 @@ def main() -> int:
     service = start_reward("--log-level", "WARNING", "--max-queue", str(args.queue), workers=1)
     url, proc = service.http_url, service.proc
     try:
-        cap = capacity(url, 3.0)
+        cap = closed_loop_rate(f"{url}/v1/execute", BODY, 3.0)
         rss0 = rss_mb(proc.pid)
         runs: list[dict[str, Any]] = []
         for factor in (2.0, 4.0, 8.0):
-            codes, wall = asyncio.run(offer(url, factor * cap, args.seconds))
+            codes, wall = asyncio.run(open_loop(f"{url}/v1/execute", BODY, factor * cap, args.seconds))
             offered = sum(codes.values())
             run = {
                 "factor": factor,

@@ -36,7 +36,7 @@ from grpo.trainer.learner import Learner, LearnerConfig
 steps, mbs, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 batch = grpo_batch(8, 4)
 learner = Learner(LearnerConfig(model=str(ensure_tiny_model(**MODEL)), backend="deepspeed", zero_stage=2, lr=1e-5,
-                                micro_batch_size=mbs))
+                                micro_batch_size=mbs, beta=0.0))
 learner.step(batch)  # warm-up
 times = []
 for _ in range(steps):

@@ -24,7 +24,7 @@ import grpc
 import torch
 
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.common.weights import iter_wire_messages, model_weights, push_weights, weights_checksum
+from grpo.common.weights.codec import iter_wire_messages, model_weights, weights_checksum
 from grpo.local.services import start_rollout
 from grpo.rollout.engines.base import SamplingParams
 from grpo.rollout.engines.hf import HFEngine
@@ -32,6 +32,10 @@ from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
+# A script's path starts at bench/: push_weights and the certificate helper live in tests/.
+sys.path.insert(0, str(ROOT))
+from tests.support.weight_push import push_weights  # noqa: E402
+
 log = logging.getLogger("bench_rollout")
 # ~50M parameters (~200 MB in fp32) with the tiny model's tokenizer.
 BIG = {"hidden_size": 512, "num_hidden_layers": 12, "num_attention_heads": 8, "num_key_value_heads": 4}
@@ -206,7 +210,6 @@ def weight_updates(log_dir: Path, reps: int) -> tuple[dict, dict]:
 
 def tls_updates(path: Path, live: dict[str, torch.Tensor], log_dir: Path, reps: int) -> dict:
     """The same update to a replica serving TLS: the data port encrypts too (with gRPC's certificate)."""
-    sys.path.insert(0, str(ROOT))  # a script's path starts at bench/: the certificate helper lives in tests/
     from tests.unit.reward.helpers import self_signed_cert
 
     cert, key = self_signed_cert(log_dir)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import random
 import statistics
+import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -24,22 +25,20 @@ from grpo.trainer.learner import Learner, LearnerConfig, TrainableSample
 from grpo.trainer.learner.batch import collate
 from grpo.trainer.learner.policy import load_causal_lm
 
-log = logging.getLogger("bench_trainer")
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # a script's path starts at bench/: the synthetic groups are shared with tests/
+from tests.support.samples import gaussian, random_groups  # noqa: E402
+
+log = logging.getLogger("bench_trainer")
 MODEL = {"hidden_size": 256, "num_hidden_layers": 4, "intermediate_size": 1024}  # ≈4M parameters
 
 
 def grpo_batch(n_groups: int, group_size: int, seed: int = 0) -> list[TrainableSample]:
-    rng = random.Random(seed)
-    out = []
-    for g in range(n_groups):
-        prompt = [rng.randrange(5, 400) for _ in range(rng.randint(20, 40))]
-        for i in range(group_size):
-            completion = [rng.randrange(5, 400) for _ in range(rng.randint(20, 120))]
-            out.append(
-                TrainableSample(prompt, completion, advantage=rng.gauss(0, 1), group_id=str(g), weight_version=i)
-            )
-    return out
+    """Random groups with a normal advantage each; members carry weight versions 0..group_size-1."""
+    batch = random_groups(
+        n_groups, group_size, prompt_len=(20, 40), completion_len=(20, 120), advantage=gaussian, seed=seed
+    )
+    return [replace(s, weight_version=k % group_size) for k, s in enumerate(batch)]
 
 
 def plain_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: list[TrainableSample], mbs: int) -> None:
@@ -71,7 +70,7 @@ def main() -> None:
     path = str(ensure_tiny_model(**MODEL))
     batch = grpo_batch(args.groups, args.group_size)
     tokens = sum(len(s.prompt_token_ids) + len(s.completion_token_ids) for s in batch)
-    learner = Learner(LearnerConfig(model=path, lr=1e-5, micro_batch_size=args.micro_batch_size))
+    learner = Learner(LearnerConfig(model=path, lr=1e-5, micro_batch_size=args.micro_batch_size, beta=0.0))
     model = load_causal_lm(path).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
     n_params = sum(p.numel() for p in model.parameters())

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.common.weight_broadcast import PIECE_BYTES, WeightBroadcaster
-from grpo.common.weights import model_weights
+from grpo.common.weights.broadcast import PIECE_BYTES, WeightBroadcaster
+from grpo.common.weights.codec import model_weights
 from grpo.local.services import ServiceProc, start_rollout
 from grpo.trainer.pusher import ReplicaTarget, push_to_replicas
 

@@ -149,7 +149,7 @@ def fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 
 def push_arm(hosts: Hosts, tensors: dict[str, Any], version: int, mode: str, n: int, cap: float) -> dict[str, Any]:
     """One push of `version` to the first n receivers; what it took, checked replica by replica."""
-    from grpo.common.weights import weights_checksum
+    from grpo.common.weights.codec import weights_checksum
     from grpo.trainer.pusher import push_to_replicas
 
     first = next(iter(sorted(tensors)))

@@ -36,9 +36,9 @@ import grpc
 
 from grpo.common.grpc_server import MAX_MESSAGE_BYTES
 from grpo.common.send_rate import send_rate
-from grpo.common.weight_data_port import WeightDataPort
-from grpo.common.weight_relay import Relayer
-from grpo.common.weights import Specs
+from grpo.common.weights.codec import Specs
+from grpo.common.weights.data_port import WeightDataPort
+from grpo.common.weights.relay import Relayer
 from grpo.rollout.grpc_api import RolloutServicer, add_servicer
 from grpo.rollout.service import Status
 from grpo.rollout.stats import Metrics

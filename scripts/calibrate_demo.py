@@ -99,7 +99,9 @@ def main() -> None:
     splits = make_splits(seed=a.seed, n_eval=a.eval_n)
     evals = splits.eval
     rec: dict = {"args": vars(a) | {"out": str(a.out)}, "sft": [], "grpo": []}
-    learner = Learner(LearnerConfig(model=str(folder), lr=a.sft_lr, micro_batch_size=a.sft_batch, seed=a.seed))
+    learner = Learner(
+        LearnerConfig(model=str(folder), lr=a.sft_lr, micro_batch_size=a.sft_batch, seed=a.seed, beta=0.0)
+    )
     gen = torch.Generator().manual_seed(a.seed)
     pairs = [
         SftPair(

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds .gpu-carry/ (git-ignored) for bench/gpu_check.py on a lent GPU machine, whose image has Python 3.12, CUDA
+# Builds .gpu-carry/ (git-ignored) for bench/gpu_check/ on a lent GPU machine, whose image has Python 3.12, CUDA
 # torch and transformers but no network: the tiny model the checks run on, and the packages that image lacks or
 # holds too old, as unzipped cp312 wheels (nothing is installed there), at the versions in .venv. Then, with the
 # device tool, from the repo root:
 #   run(command="export PYTHONPATH=common/src:services/trainer/src:services/rollout/src:.gpu-carry/site;
-#                python3 bench/gpu_check.py --out $OUT", carry=[".gpu-carry"])
+#                python3 bench/gpu_check --out $OUT", carry=[".gpu-carry"])
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=.venv/bin/python
@@ -33,7 +33,7 @@ import shutil
 import sys
 
 sys.path.insert(0, "bench")
-from gpu_check import CARRIED_MODEL, MODEL_RECIPE  # noqa: E402
+from gpu_check.shared import CARRIED_MODEL, MODEL_RECIPE  # noqa: E402
 
 from grpo.common.tiny_model import ensure_tiny_model  # noqa: E402
 

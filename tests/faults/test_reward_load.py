@@ -15,7 +15,7 @@ import pytest
 
 from grpo.v1 import reward_pb2 as pb
 from grpo.v1 import reward_pb2_grpc
-from tests.support.faults_harness import rss_mb
+from tests.support.load import closed_loop_rate, open_loop, rss_mb
 from tests.support.reward_proc import start_reward_service, stop_reward_service
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -29,45 +29,10 @@ OVERLOAD = 4.0
 LOAD_S = 8.0
 
 
-def measure_throughput(url: str, seconds: float = 3.0, clients: int = 4) -> float:
-    """Closed-loop requests per second with a few concurrent clients (every answer a 200)."""
-    done, stop = [0], time.monotonic() + seconds
-
-    def loop() -> None:
-        with httpx.Client(timeout=30) as client:
-            while time.monotonic() < stop:
-                r = client.post(f"{url}{PATH}", json=BODY)
-                assert r.status_code == 200 and r.json()["status"] == "ok", r.text
-                done[0] += 1
-
-    threads = [threading.Thread(target=loop) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return done[0] / seconds
-
-
-async def offer(url: str, rate: float, seconds: float) -> Counter[int]:
-    """Open-loop load: `rate` requests per second for `seconds`, whatever the answers; counts status codes."""
-    codes: Counter[int] = Counter()
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-
-        async def one() -> None:
-            try:
-                codes[(await client.post(f"{url}{PATH}", json=BODY)).status_code] += 1
-            except httpx.HTTPError:
-                codes[-1] += 1  # transport error: counted, must stay rare
-
-        tasks, start, i = [], time.monotonic(), 0
-        while (now := time.monotonic() - start) < seconds:
-            while i < rate * now:
-                tasks.append(asyncio.create_task(one()))
-                i += 1
-            await asyncio.sleep(0.005)
-        await asyncio.gather(*tasks)
-    return codes
+def ok_answer(reply: httpx.Response) -> bool:
+    """Every closed-loop answer must be a served run (the throughput measured is of real work)."""
+    assert reply.status_code == 200 and reply.json()["status"] == "ok", reply.text
+    return True
 
 
 def test_overload_is_shed_memory_bounded_and_recovers() -> None:
@@ -75,7 +40,7 @@ def test_overload_is_shed_memory_bounded_and_recovers() -> None:
     service = start_reward_service("--max-queue", "32", workers=1)
     try:
         url = service.http_url
-        throughput = measure_throughput(url)
+        throughput = closed_loop_rate(f"{url}{PATH}", BODY, 3.0, clients=4, served=ok_answer)
         assert 1 < throughput < 100, throughput  # the work is real: a bounded offered rate follows
         rss_before = rss_mb(service.proc.pid)
         peak = [rss_before]
@@ -104,7 +69,7 @@ def test_overload_is_shed_memory_bounded_and_recovers() -> None:
         prober = threading.Thread(target=grpc_probe)
         started = time.monotonic()
         prober.start()
-        codes = asyncio.run(offer(url, OVERLOAD * throughput, LOAD_S))
+        codes, _ = asyncio.run(open_loop(f"{url}{PATH}", BODY, OVERLOAD * throughput, LOAD_S))
         prober.join()
         load_wall = time.monotonic() - started
         sampling.set()

@@ -14,7 +14,7 @@ import pytest
 
 from grpo.common.queue import TASKS_GROUP
 from tests.support.faults_harness import Harness, math_task
-from tests.support.rollout_proc import wait_until
+from tests.support.polling import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 log = logging.getLogger(__name__)

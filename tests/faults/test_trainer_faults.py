@@ -20,7 +20,8 @@ import redis
 from grpo.common.queue import TASKS_GROUP, RunQueue, connect
 from grpo.local.redis_server import RedisServer
 from grpo.trainer.ledger import read_ledger
-from tests.support.faults_harness import RestartableReward, rss_mb
+from tests.support.faults_harness import RestartableReward
+from tests.support.load import rss_mb
 from tests.support.rollout_proc import RolloutProc, start_rollout_service
 from tests.support.trainer_proc import ROLLOUT_ENV, read_metrics, start_trainer, trainer_config, wait_for
 

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.common.weights import iter_weight_chunks, model_weights, push_weights, weights_checksum
+from grpo.common.weights.codec import iter_weight_chunks, model_weights, weights_checksum
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
 from tests.support.rollout_proc import RolloutProc, start_rollout_service
+from tests.support.weight_push import push_weights
 
 pytestmark = pytest.mark.faults
 
@@ -55,7 +56,7 @@ def _state(address: str) -> tuple[int, str, list[int]]:
 PUSHER = textwrap.dedent(
     """
     import os, sys, time, grpc, torch
-    from grpo.common.weights import iter_weight_chunks, model_weights
+    from grpo.common.weights.codec import iter_weight_chunks, model_weights
     from grpo.v1 import rollout_pb2_grpc
     from transformers import AutoModelForCausalLM
     from grpo.common.tiny_model import ensure_tiny_model
@@ -83,8 +84,8 @@ DATA_PUSHER = textwrap.dedent(
     """
     import os, sys, time, grpc
     from grpo.common.tiny_model import ensure_tiny_model
-    from grpo.common.weight_data_port import DATA_TOKEN_KEY, connect, new_token
-    from grpo.common.weights import make_header, model_weights, tensor_bytes
+    from grpo.common.weights.data_port import DATA_TOKEN_KEY, connect, new_token
+    from grpo.common.weights.codec import make_header, model_weights, tensor_bytes
     from grpo.v1 import rollout_pb2, rollout_pb2_grpc
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,20 +13,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpo.v1 import reward_pb2 as rpb
 from grpo.v1 import reward_pb2_grpc, rollout_pb2_grpc
 from grpo.v1 import rollout_pb2 as pb
-from tests.support.rollout_proc import RolloutProc, start_rollout_service
+from tests.support.rollout_proc import RolloutProc
 
 GARBAGE = [b"\xff" * 64, b"\x0a\xff\xff\xff\xff\x0f", b"\x08" + b"\xff" * 10, bytes(range(256))]
 # gRPC's own deserializer answers undecodable bytes before our code runs: INTERNAL is its status for that.
 UNDECODABLE = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.INTERNAL}
 REWARD_UNARY = ["Score", "VerifyMath", "Execute", "VerifyCode"]
 ROLLOUT_UNARY = ["Generate", "GetStatus"]
-
-
-@pytest.fixture(scope="module")
-def rollout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolloutProc]:
-    proc = start_rollout_service(log_dir=tmp_path_factory.mktemp("rollout"))
-    yield proc
-    assert proc.stop() == 0, proc.log_text()[-2000:]
 
 
 def _serving(address: str) -> bool:

@@ -16,8 +16,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import make_channel
 from grpo.common.reward_client import RewardClient, RewardServiceError
-from grpo.common.weight_relay import Relayer, TensorPayload
-from grpo.common.weights import push_weights, weights_checksum
+from grpo.common.weights.codec import weights_checksum
+from grpo.common.weights.relay import Relayer, TensorPayload
 from grpo.rollout.settings import RolloutSettings
 from grpo.rollout.worker import reward_client
 from grpo.trainer.pusher import ReplicaTarget, push_to_replicas, replica_status
@@ -26,6 +26,7 @@ from grpo.v1 import reward_pb2_grpc, rollout_pb2_grpc
 from grpo.v1 import rollout_pb2 as pb
 from tests.support.reward_proc import start_reward_service, stop_reward_service
 from tests.support.rollout_proc import perturbed, start_rollout_service, tiny_model_weights, update_bytes
+from tests.support.weight_push import push_weights
 from tests.unit.reward.helpers import self_signed_cert
 
 TOKEN = "tls-s3cret"

@@ -1,17 +1,23 @@
-"""Service-tier fixtures: a real `grpo-reward` process on free ports."""
+"""Service-tier fixtures: a real `grpo-reward` process on free ports; a stub of the module's rollout replica."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import grpc
 import pytest
 
 from grpo.local.procs import ChildFailed
 from tests.support.reward_proc import RewardService, start_reward_service, stop_reward_service
 from tests.support.rollout_proc import RolloutProc, start_rollout_service
 from tests.support.trainer_proc import ROLLOUT_ENV
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpo.v1 import rollout_pb2_grpc
 
 
 @pytest.fixture(scope="session")
@@ -70,3 +76,20 @@ def rollout_for(redis_url: str, live_reward: Any, tmp_path: Path) -> Iterator[Ca
     yield start
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(rollout: RolloutProc) -> Iterator[rollout_pb2_grpc.RolloutServiceStub]:
+    """A gRPC stub of the module's `rollout` replica (tests/conftest.py)."""
+    from grpo.v1 import rollout_pb2_grpc
+
+    with grpc.insecure_channel(rollout.address) as channel:
+        yield rollout_pb2_grpc.RolloutServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def weights() -> dict[str, torch.Tensor]:
+    """The tiny model's own weights, as a replica starts with them."""
+    from tests.support.rollout_proc import tiny_model_weights
+
+    return tiny_model_weights()

@@ -228,7 +228,7 @@ from grpo.trainer.ranks import leave_process_group
 
 mode, root = sys.argv[1], Path(sys.argv[2])
 cfg = LearnerConfig(backend="deepspeed", zero_stage=3, offload_optimizer=True, lr=1e-2, micro_batch_size=2,
-                    lr_schedule="cosine", total_steps=10)
+                    lr_schedule="cosine", total_steps=10, beta=0.0)
 batch = [TrainableSample([5 + i, 6, 7], [8 + i, 9], advantage=(-1.0) ** i, group_id=str(i // 2)) for i in range(4)]
 learner = Learner(cfg)
 def weights():

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py on the CPU (its smaller sizes), so the script a GPU session runs in its few minutes works
+"""bench/gpu_check/ on the CPU (its smaller sizes), so the script a GPU session runs in its few minutes works
 when it gets there: each check answers, and the numbers that must hold on any device hold. (DeepSpeed's check is
 left out here: its backend has tests of its own, and its two subprocesses cost half a minute.)"""
 
@@ -14,7 +14,7 @@ CHECKS = ("learner_precision", "sampler_logprobs", "engine_throughput", "weight_
 
 
 def test_the_gpu_check_runs_on_the_cpu(tmp_path: Path) -> None:
-    argv = [sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu", "--out", str(tmp_path)]
+    argv = [sys.executable, str(REPO / "bench" / "gpu_check"), "--device", "cpu", "--out", str(tmp_path)]
     done = subprocess.run([*argv, "--only", ",".join(CHECKS)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     checks = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]

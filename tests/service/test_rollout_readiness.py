@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 
 from grpo.local.redis_server import RedisServer
+from tests.support.polling import wait_until
 from tests.support.rollout_proc import start_rollout_service
 
 pytestmark = pytest.mark.slow
@@ -26,13 +26,15 @@ def probe(url: str) -> tuple[int, dict[str, Any]]:
 
 
 def eventually(url: str, code: int, timeout_s: float = 30.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got, body = probe(url)
-        if got == code or time.monotonic() > deadline:
-            assert got == code, body
-            return body
-        time.sleep(0.2)
+    """The body of `url`'s first answer with status `code` (the last answer is in the failure)."""
+    last: list[tuple[int, dict[str, Any]]] = []
+
+    def answered() -> list[tuple[int, dict[str, Any]]]:
+        last[:] = [probe(url)]
+        return last if last[0][0] == code else []
+
+    wait_until(answered, timeout_s, f"{url} to answer {code}", every=0.2, context=lambda: f"; last answer {last}")
+    return last[0][1]
 
 
 def test_readiness_follows_redis_while_liveness_stays(live_reward: Any, tmp_path: Path) -> None:

@@ -16,14 +16,14 @@ import torch
 from grpo.common.grpc_server import GrpcServer
 from grpo.common.net import free_port
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.common.weight_data_port import WeightDataPort
-from grpo.common.weights import push_weights
+from grpo.common.weights.data_port import WeightDataPort
 from grpo.rollout.engines.hf import HFEngine
 from grpo.rollout.grpc_api import SERVICE_NAME, register
 from grpo.rollout.service import RolloutService
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
 from tests.support.rollout_proc import perturbed, tiny_model_weights
+from tests.support.weight_push import push_weights
 
 PROMPT = [pb.Prompt(text="Ana has 5 pens.")]
 GREEDY = pb.SamplingParams(n=1, temperature=0, max_new_tokens=8)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -16,32 +15,15 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from grpo.common.net import free_port
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.common.weight_data_port import DATA_TOKEN_KEY, MAX_WAITING, connect, new_token
-from grpo.common.weights import iter_weight_chunks, make_header, push_weights, tensor_bytes, weights_checksum
+from grpo.common.weights.codec import iter_weight_chunks, make_header, tensor_bytes, weights_checksum
+from grpo.common.weights.data_port import DATA_TOKEN_KEY, MAX_WAITING, connect, new_token
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
-from tests.support.rollout_proc import RolloutProc, perturbed, start_rollout_service, tiny_model_weights, update_bytes
+from tests.support.rollout_proc import RolloutProc, perturbed, start_rollout_service, update_bytes
+from tests.support.weight_push import push_weights
 
 GREEDY = pb.SamplingParams(n=1, temperature=0, max_new_tokens=12)
 PROMPTS = [pb.Prompt(text="What is 3 + 4?", apply_chat_template=True), pb.Prompt(text="Ana has 5 pens.")]
-
-
-@pytest.fixture(scope="module")
-def rollout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolloutProc]:
-    proc = start_rollout_service(log_dir=tmp_path_factory.mktemp("rollout"))
-    yield proc
-    assert proc.stop() == 0, proc.log_text()[-2000:]
-
-
-@pytest.fixture(scope="module")
-def stub(rollout: RolloutProc) -> Iterator[pb_grpc.RolloutServiceStub]:
-    with grpc.insecure_channel(rollout.address) as channel:
-        yield pb_grpc.RolloutServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def weights() -> dict[str, torch.Tensor]:
-    return tiny_model_weights()
 
 
 def _greedy(stub: pb_grpc.RolloutServiceStub) -> list[list[int]]:

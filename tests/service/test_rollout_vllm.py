@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.common.weights import iter_weight_chunks, push_weights, weights_checksum
+from grpo.common.weights.codec import iter_weight_chunks, weights_checksum
 from grpo.local.services import start_rollout
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
-from tests.support.rollout_proc import RolloutProc, perturbed, tiny_model_weights, update_bytes
+from tests.support.rollout_proc import RolloutProc, perturbed, update_bytes
+from tests.support.weight_push import push_weights
 
 pytestmark = pytest.mark.vllm
 
@@ -38,21 +39,9 @@ def start_vllm_rollout(log_dir: Path, timeout: float = 180.0, dtype: str = "floa
 
 
 @pytest.fixture(scope="module")
-def rollout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolloutProc]:
-    proc = start_vllm_rollout(tmp_path_factory.mktemp("rollout-vllm"))
-    yield proc
-    assert proc.stop() == 0, proc.log_text()[-2000:]
-
-
-@pytest.fixture(scope="module")
-def stub(rollout: RolloutProc) -> Iterator[pb_grpc.RolloutServiceStub]:
-    with grpc.insecure_channel(rollout.address) as channel:
-        yield pb_grpc.RolloutServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def weights() -> dict[str, torch.Tensor]:
-    return tiny_model_weights()
+def rollout_starter() -> Callable[[Path], RolloutProc]:
+    """The module's `rollout` (tests/conftest.py) runs the vLLM engine."""
+    return start_vllm_rollout
 
 
 def max_logprob_error(reply: pb.GenerateResponse, weights: dict[str, torch.Tensor], temperature: float) -> float:

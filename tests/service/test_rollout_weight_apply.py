@@ -9,7 +9,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,6 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.common.weights import push_weights
 from grpo.rollout.__main__ import start
 from grpo.rollout.engines.hf import HFEngine
 from grpo.rollout.grpc_api import SERVICE_NAME
@@ -27,6 +26,8 @@ from grpo.rollout.service import RolloutService
 from grpo.rollout.settings import RolloutSettings
 from grpo.v1 import rollout_pb2 as pb
 from grpo.v1 import rollout_pb2_grpc as pb_grpc
+from tests.support.polling import wait_until
+from tests.support.weight_push import push_weights
 
 GREEDY = pb.SamplingParams(n=1, temperature=0, max_new_tokens=4)
 
@@ -89,13 +90,6 @@ def _engine(service: RolloutService) -> HFEngine:
     return service.engine
 
 
-def _until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def _push_in_background(replica: Replica, version: int, results: dict[int, Any]) -> threading.Thread:
     def push() -> None:
         try:
@@ -112,7 +106,7 @@ def _push_and_wait(replica: Replica, version: int, results: dict[int, Any]) -> t
     """Push `version` in the background and return once the replica has received it (it then waits)."""
     held = replica.in_hand() or 0
     thread = _push_in_background(replica, version, results)
-    _until(lambda: replica.in_hand() == held + 1)
+    wait_until(lambda: replica.in_hand() == held + 1, 10, "the update to hold one more")
     time.sleep(1.0)  # received (the tiny model's bytes take milliseconds): it waits for the engine
     return thread
 
@@ -127,7 +121,9 @@ def test_pushes_whose_callers_gave_up_waiting_for_the_engine_are_dropped(replica
             with pytest.raises(grpc.RpcError) as info:
                 push_weights(replica.address, _weights(replica.service, version), version, timeout_s=2)
             assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        _until(lambda: replica.in_hand() == 0)  # given up within a poll of the caller going away
+        wait_until(
+            lambda: replica.in_hand() == 0, 10, "nothing held"
+        )  # given up within a poll of the caller going away
     time.sleep(0.5)  # an update still waiting would apply now
     assert (replica.service.version, replica.service.checksum) == (0, before)
     assert replica.count("abandoned") == 3

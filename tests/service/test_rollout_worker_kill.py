@@ -11,7 +11,8 @@ import pytest
 from grpo.common.queue import TASKS_GROUP, RunQueue, connect
 from grpo.common.registry import ReplicaRegistry
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
-from tests.support.rollout_proc import RolloutProc, start_rollout_service, wait_until
+from tests.support.polling import wait_until
+from tests.support.rollout_proc import RolloutProc, start_rollout_service
 
 pytestmark = pytest.mark.slow
 

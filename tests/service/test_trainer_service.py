@@ -24,7 +24,7 @@ from grpo.common.net import free_port
 from grpo.common.queue import GROUPS_GROUP, stream_keys
 from grpo.common.registry import ReplicaRegistry
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.common.weights import weights_checksum
+from grpo.common.weights.codec import weights_checksum
 from grpo.local.procs import spawn
 from grpo.trainer.accounting import DROP_REASONS
 from grpo.trainer.data import DataCursor, take

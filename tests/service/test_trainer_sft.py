@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from grpo.common.net import free_port
+from tests.support.polling import exited, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -76,17 +77,19 @@ def test_sft_mode_learns_and_exports(tmp_path: Path) -> None:
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> dict[str, object]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+    """`url`'s body once it answers 200; fails with the trainer's stderr if it exits first."""
+
+    def ready() -> list[dict[str, object]]:
         try:
             reply = httpx.get(url, timeout=2)
-            if reply.status_code == 200:
-                return dict(reply.json())
         except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"{url} not ready after {timeout} s")
+            return []
+        return [dict(reply.json())] if reply.status_code == 200 else []
+
+    def stderr() -> str:
+        return ":\n" + proc.stderr.read().decode()[-3000:] if proc.stderr and proc.poll() is not None else ""
+
+    return wait_until(ready, timeout, f"{url} to be ready", every=0.3, stop=exited(proc), context=stderr)[0]
 
 
 def test_bad_settings_exit_2_naming_the_field(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.common.weight_broadcast import WeightBroadcaster
-from grpo.common.weights import weights_checksum
+from grpo.common.weights.broadcast import WeightBroadcaster
+from grpo.common.weights.codec import weights_checksum
 from grpo.trainer.pusher import PushResult, push_to_replicas, replica_status
 from grpo.v1 import rollout_pb2
 from tests.support.rollout_proc import (

@@ -53,7 +53,7 @@ def test_every_receiver_applies_the_version_at_the_cap(
 ) -> None:
     import torch
 
-    from grpo.common.weights import weights_checksum
+    from grpo.common.weights.codec import weights_checksum
 
     tensors = {"layers.000.weight": torch.randn(bench.ELEMENTS)}
     version = {"direct": 1, "chain": 2, "tree": 3}[mode]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.common.weight_relay import Relayer, TensorPayload, relay_tree
-from grpo.common.weights import weights_checksum
+from grpo.common.weights.codec import weights_checksum
+from grpo.common.weights.relay import Relayer, TensorPayload, relay_tree
 from grpo.trainer.pusher import PushResult, ReplicaTarget, push_to_replicas, replica_status
 from grpo.v1 import rollout_pb2 as pb
 from tests.support.rollout_proc import RolloutProc, perturbed, start_rollout_service, tiny_model_weights, update_bytes

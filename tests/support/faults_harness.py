@@ -74,20 +74,6 @@ class RestartableReward:
             self.service.stop()
 
 
-def rss_mb(pid: int) -> float:
-    """Resident memory of `pid` and all its descendants (MiB), from /proc."""
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            status = Path(f"/proc/{p}/status").read_text()
-            total += int(status.split("VmRSS:")[1].split()[0]) / 1024
-            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
-        except (OSError, IndexError):
-            continue
-    return total
-
-
 def math_task(i: int, n: int = 2, max_new_tokens: int = 8) -> queue_pb2.PromptTask:
     return queue_pb2.PromptTask(
         task_id=f"t{i}",

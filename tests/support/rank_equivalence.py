@@ -53,7 +53,7 @@ COMPARED = ("loss", "pg_loss", "kl_loss", "kl", "ratio_mean", "ratio_max", "entr
 
 def config(backend: str, stage: int, case: dict[str, Any]) -> LearnerConfig:
     # Adam's first step is lr·g/(|g|+eps): eps well above float noise keeps the comparison about the gradient.
-    base = {"lr": 1e-3, "adam_eps": 1e-4, "max_len": 12, "seed": 0, "mask_truncated": True}
+    base = {"lr": 1e-3, "adam_eps": 1e-4, "max_len": 12, "seed": 0, "mask_truncated": True, "beta": 0.0}
     options = {k: v for k, v in case.items() if k not in ("rows", "per_token")}
     return LearnerConfig(backend=backend, zero_stage=stage, **{**base, **options})
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,7 +52,7 @@ def tiny_model_weights() -> dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
     from grpo.common.tiny_model import ensure_tiny_model
-    from grpo.common.weights import model_weights
+    from grpo.common.weights.codec import model_weights
 
     model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model(), dtype=torch.float32)
     return {k: v.detach().clone() for k, v in model_weights(model).items()}
@@ -66,14 +64,3 @@ def perturbed(weights: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Te
 
     g = torch.Generator().manual_seed(seed)
     return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in weights.items()}
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll `predicate` until it returns something truthy (returned), or fail naming `what`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
+
+from tests.support.polling import wait_until
 
 Status = dict[str, Any]
 
@@ -21,14 +22,14 @@ def wait_for_status(
 
     A failed run or the deadline raises AssertionError with `context()` (logs, pod states) appended.
     """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def holds() -> Status | None:
         status = fetch()
-        if status is not None:
-            on_status(status)
-            if status.get("phase") == "failed":
-                raise AssertionError(f"the run failed: {status.get('error')}\n{context()}")
-            if predicate(status):
-                return status
-        time.sleep(2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{context()}")
+        if status is None:
+            return None
+        on_status(status)
+        if status.get("phase") == "failed":
+            raise AssertionError(f"the run failed: {status.get('error')}\n{context()}")
+        return status if predicate(status) else None
+
+    return wait_until(holds, timeout, what, every=2, context=lambda: f"\n{context()}")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from grpo.common.net import free_port
 from grpo.local.procs import spawn
+from tests.support.polling import exited, wait_until
 
 ROLLOUT_ENV = {
     "GRPO_ROLLOUT_HEARTBEAT_S": "0.3",
@@ -97,15 +97,15 @@ def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc.poll() is not None and proc.returncode != 0:
-            break
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what} (exit {proc.poll()}):\n{log.read_text()[-4000:]}")
+    """wait_until, given up once the trainer has failed, with the trainer's log tail in the message."""
+    return wait_until(
+        predicate,
+        timeout,
+        what,
+        every=0.3,
+        stop=exited(proc, failed_only=True),
+        context=lambda: f" (exit {proc.poll()}):\n{log.read_text()[-4000:]}",
+    )
 
 
 def read_metrics(out: Path) -> list[dict[str, Any]]:

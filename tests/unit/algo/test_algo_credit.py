@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from grpo.algo import policy_loss
 from grpo.algo.credit import (
     mix_advantages,
     process_advantages,
@@ -15,6 +14,7 @@ from grpo.algo.credit import (
     token_advantages,
     vineppo_advantages,
 )
+from tests.unit.algo.helpers import plain_loss
 
 R3 = math.sqrt(1 / 3)
 
@@ -92,7 +92,7 @@ def test_policy_loss_takes_one_advantage_per_token() -> None:
     # At ratio 1 with seq_mean_token_mean over one row of 3 tokens: ∂L/∂logp_t = −A_t / 3.
     logp = torch.zeros(1, 3, requires_grad=True)
     mask = torch.ones(1, 3)
-    loss, _ = policy_loss(logp, logp.detach(), torch.tensor([[1.0, 0.0, -1.0]]), mask, beta=0.0)
+    loss, _ = plain_loss(logp, logp.detach(), torch.tensor([[1.0, 0.0, -1.0]]), mask, beta=0.0)
     loss.backward()
     assert logp.grad is not None
     assert logp.grad[0].tolist() == pytest.approx([-1 / 3, 0.0, 1 / 3])
@@ -103,9 +103,9 @@ def test_constant_token_advantages_equal_the_outcome_form() -> None:
     logp, old = torch.randn(3, 5) * 0.1 - 1.0, torch.randn(3, 5) * 0.1 - 1.0
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
     adv = torch.tensor([0.7, -1.2, 0.3])
-    per_row, _ = policy_loss(logp, old, adv, mask, agg="token_mean", beta=0.0)
+    per_row, _ = plain_loss(logp, old, adv, mask, agg="token_mean", beta=0.0)
     garbage = torch.where(mask.bool(), adv.unsqueeze(1).expand(3, 5), torch.tensor(math.nan))  # padding: NaN
-    per_token, _ = policy_loss(logp, old, garbage, mask, agg="token_mean", beta=0.0)
+    per_token, _ = plain_loss(logp, old, garbage, mask, agg="token_mean", beta=0.0)
     assert per_token.item() == pytest.approx(per_row.item(), abs=1e-7)
     with pytest.raises(ValueError, match=r"\[B, T\] = \[3, 5\]"):
-        policy_loss(logp, old, torch.zeros(3, 4), mask)
+        plain_loss(logp, old, torch.zeros(3, 4), mask)

@@ -11,17 +11,11 @@ import grpc
 import pytest
 import torch
 
-from grpo.common.weight_broadcast import (
-    BroadcastMember,
-    Invitation,
-    WeightBroadcaster,
-    describe,
-    round_key,
-    split_address,
-)
-from grpo.common.weight_receiver import WeightAssembler
-from grpo.common.weight_transport import Push
-from grpo.common.weights import WeightUpdateError, make_header, specs_of, weights_checksum
+from grpo.common.net import split_address
+from grpo.common.weights.base import Push
+from grpo.common.weights.broadcast import BroadcastMember, Invitation, WeightBroadcaster, describe, round_key
+from grpo.common.weights.codec import WeightUpdateError, make_header, specs_of, weights_checksum
+from grpo.common.weights.receiver import WeightAssembler
 from grpo.v1 import rollout_pb2
 
 

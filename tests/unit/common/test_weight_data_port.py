@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.common import weight_data_port as wdp
-from grpo.common.net import free_port
-from grpo.common.weight_receiver import WeightAssembler
-from grpo.common.weights import WeightUpdateError, make_header, specs_of, tensor_bytes, weights_checksum
+from grpo.common.net import free_port, server_ssl_context, split_host
+from grpo.common.weights import data_port as wdp
+from grpo.common.weights.codec import WeightUpdateError, make_header, specs_of, tensor_bytes, weights_checksum
+from grpo.common.weights.receiver import WeightAssembler
 from grpo.v1 import rollout_pb2
 from tests.unit.reward.helpers import self_signed_cert
 
@@ -226,7 +226,7 @@ def test_connect_returns_none_when_the_port_is_closed(caplog: pytest.LogCaptureF
 
 def test_tls_round_trip_and_plaintext_refused(tmp_path: Path) -> None:
     cert, key = self_signed_cert(tmp_path)
-    listener = wdp.WeightDataPort("127.0.0.1", 0, wdp.server_ssl_context(str(cert), str(key)), hello_timeout_s=1)
+    listener = wdp.WeightDataPort("127.0.0.1", 0, server_ssl_context(str(cert), str(key)), hello_timeout_s=1)
     try:
         tensors, token = _tensors(), wdp.new_token()
         conn = _connect(listener.port, token, cert)
@@ -248,9 +248,9 @@ def test_tls_round_trip_and_plaintext_refused(tmp_path: Path) -> None:
 
 
 def test_split_host_and_token_shape() -> None:
-    assert wdp.split_host("10.0.0.7:50051") == "10.0.0.7"
-    assert wdp.split_host("[::1]:50051") == "::1"
-    assert wdp.split_host("rollout-0.rollout:50051") == "rollout-0.rollout"
+    assert split_host("10.0.0.7:50051") == "10.0.0.7"
+    assert split_host("[::1]:50051") == "::1"
+    assert split_host("rollout-0.rollout:50051") == "rollout-0.rollout"
     token = wdp.new_token()
     assert wdp.valid_token(token) and not wdp.valid_token(token.upper()) and not wdp.valid_token(token[:-1])
 

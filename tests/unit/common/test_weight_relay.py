@@ -8,9 +8,9 @@ import time
 import pytest
 import torch
 
-from grpo.common.weight_receiver import WeightAssembler
-from grpo.common.weight_relay import RELAY_PLAN_KEY, ReceivePayload, RelayBroken, plan_in, relay_tree, walk
-from grpo.common.weights import make_header, specs_of, tensor_bytes
+from grpo.common.weights.codec import make_header, specs_of, tensor_bytes
+from grpo.common.weights.receiver import WeightAssembler
+from grpo.common.weights.relay import RELAY_PLAN_KEY, ReceivePayload, RelayBroken, plan_in, relay_tree, walk
 from grpo.v1 import rollout_pb2 as pb
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from google.protobuf.message import DecodeError
 
-from grpo.common.weight_receiver import StagingBuffers, WeightAssembler, assemble, decode_chunk
-from grpo.common.weights import encode_data, iter_weight_chunks, iter_wire_messages, specs_of, weights_checksum
+from grpo.common.weights.codec import encode_data, iter_weight_chunks, iter_wire_messages, specs_of, weights_checksum
+from grpo.common.weights.receiver import StagingBuffers, WeightAssembler, assemble, decode_chunk
 from grpo.v1 import rollout_pb2
 
 

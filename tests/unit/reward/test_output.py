@@ -8,7 +8,7 @@ import pytest
 
 from grpo.reward.output import DEFAULT_RETURN_BYTES, Returned, encode, returned_stderr, returned_stdout, share
 from grpo.reward.sandbox import ExecResult
-from grpo.reward.sandbox.confine import STDERR_KEEP_BYTES, Output, wire_text
+from grpo.reward.sandbox.run_output import STDERR_KEEP_BYTES, Output, wire_text
 
 
 def test_share_is_the_request_or_the_default_within_an_equal_share_of_the_budget() -> None:

@@ -16,7 +16,8 @@ import yaml
 
 from grpo.reward.sandbox import Limits, Sandbox, SandboxUnavailable, make_sandbox
 from grpo.reward.sandbox.languages import Launch, build, run_launch
-from grpo.reward.sandbox.namespace import NamespaceSandbox, classify
+from grpo.reward.sandbox.namespace import NamespaceSandbox
+from grpo.reward.sandbox.verdicts import classify
 from tests.unit.reward.helpers import mount_namespaces_held
 
 FAST = Limits(timeout_s=2.0)
@@ -316,7 +317,7 @@ def test_missing_privileges_fail_loudly_at_start(setpriv: list[str], reason: str
 def test_the_remedy_names_exactly_the_capabilities_the_deployments_grant_and_they_suffice() -> None:
     """The start-up error's advice is what docker-compose.yml grants the reward container, and a sandbox whose
     bounding set holds just those runs code (it once named SETPCAP and CHOWN, and SYS_ADMIN alone for k8s)."""
-    from grpo.reward.sandbox.namespace import REMEDY
+    from grpo.reward.sandbox.zygote_client import REMEDY
 
     compose = yaml.safe_load((Path(__file__).resolve().parents[3] / "docker-compose.yml").read_text())
     granted = compose["services"]["reward"]["cap_add"]
@@ -410,6 +411,7 @@ def _reply(verdict: str | None = None, exit_code: int | None = 0, **extra: objec
         (_reply(exit_code=-9), ("runtime_error", -9)),
         (_reply(exit_code=-9, cpu_s=2.0, cpu_limit_s=2), ("timeout", -9)),  # the CPU rlimit's SIGKILL
         (_reply(exit_code=-9, cpu_s=0.85, cpu_limit_s=1), ("timeout", -9)),  # wait4 counts short under load
+        (_reply(exit_code=-9, cpu_s=0.749, cpu_limit_s=1), ("timeout", -9)),  # seven processes on 2 vCPUs
         (_reply(exit_code=-9, cpu_s=0.5, cpu_limit_s=1), ("runtime_error", -9)),
         (_reply(exit_code=-9, cpu_s=0.1, cpu_limit_s=2), ("runtime_error", -9)),
         (_reply(exit_code=1, stderr="Traceback\nMemoryError\n"), ("memory_limit", 1)),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.reward.sandbox import Limits, SandboxUnavailable, confine, namespace
+from grpo.reward.sandbox import Limits, SandboxUnavailable, protocol, zygote_client
 from grpo.reward.sandbox.init_program import init_program
 from grpo.reward.sandbox.languages import Launch
 from grpo.reward.sandbox.namespace import NamespaceSandbox
@@ -107,10 +107,10 @@ def test_without_a_compiler_runs_set_up_in_python_and_say_so(
 
 def test_requests_round_trip_and_refuse_a_nul() -> None:
     limits = [(7, 256), (9, (1 << 64) - 1)]
-    data = confine.encode_request(confine.STDIN_OWN, limits, ["/bin/x", "", "a b"], {"A": "1=2", "B": ""})
-    assert confine.decode_request(data) == (confine.STDIN_OWN, limits, ["/bin/x", "", "a b"], {"A": "1=2", "B": ""})
+    data = protocol.encode_request(protocol.STDIN_OWN, limits, ["/bin/x", "", "a b"], {"A": "1=2", "B": ""})
+    assert protocol.decode_request(data) == (protocol.STDIN_OWN, limits, ["/bin/x", "", "a b"], {"A": "1=2", "B": ""})
     with pytest.raises(ValueError, match="NUL"):
-        confine.encode_request(confine.STDIN_NULL, [], ["/bin/x", "a\0b"], {})
+        protocol.encode_request(protocol.STDIN_NULL, [], ["/bin/x", "a\0b"], {})
 
 
 def test_a_run_has_no_capabilities_and_no_way_to_gain_any(box: NamespaceSandbox) -> None:
@@ -126,7 +126,7 @@ def test_stdin_reaches_the_program_every_way(box: NamespaceSandbox) -> None:
     count = "import sys\nd = sys.stdin.read()\nprint(len(d), d[:3])"
     assert box.run(count, limits=FAST).stdout == "0 \n"
     assert box.run(count, stdin="abc", limits=FAST).stdout == "3 abc\n"
-    big = "xyz" * namespace.PASSED_MIN_BYTES
+    big = "xyz" * zygote_client.PASSED_MIN_BYTES
     assert box.run(count, stdin=big, limits=FAST).stdout == f"{len(big)} xyz\n"
 
 

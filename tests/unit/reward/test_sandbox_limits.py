@@ -154,7 +154,7 @@ def test_static_data_past_the_limit_is_a_memory_limit(sandbox: Sandbox) -> None:
 def test_stderr_cut_is_said_even_when_the_kept_tail_is_exactly_full() -> None:
     """The trim while reading can leave exactly STDERR_KEEP_BYTES of tail: the cut was then not said (a CI run
     caught it once, by the size of the output)."""
-    from grpo.reward.sandbox.confine import STDERR_KEEP_BYTES, Output
+    from grpo.reward.sandbox.run_output import STDERR_KEEP_BYTES, Output
 
     err = Output("err")
     err.add(b"h" * STDERR_KEEP_BYTES)

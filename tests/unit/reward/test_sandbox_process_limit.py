@@ -14,7 +14,7 @@ import pytest
 
 from grpo.reward.sandbox import STATUSES, ExecResult, Limits, Sandbox
 from grpo.reward.sandbox.languages import build, run_launch
-from grpo.reward.sandbox.namespace import classify
+from grpo.reward.sandbox.verdicts import classify
 from grpo.reward.schemas import ExecStatus, Verdict
 from grpo.reward.verifiers.code import VERDICTS, run_code_tests
 

@@ -1,5 +1,5 @@
 """What crosses from the service to a zygote, for real: built programs it holds between requests (named, not
-sent again) and large stdins passed as sealed memfds instead of through the pipe (namespace.Held, zygote.stock)."""
+sent again) and large stdins passed as sealed memfds instead of through the pipe (zygote_client.Held, zygote.stock)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo.reward.sandbox import Limits, namespace
+from grpo.reward.sandbox import Limits, zygote_client
 from grpo.reward.sandbox.languages import Launch, python_launch
-from grpo.reward.sandbox.namespace import NamespaceSandbox, Zygote
+from grpo.reward.sandbox.namespace import NamespaceSandbox
+from grpo.reward.sandbox.zygote_client import Zygote
 
 FAST = Limits(timeout_s=10.0, memory_mb=256)
 DIGEST = "import hashlib, sys\nd = sys.stdin.buffer.read()\nprint(len(d), hashlib.sha256(d).hexdigest())"
@@ -86,8 +87,8 @@ def test_files_that_come_once_are_sent_not_held(one: NamespaceSandbox) -> None:
 def test_held_programs_are_evicted_in_step_with_the_zygote(one: NamespaceSandbox, monkeypatch) -> None:
     """More programs than the zygote may hold, reused out of order: each run still gets its own bytes, the
     service's copy never passes the limits, and the zygote is never replaced (an unknown name would do that)."""
-    monkeypatch.setattr(namespace, "HELD_BYTES", 100_000)
-    monkeypatch.setattr(namespace, "HELD_FILES", 3)
+    monkeypatch.setattr(zygote_client, "HELD_BYTES", 100_000)
+    monkeypatch.setattr(zygote_client, "HELD_FILES", 3)
     rng = random.Random(2)
     blobs = [rng.randbytes(30_000) for _ in range(6)]
     (zygote,) = one._all
@@ -184,7 +185,7 @@ def test_a_batch_with_more_passed_stdins_than_a_socket_holds(one: NamespaceSandb
     launch = Launch(
         files={"main.sh": 'read -r first; echo "$first $(wc -c)"'}, argv=[bash, "main.sh"], memory_kind="as"
     )
-    stdins = [f"{i}\n" + "x" * (namespace.PASSED_MIN_BYTES + i) for i in range(400)]
+    stdins = [f"{i}\n" + "x" * (zygote_client.PASSED_MIN_BYTES + i) for i in range(400)]
     stdins[7] = "small\n"  # one through the pipe among them
     results = list(one.execute_many(launch, stdins, FAST))
     assert [r.stdout for r in results] == [f"{s.split(chr(10))[0]} {len(s) - s.index(chr(10)) - 1}\n" for s in stdins]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpo.common.weight_receiver import decode_chunk
+from grpo.common.weights.receiver import decode_chunk
 from grpo.rollout.grpc_api import RolloutServicer, method_handlers
 from grpo.v1 import rollout_pb2
 

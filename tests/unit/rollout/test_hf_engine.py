@@ -147,7 +147,7 @@ def test_load_weights_changes_outputs_and_specs(engine: HFEngine, prompts: list[
 
 def test_decoding_never_uses_cudnn_attention(engine: HFEngine, prompts: list[list[int]]) -> None:
     """cuDNN's attention builds a graph for each new shape, and a decode step's keys grow by one each step: bf16
-    decode on an H200 ran 14x slower with it (bench/gpu_check.py). Every forward pass of a generation runs with it
+    decode on an H200 ran 14x slower with it (bench/gpu_check/). Every forward pass of a generation runs with it
     switched off, and the switch is back as it was afterwards."""
     seen: list[bool] = []
     hook = engine.model.register_forward_pre_hook(lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))

@@ -14,7 +14,7 @@ from tokenizers.processors import TemplateProcessing
 
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.rollout.engines.hf import HFEngine
-from grpo.rollout.grpc_api import BadRequest, encode_prompts
+from grpo.rollout.request_checks import BadRequest, encode_prompts
 from grpo.rollout.service import RolloutService
 from grpo.trainer.data import PromptRow
 from grpo.trainer.sft import encode_prompt

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo.rollout.grpc_api import BadRequest, sampling_params
+from grpo.rollout.request_checks import BadRequest, sampling_params
 from grpo.rollout.service import Limits
 from grpo.v1 import rollout_pb2
 

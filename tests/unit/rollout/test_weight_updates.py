@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from grpo.common.tiny_model import ensure_tiny_model
-from grpo.common.weight_receiver import StreamMessage, WeightAssembler
-from grpo.common.weight_transport import WeightSource
-from grpo.common.weights import WeightUpdateError, data_pieces, make_header, model_weights
+from grpo.common.weights.base import WeightSource
+from grpo.common.weights.codec import WeightUpdateError, data_pieces, make_header, model_weights
+from grpo.common.weights.receiver import StreamMessage, WeightAssembler
 from grpo.rollout.engines.hf import HFEngine
 from grpo.rollout.service import RolloutService
 from grpo.v1 import rollout_pb2

@@ -36,7 +36,9 @@ BATCH = [TrainableSample([5, 6, 7], [8, 9, 10 + i], advantage=1.0 if i % 2 else 
 
 
 def make() -> Learner:
-    cfg = LearnerConfig(model=str(ensure_tiny_model()), lr=1e-3, warmup_steps=3, lr_schedule="cosine", total_steps=10)
+    cfg = LearnerConfig(
+        model=str(ensure_tiny_model()), lr=1e-3, warmup_steps=3, lr_schedule="cosine", total_steps=10, beta=0.0
+    )
     return Learner(cfg)
 
 

@@ -31,7 +31,9 @@ def synthetic_groups(n_groups: int = 2, group_size: int = 4, seed: int = 0, **kw
 
 
 def make(**kw: object) -> Learner:
-    return Learner(LearnerConfig(model=str(ensure_tiny_model()), **{"lr": 1e-3, "micro_batch_size": 4, **kw}))  # type: ignore[arg-type]
+    # beta 0 unless a test sets it: no reference model (LearnerConfig's own default is the grpo preset's beta)
+    kw = {"lr": 1e-3, "micro_batch_size": 4, "beta": 0.0, **kw}
+    return Learner(LearnerConfig(model=str(ensure_tiny_model()), **kw))  # type: ignore[arg-type]
 
 
 def params(learner: Learner) -> dict[str, torch.Tensor]:

@@ -28,7 +28,9 @@ def pairs(n: int = 6, seed: int = 0) -> list[SftPair]:
 
 
 def make(**kw: object) -> Learner:
-    return Learner(LearnerConfig(model=str(ensure_tiny_model()), **{"lr": 3e-3, "micro_batch_size": 4, **kw}))  # type: ignore[arg-type]
+    # beta 0 unless a test sets it: no reference model (LearnerConfig's own default is the grpo preset's beta)
+    kw = {"lr": 3e-3, "micro_batch_size": 4, "beta": 0.0, **kw}
+    return Learner(LearnerConfig(model=str(ensure_tiny_model()), **kw))  # type: ignore[arg-type]
 
 
 def test_sft_lowers_the_response_loss() -> None:

@@ -56,7 +56,7 @@ def test_a_relay_whose_root_is_gone_reports_every_replica_and_retries_directly()
 def test_a_broadcast_to_nobody_falls_back_and_still_ends_at_once() -> None:
     """With a broadcaster, a replica that is not there fails the round at once (its call ends before it
     joins) and gets the ordinary push, with its retries, instead of a collective timeout."""
-    from grpo.common.weight_broadcast import WeightBroadcaster
+    from grpo.common.weights.broadcast import WeightBroadcaster
 
     broadcaster = WeightBroadcaster("127.0.0.1:0", timeout_s=30)
     try:
@@ -74,7 +74,7 @@ def test_a_broadcast_to_nobody_falls_back_and_still_ends_at_once() -> None:
 def test_replicas_a_broadcast_missed_are_relayed_to() -> None:
     """Broadcast first, then the configured push for the rest: three missing replicas fail the broadcast round
     at once, then the relay (re-routing around each dead hop), then one direct attempt each."""
-    from grpo.common.weight_broadcast import WeightBroadcaster
+    from grpo.common.weights.broadcast import WeightBroadcaster
 
     targets = [ReplicaTarget(f"r{i}", f"127.0.0.1:{free_port()}") for i in range(3)]
     broadcaster = WeightBroadcaster("127.0.0.1:0", timeout_s=30)

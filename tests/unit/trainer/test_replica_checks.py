@@ -6,7 +6,7 @@ import pytest
 
 from grpo.common.registry import ReplicaInfo
 from grpo.trainer.errors import RunError
-from grpo.trainer.run import check_replica_caps
+from grpo.trainer.replica_sync import check_replica_caps
 
 
 def replica(name: str, cap: int = 0, context: int = 0) -> ReplicaInfo:

@@ -413,3 +413,13 @@ def test_reward_weights_must_name_a_check_of_every_row(tmp_path: Path) -> None:
     math_only = load_rows(path)[:1]
     check_reward_weights(spec_with({"math": 1.0, "format": 0.2}), math_only)
     check_reward_weights(spec_with({}), rows)
+
+
+def test_the_settings_load_without_torch() -> None:
+    """They read the loss settings' defaults (grpo.algo.presets) at import, yet `--help` must stay instant."""
+    import subprocess
+    import sys
+
+    code = "import sys, grpo.trainer.config; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"

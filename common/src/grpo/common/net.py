@@ -1,10 +1,12 @@
-"""Small network helpers."""
+"""Small network helpers: free ports, exposure checks, addresses and the sockets the weight transports use."""
 
 from __future__ import annotations
 
 import ipaddress
 import random
 import socket
+import ssl
+import time
 from pathlib import Path
 
 LOWEST = 10_000
@@ -56,3 +58,56 @@ def exposure_warning(host: str, token: str | None, env_prefix: str) -> str | Non
         f"bound to {host} with no token: anyone who reaches this machine may call every gRPC method; set "
         f"{env_prefix}TOKEN (--token), or bind to loopback (--host 127.0.0.1)"
     )
+
+
+def split_host(address: str) -> str:
+    """The host of a gRPC `host:port` address ("[::1]:50051" -> "::1")."""
+    host = address.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") else host
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """("host", port) of "host:port" or "[v6]:port"."""
+    host, port = address.rsplit(":", 1)
+    return (host[1:-1] if host.startswith("[") else host), int(port)
+
+
+def local_host_towards(host: str, port: int) -> str:
+    """The local address this machine reaches `host` from: the interface gloo should listen on (a replica
+    may have several; the one routing to the trainer is the one the trainer can reach back)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:  # UDP connect sends nothing, just routes
+        probe.connect((host, port))
+        return str(probe.getsockname()[0])
+
+
+def server_ssl_context(cert_file: str | None, key_file: str | None) -> ssl.SSLContext | None:
+    """The TLS context of a listening socket serving `cert_file` (None: no TLS)."""
+    if not cert_file:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+def read_exactly(conn: socket.socket, size: int, deadline: float) -> bytes:
+    """`size` bytes, or fewer when the peer ends first; TimeoutError at `deadline`, however the bytes trickle in."""
+    data = b""
+    while len(data) < size:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the greeting did not arrive in time")
+        conn.settimeout(left)  # each recv gets what is left, so one byte at a time cannot hold the slot
+        more = conn.recv(size - len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+def shutdown_socket(conn: socket.socket) -> None:
+    """Shut both directions now (a blocked send or recv on it returns), whether or not it is still open."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed

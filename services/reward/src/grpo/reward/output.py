@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from grpo.reward.sandbox.confine import STDERR_KEEP_BYTES
+from grpo.reward.sandbox.run_output import STDERR_KEEP_BYTES
 
 Encoding = Literal["utf-8", "base64"]
 DEFAULT_RETURN_BYTES = 64 << 10
@@ -25,7 +25,7 @@ DEFAULT_RETURN_BYTES = 64 << 10
 sandbox keeps of stderr): a traceback's end and a program's first lines both fit."""
 MAX_RETURN_BYTES = 64 << 20
 """The most a request may ask for per stream (the reply's budget caps it further)."""
-# The sandbox's own cut of stderr (confine.Output): its first STDERR_KEEP_BYTES, this line, its last ones.
+# The sandbox's own cut of stderr (run_output.Output): its first STDERR_KEEP_BYTES, this line, its last ones.
 _SANDBOX_CUT = re.compile(rb"\n\[\.\.\. (\d+) bytes of stderr cut \.\.\.\]\n")
 
 

@@ -18,7 +18,7 @@ from grpo.rollout.settings import RolloutSettings, parse_settings
 if TYPE_CHECKING:
     from grpo.common.grpc_server import GrpcServer
     from grpo.common.http_server import HttpServer
-    from grpo.common.weight_relay import Relayer
+    from grpo.common.weights.relay import Relayer
     from grpo.rollout.engines.base import Engine
     from grpo.rollout.service import RolloutService
 
@@ -99,7 +99,7 @@ def wait_until_stopped(stop: threading.Event, worker: threading.Thread | None) -
 def relayer(settings: RolloutSettings, service: RolloutService) -> Relayer:
     """How this replica relays weight updates on: with the deployment's weights token, over TLS when it has TLS."""
     from grpo.common.send_rate import send_rate
-    from grpo.common.weight_relay import Relayer
+    from grpo.common.weights.relay import Relayer
 
     ca_file = settings.relay_tls_ca_file or settings.tls_cert_file
     token = settings.weights_token or settings.token
@@ -115,10 +115,11 @@ def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutSer
     from grpo.common.auth import MethodTokens
     from grpo.common.grpc_server import GrpcServer, server_credentials
     from grpo.common.http_server import HttpServer
+    from grpo.common.net import server_ssl_context
     from grpo.common.ports import PortSetting, check_ports
     from grpo.common.readiness import Readiness, grpc_health_check, redis_check
     from grpo.common.tiny_model import resolve_model
-    from grpo.common.weight_data_port import WeightDataPort, server_ssl_context
+    from grpo.common.weights.data_port import WeightDataPort
     from grpo.rollout.grpc_api import SERVICE_NAME, STATUS_METHOD, UPDATE_METHOD, register
     from grpo.rollout.http_api import http_routes
     from grpo.rollout.service import Limits, RolloutService

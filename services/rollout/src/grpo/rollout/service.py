@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo.common.prompts import encode_prompt
-from grpo.common.weight_data_port import WeightDataPort
-from grpo.common.weights import WeightUpdateError
+from grpo.common.weights.codec import WeightUpdateError
+from grpo.common.weights.data_port import WeightDataPort
 from grpo.rollout.engines.base import Engine, GenerationCancelled, PromptOutput, SamplingParams, always
 from grpo.rollout.stats import GenerationStats, Metrics
 from grpo.rollout.weight_updates import UpdateBusy, UpdateResult, WeightUpdates, acquire

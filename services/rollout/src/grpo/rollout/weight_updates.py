@@ -1,6 +1,6 @@
 """The replica's receive path for weight updates: staging, checking, version order, then the swap.
 
-Whatever transport carries the bytes (grpo.common.weight_transport), an update is received into a
+Whatever transport carries the bytes (grpo.common.weights), an update is received into a
 staging buffer without any lock, checked whole (specs, size, sha256) by a WeightAssembler, and only
 then applied, under the update lock (one at a time, newer versions only) through the `load` callback,
 which holds the generation lock for the copy: no sample mixes two versions, and a bad update leaves
@@ -18,12 +18,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from grpo.common.weight_broadcast import BroadcastMember, BroadcastSource, Invitation
-from grpo.common.weight_data_port import DataPortSource, WeightDataPort
-from grpo.common.weight_receiver import StagingBuffers, StreamMessage, WeightAssembler
-from grpo.common.weight_relay import ReplicaRelay
-from grpo.common.weight_transport import StreamSource, WeightSource
-from grpo.common.weights import Specs, WeightUpdateError
+from grpo.common.weights.base import WeightSource
+from grpo.common.weights.broadcast import BroadcastMember, BroadcastSource, Invitation
+from grpo.common.weights.codec import Specs, WeightUpdateError
+from grpo.common.weights.data_port import DataPortSource, WeightDataPort
+from grpo.common.weights.receiver import StagingBuffers, StreamMessage, WeightAssembler
+from grpo.common.weights.relay import ReplicaRelay
+from grpo.common.weights.stream import StreamSource
 from grpo.rollout.stats import Metrics
 
 log = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ from grpo.common.queue import (
 from grpo.common.registry import ReplicaInfo, ReplicaRegistry
 from grpo.common.retry import Backoff, RetryPolicy
 from grpo.common.reward_client import RewardClient
-from grpo.rollout.grpc_api import encode_prompts, sampling_params
 from grpo.rollout.records import Generated, batches, failed_record, group_records, score_items
+from grpo.rollout.request_checks import encode_prompts, sampling_params
 from grpo.rollout.service import RolloutService, WeightsBroken
 from grpo.rollout.settings import RolloutSettings
 from grpo.v1 import queue_pb2, reward_pb2

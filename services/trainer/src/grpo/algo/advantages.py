@@ -7,6 +7,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from grpo.algo.presets import DEFAULTS
+
 # Every mode maps rewards [N, G] (one row per prompt) to advantages [N, G]; zero-variance rows are
 # zeroed afterwards by group_advantages, so a mode never has to special-case them.
 AdvantageFn = Callable[[Tensor, float, bool], Tensor]
@@ -100,12 +102,14 @@ def group_advantages(
     rewards: Tensor,
     group_size: int,
     *,
-    mode: str = "grpo",
-    eps: float = 1e-4,
-    std_unbiased: bool = True,
-    clip: tuple[float, float] | None = None,
+    mode: str = DEFAULTS.advantage_mode,
+    eps: float = DEFAULTS.advantage_eps,
+    std_unbiased: bool = DEFAULTS.std_unbiased,
+    clip: tuple[float, float] | None = DEFAULTS.reward_clip,
 ) -> Tensor:
     """Advantages [N·G] for flat rewards [N·G] ordered group by group; mode in ADVANTAGE_MODES.
+
+    The keywords default to the loss settings' defaults (grpo.algo.presets); a run passes `advantage_kwargs()`.
 
     clip=(lo, hi) clamps rewards before any statistic, so one outlier cannot dominate the group.
     A zero-variance group gets exact zeros in every mode (mean-centring in floating point may leave

@@ -8,6 +8,10 @@ end, and tokens after the last step (the EOS token, trailing text) belong to the
 A group is G completions; completion i has K_i ≥ 1 steps (the K_i may differ; one step = no delimiter found).
 Step rewards and values are plain floats per completion (ragged lists), the result is per step, and
 `token_advantages` turns one completion's step advantages into its per-token row.
+
+Only the math lives here (floats in, floats out: no protos, no I/O). Which credit a run uses is the registry in
+grpo.trainer.credit (CREDITS, beside how the loop reads a group record and VinePPO's value rollouts): a new
+assignment is a function here, if it has math of its own, and an entry there.
 """
 
 from __future__ import annotations

@@ -59,16 +59,16 @@ def policy_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
+    clip_low: float,
+    clip_high: float,
+    beta: float,
+    kl_kind: str,
+    agg: str,
+    ratio_level: str,
+    tis_cap: float | None,
     ref_logp: Tensor | None = None,
-    beta: float = 0.0,
-    kl_kind: str = "k3",
-    agg: str = "seq_mean_token_mean",
-    ratio_level: str = "token",
     max_len: int | None = None,
     sampler_logp: Tensor | None = None,
-    tis_cap: float | None = None,
     logits: Tensor | None = None,
     entropy: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -78,6 +78,7 @@ def policy_loss(
     [B, T], one per token (process supervision, VinePPO: see credit.py);
     w = TIS weight (1 without sampler_logp); logits [B, T, V] or entropy [B, T] only feed the entropy metric.
     Returns the 0-dim loss and detached 0-dim metrics. Masked positions may hold anything, even inf/NaN.
+    The settings (clip_low … tis_cap, `LossConfig.loss_kwargs()`) have no defaults here: theirs are LossConfig's.
     """
     _check_inputs(logp, old_logp, advantages, mask, clip_low, clip_high, beta, kl_kind, agg, ratio_level)
     _check_optional(logp, ref_logp, beta, sampler_logp, tis_cap, entropy)

@@ -1,14 +1,22 @@
-"""Named algorithm presets: the published settings of GRPO and its variants, as plain frozen data."""
+"""The loss settings' one definition (LossConfig's field defaults) and the named presets built from it.
+
+Every other place takes its defaults from here: the `grpo` preset is LossConfig's defaults, the other presets
+change only what their paper changes, the trainer's settings default to None ("the preset's"), LearnerConfig's
+loss fields and group_advantages' keywords default to DEFAULTS' values, and policy_loss has none of its own.
+Pure data, no torch: the trainer's settings read it before torch loads.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
+
+LABELS = ("name", "source", "notes")  # what names and documents a preset; not a setting
 
 
 @dataclass(frozen=True)
 class LossConfig:
-    """One algorithm's knobs. Pure data: the trainer's pydantic config starts from one of these."""
+    """One algorithm's knobs. Its field defaults are the project's defaults (the `grpo` preset, R1's settings)."""
 
     name: str
     source: str  # the paper (and section) the values come from
@@ -44,6 +52,11 @@ class LossConfig:
     vine_k: int = 4  # VinePPO: continuations sampled per split point
     vine_max_splits: int = 4  # VinePPO: split points per completion at most (evenly spread over its steps)
     notes: str = field(default="", compare=False)
+
+    @classmethod
+    def knobs(cls) -> tuple[str, ...]:
+        """The settings' names (all fields but the labels), in declaration order: each is a trainer setting too."""
+        return tuple(f.name for f in fields(cls) if f.name not in LABELS)
 
     def advantage_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for group_advantages (group_size aside)."""
@@ -90,16 +103,17 @@ class LossConfig:
 
 Preset = LossConfig
 
-_GRPO = LossConfig(
+# The defaults as a value: the grpo preset, and what LearnerConfig and group_advantages default to.
+DEFAULTS = LossConfig(
     name="grpo",
     source="Shao et al. 2024, DeepSeekMath (arXiv 2402.03300) §4; DeepSeek-AI 2025, DeepSeek-R1 (arXiv 2501.12948)",
-    notes="R1 defaults: beta 0.001 with k3, G 16, reference refresh every 400 steps, skip all-equal groups.",
+    notes="R1's settings: beta 0.001 with k3, G 16, reference refresh every 400 steps, skip all-equal groups.",
 )
 
 PRESETS: dict[str, LossConfig] = {
-    "grpo": _GRPO,
+    "grpo": DEFAULTS,
     "dapo": replace(
-        _GRPO,
+        DEFAULTS,
         name="dapo",
         source="Yu et al. 2025, DAPO (arXiv 2503.14476) §3",
         clip_high=0.28,
@@ -114,7 +128,7 @@ PRESETS: dict[str, LossConfig] = {
         "(L_cache 4096), no KL.",
     ),
     "dr_grpo": replace(
-        _GRPO,
+        DEFAULTS,
         name="dr_grpo",
         source="Liu et al. 2025, Understanding R1-Zero-Like Training (arXiv 2503.20783)",
         advantage_mode="dr_grpo",
@@ -124,14 +138,14 @@ PRESETS: dict[str, LossConfig] = {
         notes="No std division, no per-answer length division (constant max_len instead), no KL.",
     ),
     "rloo": replace(
-        _GRPO,
+        DEFAULTS,
         name="rloo",
         source="Ahmadian et al. 2024, Back to Basics (arXiv 2402.14740); Kool et al. 2019",
         advantage_mode="rloo",
         notes="GRPO with the leave-one-out baseline and no std division; everything else as grpo.",
     ),
     "reinforce_pp": replace(
-        _GRPO,
+        DEFAULTS,
         name="reinforce_pp",
         source="Hu 2025, REINFORCE++ (arXiv 2501.03262), the REINFORCE++-baseline variant",
         advantage_mode="reinforce_pp",
@@ -140,7 +154,7 @@ PRESETS: dict[str, LossConfig] = {
         notes="Group-mean baseline, batch-global std normalisation, k2 KL as a loss term, token-mean loss.",
     ),
     "gspo": replace(
-        _GRPO,
+        DEFAULTS,
         name="gspo",
         source="Zheng et al. 2025, Group Sequence Policy Optimization (arXiv 2507.18071)",
         ratio_level="sequence",
@@ -151,7 +165,7 @@ PRESETS: dict[str, LossConfig] = {
         notes="Length-normalised sequence ratio, clip range 3e-4/4e-4 as in the paper's experiments, no KL.",
     ),
     "prm": replace(
-        _GRPO,
+        DEFAULTS,
         name="prm",
         source="Shao et al. 2024, DeepSeekMath (arXiv 2402.03300) §4.1.3, process supervision; the seed's §15.7.4",
         credit="process",
@@ -160,7 +174,7 @@ PRESETS: dict[str, LossConfig] = {
         "normalised scores of its step and the steps after it, mixed half and half with the outcome advantage.",
     ),
     "vineppo": replace(
-        _GRPO,
+        DEFAULTS,
         name="vineppo",
         source="Kazemnejad et al. 2024, VinePPO (arXiv 2410.01679) §3; the seed's §15.8",
         credit="vineppo",

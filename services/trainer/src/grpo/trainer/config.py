@@ -3,7 +3,8 @@
 Precedence: field defaults < `--preset` values < config file < env (GRPO_TRAINER_*) < CLI flags.
 Algorithm fields (group size, beta, clipping, loss aggregation, advantage mode, ...) default to
 None, meaning "the preset's value"; `algo_overrides()` returns only what was set explicitly,
-and `run.resolve_algo` lays them over `grpo.algo.get_preset(preset)`.
+and `assemble.resolve_algo` lays them over `grpo.algo.get_preset(preset)`. Their defaults are
+therefore defined in one place, `grpo.algo.presets` (LossConfig's field defaults, the `grpo` preset).
 """
 
 from __future__ import annotations
@@ -13,36 +14,14 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from grpo.algo.presets import PRESETS as ALGO_PRESETS
+from grpo.algo.presets import LossConfig
 from grpo.common.settings import LogLevel, ServiceSettings, load_settings, service_config
 
-PRESETS = ("grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "prm", "vineppo")
-# Fields that a preset may set; a None here means "take the preset's value".
-ALGO_FIELDS = (
-    "group_size",
-    "beta",
-    "clip_low",
-    "clip_high",
-    "kl_kind",
-    "agg",
-    "advantage_mode",
-    "ratio_level",
-    "tis_cap",
-    "skip_zero_variance",
-    "refill_zero_variance",
-    "ref_refresh_steps",
-    "overlong_soft_penalty",
-    "overlong_buffer",
-    "std_unbiased",
-    "advantage_eps",
-    "reward_clip",
-    "mask_truncated",
-    "zero_variance_on",
-    "credit",
-    "process_advantage",
-    "process_weight",
-    "vine_k",
-    "vine_max_splits",
-)
+PRESETS = tuple(ALGO_PRESETS)
+# The algorithm settings: every LossConfig knob, each a field below defaulting to None ("the preset's"); the module
+# refuses to load if one is missing (see the end of this file), so a new knob cannot be left without a setting.
+ALGO_FIELDS = LossConfig.knobs()
 
 
 class TrainerSettings(ServiceSettings):
@@ -123,13 +102,13 @@ class TrainerSettings(ServiceSettings):
     skip_zero_variance: bool | None = None
     """Drop groups whose rewards are all equal (no signal). None: the preset's."""
     tis_cap: float | None = Field(None, gt=0)
-    """Truncated importance sampling cap against the sampler's log-probs. None: the preset's (off)."""
+    """Truncated importance sampling cap against the sampler's log-probs. None: the preset's."""
     refill_zero_variance: bool | None = None
     """Refill the batch with new tasks for every zero-variance drop (DAPO). None: the preset's."""
     zero_variance_on: Literal["auto", "reward", "accuracy"] | None = None
     """What the zero-variance filter compares: `reward` (clipped as the advantages see it), `accuracy` (the math or
     code correctness score, DAPO's filter; the reward for groups without one), `auto` (accuracy when refilling,
-    else the reward). None: the preset's (auto)."""
+    else the reward). None: the preset's."""
     ref_refresh_steps: int | None = Field(None, ge=0)
     """Copy the policy into the reference model every N steps (R1: 400; 0 = never). None: the preset's."""
     overlong_soft_penalty: bool | None = None
@@ -142,9 +121,9 @@ class TrainerSettings(ServiceSettings):
     std_unbiased: bool | None = None
     """Group std with Bessel's correction, ÷(G−1), as the seeds' code, TRL and veRL; false: ÷G. None: the preset's."""
     advantage_eps: float | None = Field(None, gt=0)
-    """Added to the group std before dividing. None: the preset's (1e-4)."""
+    """Added to the group std before dividing. None: the preset's."""
     reward_clip: tuple[float, float] | None = None
-    """[lo, hi]: clamp rewards before the group statistics (the seeds' reward clipping). None: the preset's (off)."""
+    """[lo, hi]: clamp rewards before the group statistics (the seeds' reward clipping). None: the preset's."""
     credit: Literal["outcome", "process", "vineppo"] | None = None
     """`outcome`: one advantage per completion; `process`: per step, from the step scores the reward service
     returns for each task's step check (process supervision, DeepSeekMath §4.1.3); `vineppo`: per step, from the
@@ -153,9 +132,9 @@ class TrainerSettings(ServiceSettings):
     """Process advantages: `cumulative` (DeepSeekMath: group-normalised step scores summed from each step on) or
     `step_aligned` (the seed's: step k against step k of the other completions). None: the preset's."""
     process_weight: float | None = Field(None, ge=0, le=1)
-    """A = (1 − w)·A_outcome + w·A_process per token (1: process only). None: the preset's (0.5 for prm)."""
+    """A = (1 − w)·A_outcome + w·A_process per token (1: process only). None: the preset's."""
     vine_k: int | None = Field(None, ge=1)
-    """VinePPO: continuations sampled at each split point to estimate its value. None: the preset's (4)."""
+    """VinePPO: continuations sampled at each split point to estimate its value. None: the preset's."""
     vine_max_splits: int | None = Field(None, ge=1)
     """VinePPO: split points per completion at most, spread evenly over its step boundaries. None: the preset's."""
     step_check: dict[str, Any] | None = None
@@ -390,6 +369,20 @@ class TrainerSettings(ServiceSettings):
         """The algorithm settings given explicitly (not None): they win over the preset's values."""
         return {name: getattr(self, name) for name in ALGO_FIELDS if getattr(self, name) is not None}
 
+
+def _check_algo_fields() -> None:
+    """Every LossConfig knob is a setting defaulting to None: another default here would be a second definition."""
+    fields = TrainerSettings.model_fields
+    missing = [name for name in ALGO_FIELDS if name not in fields]
+    defaulted = [name for name in ALGO_FIELDS if name in fields and fields[name].default is not None]
+    if missing or defaulted:
+        raise TypeError(
+            f"TrainerSettings: LossConfig knobs without a setting {missing}, settings with a default of their own "
+            f"{defaulted}; each needs a field `<name>: <type> | None = None` (None: the preset's value)"
+        )
+
+
+_check_algo_fields()
 
 STAGE_FIXED = ("stages", "output_dir", "run_id", "resume", "when_done", "host", "grpc_port", "http_port")
 

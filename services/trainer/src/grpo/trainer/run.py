@@ -2,7 +2,10 @@
 
 The invariants this loop keeps, and where: task accounting and resume (accounting.py), admission
 control (`batches_to_publish`), deferred acks after checkpoints (consumer.GroupReader), bounded
-waits everywhere (group timeout, push timeout, Redis socket timeouts).
+waits everywhere (group timeout, push timeout, Redis socket timeouts: redis_retry.py).
+
+Its parts are built before it starts (build.py: the data, the model, Redis, a resume); the replicas' copy of the
+weights is replica_sync.py's, and how kept groups get their advantages is the credit registry's (credit.py).
 """
 
 from __future__ import annotations
@@ -11,22 +14,17 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from prometheus_client import CollectorRegistry
 
 from grpo.algo import group_advantages
-from grpo.common.queue import QueueUnavailable, RunQueue, connect
-from grpo.common.readiness import redis_check
+from grpo.common.queue import QueueUnavailable
 from grpo.common.registry import ReplicaInfo, ReplicaRegistry
-from grpo.common.retry import RetryPolicy, retry
-from grpo.common.weight_broadcast import WeightBroadcaster
+from grpo.common.weights.broadcast import WeightBroadcaster
 from grpo.trainer.accounting import (
     GROUP_VERDICTS,
-    Accounting,
     FailureStreak,
     StepQuota,
     batches_to_publish,
@@ -35,136 +33,52 @@ from grpo.trainer.accounting import (
     resolved_groups,
     triage,
 )
-from grpo.trainer.assemble import build_learner, load_grpo_data, resolve_algo, task_spec
-from grpo.trainer.checkpoint import Outcomes, latest_checkpoint, rewind
+from grpo.trainer.build import RunParts, build_run, eval_result, evaluation_due
 from grpo.trainer.config import TrainerSettings
-from grpo.trainer.consumer import (
-    GroupReader,
-    facts_of,
-    failure_reason,
-    group_metrics,
-    process_credit,
-    step_metrics,
-    to_samples,
-)
+from grpo.trainer.consumer import facts_of, failure_reason, group_metrics, to_samples
 from grpo.trainer.control import ReplicaView, RunControl
-from grpo.trainer.data import DataCursor
 from grpo.trainer.errors import RunError
 from grpo.trainer.evaluation import evaluate
-from grpo.trainer.ledger import read_segment
-from grpo.trainer.metrics import MetricsSink
-from grpo.trainer.publisher import Publisher
-from grpo.trainer.pusher import ReplicaTarget, highest_pushed, push_mode, push_to_replicas, record_pushed
-from grpo.trainer.ranks import RankDriver
-from grpo.trainer.report import evaluated, last_row_at, read_metrics
-from grpo.trainer.vine import VALUE_KIND, ValueBooks, sample_credit, split_points, value_task_id
-from grpo.trainer.waiting import WaitReporter
+from grpo.trainer.replica_sync import check_replica_caps
+from grpo.trainer.vine import VALUE_KIND
 from grpo.v1 import queue_pb2
 
 log = logging.getLogger(__name__)
-CONSUMER = "trainer"  # one stable consumer name per run: a restarted trainer finds its pending list under it
 Kept = list[tuple[str, queue_pb2.GroupRecord]]
-T = TypeVar("T")
-REDIS_RETRY = RetryPolicy(base_s=0.5, cap_s=5.0)  # every Redis call of the loop; deadline_s is redis_outage_s
 # A step's push counts when it pushed nothing: logged every step, as the triage counts (see _collect).
 NO_PUSHES = {"push/ok": 0.0, "push/failed": 0.0, "push/bytes_sent": 0.0}
-RESYNC_S = 2.0  # while groups are awaited, how often the registry is read for replicas that lack the weights
-
-
-def evaluation_due(step: int, s: TrainerSettings) -> bool:
-    """Whether the run evaluates at `step` (given eval data): the baseline at 0, every eval_every, the last."""
-    if step == 0:
-        return s.eval_before_train
-    return bool(s.eval_every and step % s.eval_every == 0) or step == s.steps
 
 
 class GrpoRun:
     """One GRPO run; `run()` blocks until the last step, a stop request or a fatal error."""
 
     def __init__(
-        self, settings: TrainerSettings, control: RunControl, prometheus_registry: CollectorRegistry | None = None
+        self,
+        settings: TrainerSettings,
+        control: RunControl,
+        prometheus_registry: CollectorRegistry | None = None,
+        *,
+        parts: RunParts | None = None,
     ) -> None:
-        s = self.s = settings
+        """`parts`: what the loop runs on; by default build_run builds them from the settings (and resumes)."""
+        self.s = settings
         self.control = control
-        self.algo = resolve_algo(s)
-        self.zero_variance_on = self.algo.zero_variance_basis()  # resolved (and checked) once
-        self.spec = task_spec(s, self.algo)
-        data = load_grpo_data(s, self.algo, self.spec, s.model)
-        self.rows, self.eval_rows = data.rows, data.eval_rows
-        self.longest_prompt = data.longest_prompt  # what every replica's context must hold
-        client = connect(s.redis_url)
-        self.queue = RunQueue(client, s.run_id)
-        self.control.readiness.add("redis", redis_check(s.redis_url))
-        # A pod can start before Redis (or its DNS name) answers: wait for it as for any outage.
-        self._retry(self.queue.ensure_groups, "creating the run's consumer groups")
-        self.registry = ReplicaRegistry(client, s.run_id)
-        self.broadcaster = (
-            WeightBroadcaster(s.broadcast_address, s.broadcast_backend, s.broadcast_timeout_s)
-            if s.weight_transport == "broadcast"
-            else None
-        )
-        self.waiting = WaitReporter(self.queue, self.registry, s.redis_url)  # says what a long wait is for
-        self.reader = GroupReader(self.queue, CONSUMER)
-        self.learner = RankDriver(build_learner(s, self.algo), s.model)
-        self.acct = Accounting()
-        self.value_books = ValueBooks()
-        self.failed_streak = FailureStreak(s.max_failed_steps)
+        p = build_run(settings, control, prometheus_registry) if parts is None else parts
+        self.algo = p.algo
+        self.zero_variance_on = p.zero_variance_on
+        self.spec, self.rows, self.eval_rows, self.longest_prompt = p.spec, p.rows, p.eval_rows, p.longest_prompt
+        self.queue, self._retry, self.replicas, self.waiting = p.queue, p.retry, p.replicas, p.waiting
+        self.reader, self.learner, self.acct, self.publisher = p.reader, p.learner, p.acct, p.publisher
+        self.value_books, self.credit, self.sink = p.value_books, p.credit, p.sink
+        self.failed_streak = FailureStreak(settings.max_failed_steps)
         # The last _collect's triage verdicts (verdict -> groups) and its failed groups' reasons (reason -> groups).
         self.outcomes: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
-        self.step = 0
-        self.ckpt_root = s.output_dir / "checkpoints"
-        self.ledger_root = s.output_dir / "ledger"
-        cursor = DataCursor(seed=s.seed)
-        self.resumed_version: int | None = None
-        path = None if s.resume == "never" else latest_checkpoint(self.ckpt_root) if s.resume == "auto" else s.resume
-        info = None if path is None else self.learner.load(path)
-        # The ledger and checkpoints follow the one resumed from (a fresh run: a fresh ledger, no checkpoints).
-        rewind(self.ckpt_root, self.ledger_root, info)
-        # The ledger segment of the last checkpoint's step: a re-save of that step adds to it.
-        self.segment: tuple[int, Outcomes] = (-1, [])
-        if info is not None:
-            # A checkpoint from before checkpoints carried their segment: the ledger's copy is the one there is.
-            outcomes = read_segment(self.ledger_root, info.step) if info.outcomes is None else info.outcomes
-            self.segment = (info.step, outcomes)
-            self.step = info.step
-            cursor = DataCursor.from_state(info.data_cursor)
-            self.acct = Accounting.from_state(info.inflight, time.monotonic())
-            self.resumed_version = self.learner.version
-            log.info("resumed at step %d, version %d, %d task(s) in flight", self.step, self.learner.version,
-                     self.acct.n_in_flight)  # fmt: skip
-        self.publisher = Publisher(self.queue, self.rows, self.spec, s.run_id, cursor)
-        s.output_dir.mkdir(parents=True, exist_ok=True)
-        # The row already logged for the step we start at (a resume), and whether that step still owes its
-        # evaluation: due there and no eval/accuracy in the row (stopped mid-evaluation, or killed in it).
-        resumed_row = last_row_at(s.output_dir / "metrics.jsonl", self.step) if path is not None else None
-        self.eval_owed = bool(self.eval_rows) and evaluation_due(self.step, s) and not evaluated(resumed_row)
-        self.resumed_row = resumed_row if self.eval_owed else None
-        # The owed step's row is written again with the evaluation: drop the old one (and its TensorBoard events)
-        # so that step has one row.
-        start_step = (self.step - 1 if self.eval_owed else self.step) if path is not None else -1
-        self.sink = MetricsSink(
-            tensorboard_dir=s.output_dir / "tensorboard",
-            jsonl_path=s.output_dir / "metrics.jsonl",
-            prometheus_registry=prometheus_registry,
-            wandb_project=s.wandb_project,
-            wandb_run_name=s.run_id,
-            run_config=s.run_record(),
-            start_step=start_step,  # a fresh run (-1) starts fresh files, as the ledger
-        )
-        evaluations = [r for r in read_metrics(s.output_dir / "metrics.jsonl")
-                       if "eval/accuracy" in r and r["step"] <= self.step]  # fmt: skip
-        self.control.update(
-            eval_history=tuple((r["step"], r["eval/accuracy"]) for r in evaluations),
-            last_eval=eval_result(evaluations[-1]) if evaluations else None,  # a resumed run's, until its next one
-        )
-        self.confirmed: dict[str, int] = {}  # replica id -> version it confirmed (push reply)
-        # replica id -> the incarnation that confirmed it: one restarted under the same id is back on the model from
-        # disk, and is pushed to again
-        self.confirmed_by: dict[str, str] = {}
-        self.synced_at = 0.0  # when _resync last looked for replicas that lack the current weights
-        self.push_stats: dict[str, float] = {}
-        self.last_checkpoint_step = self.step if path is not None else -1
+        r = p.resumed
+        self.step, self.resumed_version, self.segment = r.step, r.version, r.segment
+        self.eval_owed, self.resumed_row, self.last_checkpoint_step = r.eval_owed, r.row, r.last_checkpoint_step
+        self.ckpt_root = settings.output_dir / "checkpoints"
+        self.ledger_root = settings.output_dir / "ledger"
 
     @property
     def version(self) -> int:
@@ -195,8 +109,8 @@ class GrpoRun:
             push_s += self._sync_replicas() if kept else 0.0
             self.step += 1
             self.acct.check()
-            metrics = {**collect_metrics, **train_metrics, **self.acct.summary(), **NO_PUSHES, **self.push_stats}
-            self.push_stats = {}
+            push_stats = self.replicas.take_stats()
+            metrics = {**collect_metrics, **train_metrics, **self.acct.summary(), **NO_PUSHES, **push_stats}
             metrics.update({"time/wait_rollouts_s": wait_s, "time/push_s": push_s, "policy_version": self.version})
             metrics["time/step_s"] = time.monotonic() - started
             if self.step % s.checkpoint_every == 0:
@@ -221,91 +135,50 @@ class GrpoRun:
         """Release the follower ranks and the metrics files (idempotent; also after a failure)."""
         self.learner.close()
         self.sink.close()
-        if self.broadcaster is not None:
-            self.broadcaster.close()
+        self.replicas.close()
 
-    # ---- replicas ------------------------------------------------------------------------------
-    def _live(self) -> list[Any]:
-        return self._retry(self.registry.live_replicas, "reading the replica registry")
+    # ---- replicas (replica_sync.py) -------------------------------------------------------------
+    @property
+    def registry(self) -> ReplicaRegistry:
+        return self.replicas.registry
+
+    @property
+    def broadcaster(self) -> WeightBroadcaster | None:
+        return self.replicas.broadcaster
+
+    @property
+    def confirmed(self) -> dict[str, int]:
+        """Replica id -> the version it confirmed (push reply)."""
+        return self.replicas.confirmed
+
+    @property
+    def push_stats(self) -> dict[str, float]:
+        return self.replicas.push_stats
+
+    def _live(self) -> list[ReplicaInfo]:
+        return self.replicas.live()
 
     def _start_replicas(self) -> None:
         """Wait for replicas, then push our weights under a version newer than any they hold."""
-        deadline = time.monotonic() + self.s.replica_wait_s
-        live = self._live()
-        while len(live) < self.s.min_replicas:
-            if self.control.stopping:
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"only {len(live)} live rollout replica(s) for run {self.s.run_id!r} after "
-                    f"{self.s.replica_wait_s:.0f}s (need {self.s.min_replicas}); are they started with the same "
-                    "--redis-url and run name?"
-                )
-            self.waiting.tick(f"waiting for rollout replicas: {len(live)} of {self.s.min_replicas} live "
-                              f"(the run fails after {self.s.replica_wait_s:.0f}s)")  # fmt: skip
-            self.control.stop_event.wait(0.5)
-            live = self._live()
-        self.waiting.done()
+        live = self.replicas.await_replicas(self.control, self.waiting)
+        if live is None:
+            return
         check_replica_caps(live, self.s.max_new_tokens, self.longest_prompt)
-        newest = max([r.weight_version for r in live], default=0)
-        # Above every version ever pushed from this output dir, not only the live replicas': restarted with the
-        # trainer, they report 0, and the lost lineage's first version would be reused, its groups trained as
-        # on-policy.
-        new_version = max(self.version, newest, highest_pushed(self.s.output_dir)) + 1
+        new_version = self.replicas.fresh_version(live, self.version)
         if self.resumed_version is not None:
             # The restored weights get a fresh version; versions in between belong to the lost lineage.
             self.acct.version_aliases.append((self.resumed_version, new_version))
         self.learner.set_version(new_version)
         self._sync_replicas(live)
 
-    def _holds_version(self, replica: ReplicaInfo) -> bool:
-        """Whether `replica` holds the current weights: by its heartbeat, or by this incarnation's push reply (the
-        heartbeat lags a push by up to heartbeat_s)."""
-        if replica.weight_version >= self.version:
-            return True
-        confirmed = self.confirmed.get(replica.replica_id) == self.version
-        return confirmed and self.confirmed_by.get(replica.replica_id) == replica.incarnation
-
-    def _sync_replicas(self, live: list[Any] | None = None) -> float:
+    def _sync_replicas(self, live: list[ReplicaInfo] | None = None) -> float:
         """Push the current weights to every live replica that does not hold them yet; seconds spent."""
-        live = self._live() if live is None else live
-        targets = [
-            ReplicaTarget(r.replica_id, r.address, r.weights_data_port) for r in live if not self._holds_version(r)
-        ]
-        if not targets:
-            return 0.0
-        started = time.monotonic()
-        record_pushed(self.s.output_dir, self.version)  # durable before any replica can hold it
-        tensors = self.learner.push_tensors()
-        results = push_to_replicas(
-            targets, tensors, self.version, token=self.s.weights_token, timeout_s=self.s.push_timeout_s,
-            retries=self.s.push_retries, ca_file=self.s.rollout_tls_ca_file,
-            mode=push_mode(self.s.weight_push, len(targets)), fanout=self.s.relay_fanout,
-            broadcaster=self.broadcaster, send_rate_mb_s=self.s.weights_send_rate_mb_s,
-        )  # fmt: skip
-        incarnations = {r.replica_id: r.incarnation for r in live}
-        for r in results:
-            if r.ok:
-                self.confirmed[r.replica_id] = r.version
-                self.confirmed_by[r.replica_id] = incarnations.get(r.replica_id, "")
-        # Judged over every live replica, not this call's targets: one that took the version earlier serves it.
-        if not any(self._holds_version(r) for r in live):
-            log.error("no replica accepted version %d; its groups will be dropped as stale until one does",
-                      self.version)  # fmt: skip
-        for key, value in (  # summed: a step may push twice (before collecting, after training)
-            ("push/ok", sum(r.ok for r in results)),
-            ("push/failed", sum(not r.ok for r in results)),
-            ("push/bytes_sent", sum(r.bytes_sent for r in results)),
-        ):
-            self.push_stats[key] = self.push_stats.get(key, 0.0) + float(value)
-        return time.monotonic() - started
+        return self.replicas.push(self.version, self.learner.push_tensors, live)
 
     def _resync(self) -> None:
         """While groups are awaited, push to replicas that joined or restarted since the step began (every
-        RESYNC_S): they take no task published under weights they lack, so without it they would idle until the
-        step's end, or, the only replica, stall the run."""
-        if time.monotonic() - self.synced_at >= RESYNC_S:
-            self.synced_at = time.monotonic()
+        replica_sync.RESYNC_S)."""
+        if self.replicas.resync_due():
             self._sync_replicas()
 
     # ---- publishing and collecting ---------------------------------------------------------------
@@ -364,7 +237,7 @@ class GrpoRun:
                 self.value_books.late += 1
                 self.reader.ack_now(entry.entry_id)
                 continue
-            facts = facts_of(record, self.zero_variance_on, self.algo.reward_clip, steps=self.algo.credit == "process")
+            facts = facts_of(record, self.zero_variance_on, self.algo.reward_clip, steps=self.credit.steps)
             verdict = "duplicate" if record.group_id in kept_ids else triage(
                 facts, self.acct, self.version, s.max_staleness, self.algo.skip_zero_variance, self.algo.group_size
             )  # fmt: skip
@@ -411,16 +284,6 @@ class GrpoRun:
                         resolved_groups(self.outcomes), describe_failures(self.failures))  # fmt: skip
         self.failed_streak.add(self.outcomes, self.failures)
 
-    def _retry(self, call: Callable[[], T], what: str) -> T:
-        """Ride out a Redis outage of up to redis_outage_s (then fail the run: reported, never hung)."""
-        policy = replace(REDIS_RETRY, deadline_s=self.s.redis_outage_s)
-        try:
-            return retry(call, what, policy, on=QueueUnavailable, stop=self.control.stop_event, logger=log,
-                         describe=lambda exc: f"Redis unavailable: {exc}")  # fmt: skip
-        except QueueUnavailable as exc:
-            why = "stopping" if self.control.stopping else f"for {self.s.redis_outage_s:.0f}s"
-            raise RuntimeError(f"Redis unavailable while {what} ({why})") from exc
-
     def _republish(self, tid: str) -> None:
         self._retry(lambda: self.publisher.republish(tid, self.version, self.acct), "republishing a task")
 
@@ -439,98 +302,18 @@ class GrpoRun:
         rewards = torch.tensor([s.reward for _, r in kept for s in r.samples], dtype=torch.float32)
         advantages = group_advantages(rewards, g, **self.algo.advantage_kwargs()).tolist()
         records = [record for _, record in kept]
-        vine = self._vine_credit(records) if self.algo.credit == "vineppo" else None
+        outcome = [advantages[i * g : (i + 1) * g] for i in range(len(records))]
+        per_token = self.credit.token_advantages(records, outcome, self.version, self.step)  # None: outcome credit
         samples = []
-        for i, record in enumerate(records):
-            outcome = advantages[i * g : (i + 1) * g]
-            per_token = process_credit(record, outcome, self.algo) if self.algo.credit == "process" else None
-            samples += to_samples(record, outcome, vine[i] if vine is not None else per_token)
-        metrics = self.learner.step(samples)
-        if self.algo.credit == "process":
-            metrics.update(step_metrics(records))
+        for record, group_outcome, tokens in zip(records, outcome, per_token, strict=True):
+            samples += to_samples(record, group_outcome, tokens)
+        metrics = {**self.learner.step(samples), **self.credit.train_metrics(records)}
         out = {f"train/{k}": v for k, v in metrics.items()}
-        if vine is not None:  # the value rollouts' books and cost
-            out.update(self.value_books.metrics(sum(len(s.completion.token_ids) for r in records for s in r.samples)))
+        out.update(self.credit.metrics(records))  # e.g. VinePPO's value rollouts: their books and cost
         for entry_id, record in kept:
             self.acct.resolve(record.group_id, "trained")
             self.reader.defer_ack(entry_id)
         return out
-
-    def _vine_credit(self, records: list[queue_pb2.GroupRecord]) -> list[list[list[float]]]:
-        """VinePPO: value tasks at each completion's split points, their groups awaited (others held back for
-        later steps), then per-token advantages for every sample of every group (see vine.py)."""
-        algo, books = self.algo, self.value_books
-        plan: dict[str, tuple[int, int, int]] = {}  # value task id -> (group, sample, split point)
-        tasks = []
-        splits: list[list[list[int]]] = []
-        for gi, record in enumerate(records):
-            splits.append([])
-            for si, sample in enumerate(record.samples):
-                ids = list(sample.completion.token_ids)
-                points = split_points(list(sample.step_token_ends), len(ids), algo.vine_max_splits)
-                splits[-1].append(points)
-                for b in points:
-                    tid = value_task_id(record.group_id, si, b, self.version)
-                    plan[tid] = (gi, si, b)
-                    tasks.append(self.publisher.value_task(record.group_id, tid, ids[:b], self.version, algo.vine_k))
-        if tasks:
-            self._retry(lambda: self.queue.publish_tasks(tasks), "publishing value tasks")
-            books.published += len(tasks)
-        values = self._await_values(plan)
-        out = []
-        for gi, record in enumerate(records):
-            rewards = [s.reward for s in record.samples]
-            prompt_value = sum(rewards) / len(rewards)  # the group is the prompt's Monte Carlo sample
-            out.append([
-                sample_credit(splits[gi][si], values.get((gi, si), {}), prompt_value, s.reward,
-                              len(s.completion.token_ids))
-                for si, s in enumerate(record.samples)
-            ])  # fmt: skip
-        return out
-
-    def _await_values(self, plan: dict[str, tuple[int, int, int]]) -> dict[tuple[int, int], dict[int, float]]:
-        """Read groups until every planned value group came or group_timeout_s passed; other groups wait in the
-        reader's buffer, in order, for the steps they belong to."""
-        books = self.value_books
-        values: dict[tuple[int, int], dict[int, float]] = {}
-        pending, held = set(plan), []
-        started = time.monotonic()
-        try:
-            while pending and time.monotonic() < started + self.s.group_timeout_s and not self.control.stopping:
-                entry = self._retry(lambda: self.reader.next(block_ms=500), "reading value groups")
-                if entry is None:
-                    self.waiting.tick(f"step {self.step}: waiting for value groups, {len(pending)} of "
-                                      f"{len(plan)} missing")  # fmt: skip
-                    continue
-                self.waiting.done()
-                record = entry.message
-                if record is None or record.kind != VALUE_KIND:
-                    held.append(entry)  # a group for a later step (or an evaluation)
-                    continue
-                self.reader.ack_now(entry.entry_id)
-                if record.group_id not in pending:
-                    books.late += 1
-                    continue
-                pending.discard(record.group_id)
-                books.continuation_tokens += sum(len(s.completion.token_ids) for s in record.samples)
-                rewards = [s.reward for s in record.samples if s.HasField("reward")]
-                if record.status != "ok" or not record.samples:
-                    books.dropped["failed"] += 1
-                elif len(rewards) != len(record.samples):
-                    books.dropped["unscored"] += 1
-                else:
-                    gi, si, b = plan[record.group_id]
-                    values.setdefault((gi, si), {})[b] = sum(rewards) / len(rewards)
-                    books.used += 1
-        finally:
-            self.reader.buffer.extendleft(reversed(held))
-        if pending:
-            reason = "stopped" if self.control.stopping else "timeout"
-            log.warning("%d value group(s) missing (%s); their split points are left out", len(pending), reason)
-            books.dropped[reason] += len(pending)
-        books.wait_s += time.monotonic() - started
-        books.check()
-        return values
 
     # ---- checkpoints, evaluation, status -------------------------------------------------------
     def _checkpoint(self) -> str:
@@ -618,32 +401,6 @@ class GrpoRun:
         a = self.acct
         return {"tasks_published": a.published, "groups_trained": a.trained, "dropped": dict(a.dropped),
                 "in_flight": a.n_in_flight, "duplicates": a.duplicates, "superseded": a.superseded}  # fmt: skip
-
-
-def eval_result(row: dict[str, Any]) -> tuple[int, dict[str, float]]:
-    """(step, eval/* metrics) of a metrics row that holds a finished evaluation: the status's last_eval."""
-    return int(row["step"]), {k: float(v) for k, v in row.items() if k.startswith("eval/")}
-
-
-def check_replica_caps(live: list[ReplicaInfo], max_new_tokens: int, longest_prompt: int = 0) -> None:
-    """RunError naming each replica that would refuse tasks: the run's max_new_tokens over its cap, or the longest
-    prompt with max_new_tokens past its engine's context (vLLM's --max-model-len may be below the model's). Said
-    at start-up, not after `max_failed_steps` steps of failed groups. (0: a replica that does not say.)"""
-    short = [f"{r.replica_id} (cap {r.max_new_tokens_cap})" for r in live if 0 < r.max_new_tokens_cap < max_new_tokens]
-    if short:
-        raise RunError(
-            f"max_new_tokens {max_new_tokens} is over what rollout replica(s) {', '.join(short)} generate: lower "
-            "max_new_tokens, or start the rollout service with a larger --max-new-tokens-cap"
-        )
-    need = longest_prompt + max_new_tokens
-    small = [f"{r.replica_id} ({r.max_context})" for r in live if 0 < r.max_context < need]
-    if small:
-        raise RunError(
-            f"the longest prompt ({longest_prompt} tokens) with max_new_tokens {max_new_tokens} needs a context of "
-            f"{need} tokens, more than rollout replica(s) {', '.join(small)} hold: raise the rollout's context "
-            "(vLLM: --vllm-max-model-len), lower max_new_tokens, or leave long prompts out (overlong_prompts: drop "
-            "drops only those past the model's own context)"
-        )
 
 
 def nothing_trained(steps: int, dropped: dict[str, int]) -> str:

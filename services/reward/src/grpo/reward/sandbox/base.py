@@ -53,7 +53,7 @@ class ExecResult:
     """Peak resident memory of the program (ru_maxrss)."""
     stdout_raw: bytes | None = None
     """stdout's exact bytes when they are not UTF-8 (`stdout` then reads them with U+FFFD); None when `stdout` is
-    exact. The zygote's reply carries such a stdout as {"base64": ...} in its place (confine.wire_text)."""
+    exact. The zygote's reply carries such a stdout as {"base64": ...} in its place (run_output.wire_text)."""
 
     def __post_init__(self) -> None:
         wire: Any = self.stdout
@@ -72,7 +72,7 @@ class Limits:
     """Address-space limit per process (RLIMIT_AS)."""
     max_output_bytes: int | None = None
     """stdout; past it the run is killed with status output_limit. None: the sandbox's cap (DEFAULT_MAX_OUTPUT_BYTES
-    unless it was given another). stderr does not count: only its first and last 32 KiB are kept (confine.py), and
+    unless it was given another). stderr does not count: only its first and last 32 KiB are kept (run_output.py), and
     only a flood of it (STDERR_FLOOD_BYTES) stops the run."""
     max_processes: int = 64
     """Processes and threads of the run (RLIMIT_NPROC on a uid no one else uses); a run refused one past it ends as

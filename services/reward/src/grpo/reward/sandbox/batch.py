@@ -1,6 +1,6 @@
 """Batches, for the zygote: one program run on many inputs (a submission's tests) in one PID namespace.
 
-Stdlib only and run in the zygote's process, like zygote.py and confine.py.
+Stdlib only and run in the zygote's process, like zygote.py and the siblings it imports (confine.py, protocol.py, ...).
 
 The namespace's pid 1 is a small supervisor that has already done what every run needs (mounts, uid, limits,
 seccomp), so each run costs one posix_spawn (vfork + exec) instead of a fork of this process plus that set-up:
@@ -37,7 +37,7 @@ import socket
 import struct
 import time
 
-from grpo.reward.sandbox import confine
+from grpo.reward.sandbox import confine, protocol, rlimits, run_files, run_output
 
 HELD_REPLY_BYTES = 4 << 20  # replies held back before they are written anyway
 HELD_REPLY_S = 0.5  # ... or for this long
@@ -73,7 +73,7 @@ def _supervise(req: dict, uid: int, control: socket.socket) -> None:
         confine.become(uid)
         confine.check(confine.libc.prctl(confine.PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         os.chdir("/scratch")
-        confine.set_limits(confine.rlimits(confine.beside_init(req["limits"])))  # + the supervisor
+        rlimits.set_limits(rlimits.rlimits(rlimits.beside_init(req["limits"])))  # + the supervisor
         confine.install_seccomp(confine.SECCOMP)
         ioprio_get = SYS_IOPRIO_GET[os.uname().machine]
         scheduling = _scheduling(ioprio_get)
@@ -124,7 +124,7 @@ def _scratch_state() -> tuple:
 def _receive(control: socket.socket) -> dict:
     """The zygote's next message, a run ({"run": index, "timeout_s": ...} with fds 0-2) or {"kill": index}; at
     EOF our exit."""
-    message, fds = confine.receive_fds(control, 4096, 3)
+    message, fds = protocol.receive_fds(control, 4096, 3)
     if not message:
         os._exit(0)  # the zygote closed the batch: our exit takes the namespace with it
     return {**json.loads(message), "fds": fds}
@@ -208,7 +208,7 @@ class Box:
     def __init__(self, req: dict, uid: int, pidns_fd: int) -> None:
         confine.mount_scratch(req["limits"]["scratch_mb"], uid, shared=True)
         try:
-            confine.write_files(req, 0o555)
+            run_files.write_files(req, 0o555)
             self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             confine.unshare(confine.CLONE_NEWPID)
             try:
@@ -239,7 +239,7 @@ class Box:
         completion: fds 3 and 4 are /dev/null.)"""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        theirs = [confine.stdin_fd(stdin), out_w, err_w]
+        theirs = [run_files.stdin_fd(stdin), out_w, err_w]
         index, self.sent = self.sent, self.sent + 1
         try:
             message = json.dumps({"run": index, "timeout_s": limits["timeout_s"]}).encode()
@@ -257,7 +257,7 @@ class Box:
         started = max(run["queued"], self.answered)  # it started when the run before it was answered
         deadline = started + limits["timeout_s"] + BATCH_SLACK_S  # the supervisor ends a run at its own deadline
         try:
-            verdict, got = confine.read_outputs(self.control.fileno(), readers, limits, deadline)
+            verdict, got = run_output.read_outputs(self.control.fileno(), readers, limits, deadline)
         finally:
             self.discard(run)
         answered = verdict is None
@@ -266,17 +266,17 @@ class Box:
                 self.control.send(json.dumps({"kill": run["index"]}).encode())
             except OSError:
                 pass
-            answered = confine.read_outputs(self.control.fileno(), {}, limits, deadline)[0] is None
+            answered = run_output.read_outputs(self.control.fileno(), {}, limits, deadline)[0] is None
         said = self._said() if answered else {}
         self.answered = time.monotonic()
         if "status" not in said:  # no answer in time, or a dead supervisor: this box is done
             reply = {"verdict": verdict, "setup_error": said.get("setup_error", ""), "wall_s": self.answered - started}
             if not reply["setup_error"] and verdict is None:
                 reply["setup_error"] = "the batch supervisor exited"
-            return {**reply, **confine.outcome(got, limits, None, None, 0.0, 0.0)}, False
+            return {**reply, **run_output.outcome(got, limits, None, None, 0.0, 0.0)}, False
         verdict = verdict or {"timeout": "timeout", "killed": "output_limit"}.get(said["why"])
         reply = {"verdict": verdict, "setup_error": "", "wall_s": said["wall_s"]}
-        outcome = confine.outcome(got, limits, None, said["status"], said["cpu_s"], said["peak_mb"])
+        outcome = run_output.outcome(got, limits, None, said["status"], said["cpu_s"], said["peak_mb"])
         return {**reply, **outcome}, not said["retire"]
 
     @staticmethod
@@ -304,19 +304,19 @@ class Box:
 
 def _next_refused() -> bool:
     """A stream's answer after a reply: anything but "next" (a stop, or the service gone) ends the batch."""
-    return (confine.read_msg(0) or {}).get("control") != "next"
+    return (protocol.read_msg(0) or {}).get("control") != "next"
 
 
 def _stop_requested() -> bool:
     """The service sent its closing control message before the end (a stop), or is gone."""
     if not select.select([0], [], [], 0)[0]:
         return False
-    confine.read_msg(0)
+    protocol.read_msg(0)
     return True
 
 
 def _write_held(held: list[bytes]) -> None:
-    confine.write_all(1, b"".join(struct.pack(">I", len(body)) + body for body in held))
+    protocol.write_all(1, b"".join(struct.pack(">I", len(body)) + body for body in held))
     held.clear()
 
 
@@ -366,4 +366,4 @@ def run_batch(req: dict, uid: int, pidns_fd: int, stdins: list[bytes | int]) -> 
     except BaseException:  # the end is written: an error reply now would answer the service's next request.
         os._exit(1)  # The service finds the zygote gone at its next request (that one fails) and replaces it.
     if not stopped:
-        confine.read_msg(0)
+        protocol.read_msg(0)

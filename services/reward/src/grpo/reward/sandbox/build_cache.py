@@ -2,7 +2,7 @@
 source, toolchain) and its artifacts reused by every later request that sends the same source.
 
 Why: RL data sends one testlib checker with thousands of submissions, and a C++ testlib checker takes 4.5 s to
-build on a quiet machine, 15-21 s under load. The namespace sandbox's `Held` (namespace.py) is a different cache,
+build on a quiet machine, 15-21 s under load. The namespace sandbox's `Held` (zygote_client.py) is a different cache,
 one level down: each worker keeps the bytes of recent built programs in its `/held` tmpfs so that the runs after
 the first send only a name. It is keyed by the bytes object's identity, so it only helps across requests when
 they pass the very same object; this cache returns the same objects for the same build, which lets `Held` skip

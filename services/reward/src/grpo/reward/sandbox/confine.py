@@ -1,26 +1,23 @@
 """The kernel calls the sandbox is made of, for the zygote (zygote.py) and its batches (batch.py).
 
 Stdlib only, like them: it runs in the zygote's process (`python3 -I -S`), never in the service's. Namespaces,
-mounts, the read-only root, the seccomp filter, the unprivileged uid, rlimits, the length-prefixed messages to
-the service, and reading a run's output under its deadline and output limit.
+mounts, the read-only root, the seccomp filter, the unprivileged uid and capabilities, the zygote's own memory,
+and reaping. Its siblings, stdlib only too: protocol.py (the messages between the processes and fd passing),
+rlimits.py (a run's limits), run_files.py (a run's files in and out) and run_output.py (reading its output).
 """
 
 # Syscall-level code on purpose: plain os calls map one-to-one to what the kernel does.
-# ruff: noqa: PTH103, PTH106, PTH112, PTH113, PTH114, PTH115, PTH120, PTH208, PTH211
+# ruff: noqa: PTH103, PTH106, PTH112, PTH113, PTH114, PTH115, PTH120, PTH211
 
 from __future__ import annotations
 
-import base64
 import ctypes
-import fnmatch
-import json
 import os
-import resource as r
-import select
 import signal
-import socket
 import struct
 import time
+
+from grpo.reward.sandbox.run_files import copy_in
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x04000000, 0x08000000, 0x10000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
@@ -37,7 +34,6 @@ PROOF_FD, NONCE_FD = 3, 4
 DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
 INIT = "/sandbox-init"  # where a copy of init.c's program lies in the read-only sandbox root, when there is one
 HELD = "/held"  # the built programs the service keeps in a zygote (mount_held)
-MAX_MESSAGE_BYTES = 1 << 30  # a length header past this means a broken stream, not a request
 
 BATCH_UID_OFFSET = 1 << 22  # a batch's uid is its zygote's plus this: above every pid, so never another zygote's
 SECCOMP = b""  # built once at start-up
@@ -253,40 +249,6 @@ def install_seccomp(filt: bytes) -> None:
     check(libc.prctl(22, 2, ctypes.c_char_p(prog), 0, 0), "seccomp")  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
 
 
-def read_msg(fd: int) -> dict | None:
-    head = read_exact(fd, 4)
-    if head is None:
-        return None
-    size = struct.unpack(">I", head)[0]
-    if size > MAX_MESSAGE_BYTES:
-        raise ValueError(f"a request of {size} bytes: the stream is out of step")
-    body = read_exact(fd, size)
-    return None if body is None else json.loads(body)
-
-
-def read_exact(fd: int, n: int) -> bytes | None:
-    """n bytes into one buffer (linear: a megabyte of stdin arrives in 64 KiB pipe reads), None at EOF."""
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = os.readv(fd, [view[got:]])
-        if not k:
-            return None
-        got += k
-    return bytes(buf)
-
-
-def write_msg(fd: int, obj: dict) -> None:
-    body = json.dumps(obj).encode()
-    write_all(fd, struct.pack(">I", len(body)) + body)
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def mount_scratch(scratch_mb: int, uid: int, shared: bool = False) -> None:
     """A size-capped tmpfs on /scratch, mounted by the zygote (one per run or batch) so that the files a run
     leaves (a compiler's output) can be read back after its whole PID namespace is gone; owned by `uid`.
@@ -305,36 +267,6 @@ def resize_scratch(scratch_mb: int) -> None:
     """A new cap for the (empty) /scratch. The size is the filesystem's, so it holds in the copy of the mount
     a prepared run's own mount namespace has."""
     mount(None, "/scratch", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, f"size={scratch_mb}m")
-
-
-def collect_files(patterns: list[str], max_bytes: int) -> tuple[dict[str, str], str]:
-    """Regular files in /scratch (top level) matching `patterns`, base64; never follows a link the run planted."""
-    out: dict[str, str] = {}
-    total = 0
-    if not patterns:
-        return out, ""
-    for name in sorted(os.listdir("/scratch")):
-        if not any(fnmatch.fnmatchcase(name, p) for p in patterns):
-            continue
-        try:
-            fd = os.open("/scratch/" + name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            continue  # a symlink or something else that is not the run's own file
-        try:
-            st = os.fstat(fd)
-            if st.st_mode & 0o170000 != 0o100000:  # not S_IFREG
-                continue
-            total += st.st_size  # every process of the run is gone: the size no longer changes
-            if total > max_bytes:
-                return out, f"output files exceed {max_bytes} bytes"
-            data = bytearray(st.st_size)  # one buffer: appending chunks copied 100 MiB in 7 s
-            view, got = memoryview(data), 0
-            while got < len(data) and (n := os.readv(fd, [view[got:]])):
-                got += n
-        finally:
-            os.close(fd)
-        out[name] = base64.b64encode(view[:got]).decode()
-    return out, ""
 
 
 def setup_mounts() -> None:
@@ -409,115 +341,6 @@ def become(uid: int) -> None:
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
 
 
-def write_files(req: dict, mode: int) -> None:
-    """The program's files into /scratch, created by the caller's filesystem uid. A held file (its path in /held,
-    zygote.stock) that the run executes is linked, not copied: a megabyte of Go binary costs a symlink. Others
-    are copied, as a runtime may resolve the links of what it reads (node places a linked script in /held)."""
-    for name, data in [*((n, t.encode()) for n, t in req["files"].items()), *req["blobs"].items()]:
-        if isinstance(data, str) and req["argv"][0] == "./" + name:
-            os.symlink(data, "/scratch/" + name)
-            continue
-        fd = os.open("/scratch/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-        try:
-            if isinstance(data, str):
-                held = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    copy_in(fd, held)
-                finally:
-                    os.close(held)
-            else:
-                copy_in(fd, data)
-        finally:
-            os.close(fd)
-
-
-def receive_fds(sock: socket.socket, size: int, most: int) -> tuple[bytes, list[int]]:
-    """socket.recv_fds with every fd received close-on-exec: CPython 3.11's recv_fds drops its flags argument
-    (MSG_CMSG_CLOEXEC included), and an inheritable one would reach the next program we exec or spawn."""
-    message, fds, _, _ = socket.recv_fds(sock, size, most)
-    for fd in fds:
-        os.set_inheritable(fd, False)
-    return message, fds
-
-
-def send_request(fd: int, data: bytes, passed: int | None) -> None:
-    """A prepared init's request on its socket, with the fd `passed` (its stdin) riding on the first bytes."""
-    if passed is None:
-        write_all(fd, data)  # one call: no socket object to build on the run's path
-        return
-    with socket.socket(fileno=os.dup(fd)) as sock:
-        socket.send_fds(sock, [data], [passed])
-
-
-def receive_request(fd: int) -> tuple[bytes, int | None]:
-    """All of a request, up to the zygote's close, and the fd that came with it, if one did."""
-    with socket.socket(fileno=os.dup(fd)) as sock:
-        data, fds = receive_fds(sock, 1 << 16, 1)
-        if data:
-            while chunk := sock.recv(1 << 16):
-                data += chunk
-    return data, fds[0] if fds else None
-
-
-def send_namespace(fd: int) -> None:
-    """A prepared init's own mount namespace, to the zygote on its request socket (`zygote.release`). Sent, not
-    opened by the zygote: /proc/PID/ns of a process under another uid takes CAP_SYS_PTRACE, which the
-    deployments do not grant."""
-    ns = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        with socket.socket(fileno=os.dup(fd)) as sock:
-            socket.send_fds(sock, [b"n"], [ns])
-    finally:
-        os.close(ns)
-
-
-def receive_namespace(fd: int) -> int:
-    """What send_namespace sent, or -1 when the init died before it sent it."""
-    with socket.socket(fileno=os.dup(fd)) as sock:
-        _, fds = receive_fds(sock, 1, 1)
-    return fds[0] if fds else -1
-
-
-def copy_in(fd: int, data: bytes | int) -> None:
-    """`data` into fd: bytes, or all of the file open at fd `data`, copied in the kernel, its offset untouched."""
-    if not isinstance(data, int):
-        write_all(fd, data)
-        return
-    size, done = os.fstat(data).st_size, 0
-    while done < size:
-        sent = os.sendfile(fd, data, done, size - done)
-        if not sent:
-            raise OSError(f"a held file ended at {done} of {size} bytes")
-        done += sent
-
-
-def receive_fd(channel: socket.socket) -> int:
-    """One fd the service passed on the fd channel (a stdin as a sealed memfd)."""
-    _, fds = receive_fds(channel, 1, 1)
-    if len(fds) != 1:
-        raise OSError("the service's fd channel is out of step")
-    return fds[0]
-
-
-def memfd_holding(data: bytes, name: str) -> int:
-    fd = os.memfd_create(name)
-    write_all(fd, data)
-    return fd
-
-
-def stdin_fd(data: bytes | int) -> int:
-    """The run's stdin: a memfd holding `data` (a program may seek or mmap it), /dev/null when empty. A memfd
-    the service passed is sealed, so a run that writes to its stdin changes nothing."""
-    if isinstance(data, int):  # one run at a time reads it: a run queued again in a fresh batch starts over
-        os.lseek(data, 0, os.SEEK_SET)
-        return os.dup(data)
-    if not data:
-        return os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-    stdin = memfd_holding(data, "stdin")
-    os.lseek(stdin, 0, os.SEEK_SET)
-    return stdin
-
-
 M_MMAP_THRESHOLD = -3
 
 
@@ -545,32 +368,6 @@ def forget_peak() -> None:
         os.write(CLEAR_REFS, b"5")
 
 
-def rlimits(limits: dict) -> list[tuple[int, int]]:
-    """(resource, value) for each rlimit of a run, soft and hard alike, in the order they are set."""
-    # RLIMIT_AS counts address space a runtime only reserves (the JVM's class space, V8's code range, Go's
-    # arenas), so those runtimes get RLIMIT_DATA: writable memory actually mapped.
-    memory = r.RLIMIT_DATA if limits.get("memory_kind") == "data" else r.RLIMIT_AS
-    # Deep recursion in compiled contest code; glibc also sizes thread stacks by it. Set first: the stack is
-    # part of the address space.
-    stack = [(r.RLIMIT_STACK, limits["stack_mb"] << 20)] if limits.get("stack_mb") else []
-    return [
-        *stack,
-        (memory, limits["memory_mb"] << 20),
-        (r.RLIMIT_CPU, int(limits["cpu_s"])),  # soft = hard: at the hard limit the kernel sends SIGKILL alone
-        (r.RLIMIT_NPROC, limits["max_processes"]),
-        (r.RLIMIT_FSIZE, limits["max_file_bytes"]),
-        (r.RLIMIT_NOFILE, 256),
-        (r.RLIMIT_CORE, 0),
-        (r.RLIMIT_MSGQUEUE, 0),
-    ]
-
-
-def beside_init(limits: dict) -> dict:
-    """A run's limits with one process more: its namespace's init (a single run's, or a batch's supervisor) shares
-    the run's uid, and so its RLIMIT_NPROC count, yet is not one of the program's processes."""
-    return {**limits, "max_processes": limits["max_processes"] + 1}
-
-
 def wait_for(program: int) -> int:
     """As an init: reap until `program` has exited (an orphan re-parented to us goes on the way: a zombie counts
     against the run's RLIMIT_NPROC until it is reaped); its wait status."""
@@ -578,138 +375,3 @@ def wait_for(program: int) -> int:
         pid, status = os.waitpid(-1, WALL)
         if pid == program:
             return status
-
-
-def exit_record(wait_status: int) -> bytes:
-    """How a single run's init reports its program's wait status on the status pipe, after any set-up error's
-    text: a NUL byte, then the status in decimal (init.c writes the same)."""
-    return b"\0" + str(wait_status).encode()
-
-
-def read_status(data: bytes) -> tuple[str, int | None]:
-    """What a single run's init wrote on the status pipe: (its set-up error, empty when none; the program's wait
-    status, None when it did not report one: killed by us, or failed before its program ran)."""
-    error, nul, record = data.partition(b"\0")
-    try:
-        status = int(record) if nul else None
-    except ValueError:
-        return f"a malformed exit record after {error[-200:]!r}", None
-    return error.decode("utf-8", "replace"), status
-
-
-def set_limits(pairs: list[tuple[int, int]]) -> None:
-    for res, val in pairs:
-        r.setrlimit(res, (val, val))
-
-
-STDIN_NULL, STDIN_OWN, STDIN_PASSED = 0, 1, 2  # a single run's stdin: /dev/null, its prepared memfd, a passed fd
-
-
-def encode_request(stdin: int, limits: list[tuple[int, int]], argv: list[str], env: dict[str, str]) -> bytes:
-    """A prepared init's request, as init.c reads it: little-endian u64 words (stdin, the counts, the rlimits),
-    then argv and env as NUL-terminated strings."""
-    strings = [*argv, *(f"{k}={v}" for k, v in env.items())]
-    text = "\0".join(strings) + "\0"
-    if text.count("\0") != len(strings):
-        raise ValueError("a NUL byte in a program's arguments or environment")
-    words = [stdin, len(limits), len(argv), len(env), *(x for pair in limits for x in pair)]
-    return struct.pack(f"<{len(words)}Q", *words) + text.encode()
-
-
-def decode_request(data: bytes) -> tuple[int, list[tuple[int, int]], list[str], dict[str, str]]:
-    """encode_request's inverse, for the init that sets up in Python (zygote._child)."""
-    stdin, nlimits, nargs, _ = struct.unpack_from("<4Q", data)
-    words = struct.unpack_from(f"<{2 * nlimits}Q", data, 32)
-    strings = [s.decode() for s in data[32 + 16 * nlimits :].split(b"\0")[:-1]]
-    env = dict(s.split("=", 1) for s in strings[nargs:])
-    return stdin, list(zip(words[::2], words[1::2], strict=True)), strings[:nargs], env
-
-
-STDERR_KEEP_BYTES = 32 << 10  # a run's stderr is kept to its first and its last this many bytes
-STDERR_FLOOD_BYTES = 256 << 20  # past this much stderr the run is stopped (output_limit): a flood, not debugging
-PROOF_KEEP_BYTES = 64  # more than the nonce on the proof fd is no proof; the rest is read and dropped
-
-
-class Output:
-    """What a run wrote to one of its fds, kept bounded while it is read: stdout whole (the caller stops the run
-    past its cap), stderr's head and tail (a traceback's end and Go's first words both matter, megabytes of debug
-    output between them do not), the proof fd's first bytes."""
-
-    def __init__(self, name: str) -> None:
-        self.name, self.seen = name, 0
-        self.head, self.tail = bytearray(), bytearray()
-
-    def add(self, chunk: bytes) -> None:
-        self.seen += len(chunk)
-        if self.name == "err":
-            room = max(0, STDERR_KEEP_BYTES - len(self.head))
-            self.head += chunk[:room]
-            self.tail += chunk[room:]
-            if len(self.tail) > 2 * STDERR_KEEP_BYTES:  # trimmed now and then, not on every chunk
-                del self.tail[:-STDERR_KEEP_BYTES]
-        elif self.name != "proof" or len(self.head) <= PROOF_KEEP_BYTES:
-            self.head += chunk
-
-    def data(self) -> bytes:
-        tail = self.tail[-STDERR_KEEP_BYTES:]
-        cut = self.seen - len(self.head) - len(tail)  # by the trims while reading, or here
-        if cut <= 0 or self.name != "err":
-            return bytes(self.head + self.tail)
-        return bytes(self.head) + f"\n[... {cut} bytes of stderr cut ...]\n".encode() + bytes(tail)
-
-
-def read_outputs(done: int, readers: dict[str, int], limits: dict, deadline: float) -> tuple[str | None, dict]:
-    """Read outputs until every writer is gone and `done` is readable, the deadline passes, or the output limit
-    is hit: (None, or the verdict "timeout" / "output_limit"; the bytes read per reader name). Only stdout counts
-    against the cap; stderr is kept bounded (Output) and stops the run only as a flood; the proof fd never counts."""
-    outputs = {fd: Output(name) for name, fd in readers.items()}
-    poller = select.poll()
-    for fd in (*outputs, done):
-        poller.register(fd, select.POLLIN)
-    open_fds, verdict = {*outputs, done}, None
-    stop_at = {"out": limits["max_output_bytes"], "err": STDERR_FLOOD_BYTES}
-    while open_fds:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            verdict = "timeout"
-            break
-        for fd, _ in poller.poll(max(1, int(left * 1000) + 1)):
-            chunk = b"" if fd == done else os.read(fd, 65536)
-            if not chunk:
-                poller.unregister(fd)
-                open_fds.discard(fd)
-                continue
-            output = outputs[fd]
-            output.add(chunk)
-            if output.seen > stop_at.get(output.name, output.seen):
-                verdict = "output_limit"
-        if verdict is not None:
-            break
-    return verdict, {output.name: output.data() for output in outputs.values()}
-
-
-def wire_text(data: bytes) -> str | dict:
-    """Output for the reply's JSON: its text when it is UTF-8 (nearly always), else {"base64": ...}, which JSON text
-    can carry exactly; ExecResult reads both forms, so a program's binary stdout reaches the API byte for byte."""
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        return {"base64": base64.b64encode(data).decode()}
-
-
-def outcome(
-    got: dict, limits: dict, nonce: bytes | None, wait_status: int | None, cpu_s: float, peak_mb: float
-) -> dict:
-    """The reply's fields for one run from what `read_outputs` read and how the program ended."""
-    cap = limits["max_output_bytes"]
-    exit_code = None
-    if wait_status is not None:
-        exit_code = -os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else os.WEXITSTATUS(wait_status)
-    return {
-        "exit_code": exit_code,
-        "stdout": wire_text(got["out"][:cap]),
-        "stderr": got["err"].decode("utf-8", "replace"),  # already bounded (Output)
-        "proof": nonce is not None and got["proof"] == nonce,
-        "cpu_s": cpu_s,
-        "peak_mb": peak_mb,
-    }

@@ -30,7 +30,7 @@
  * Then the rlimits (after the request is parsed: a tiny RLIMIT_AS must not fail the parse), and the program spawned
  * with its stdin on fd 0. Any failure, its exec's included, is written to fd 6 as text (close-on-exec: the program
  * never holds it) and exits 127; an empty request (discarded, or the zygote is gone) exits 0. Once the program has
- * exited, its wait status goes to fd 6 as a NUL byte and the status in decimal (confine.exit_record), and we
+ * exited, its wait status goes to fd 6 as a NUL byte and the status in decimal (protocol.exit_record), and we
  * exit 0.
  *
  * Rootless mode (FLAGS bit 2; the zygote is root only in a user namespace of its own, confine.enter_user_namespace):

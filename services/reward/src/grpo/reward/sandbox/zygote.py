@@ -1,7 +1,9 @@
 """The sandbox launcher ("zygote"): a single-threaded, stdlib-only root process starting one isolated run a request.
 
-It is started by `namespace.py` as `python3 -I -S zygote.py CONFIG_JSON` with an empty environment and never
-imports anything from the service, only its two siblings: confine.py (the kernel calls) and batch.py (batches).
+It is started by `zygote_client.py` as `python3 -I -S zygote.py CONFIG_JSON` with an empty environment and never
+imports anything from the service, only its siblings, stdlib only like it: confine.py (the kernel calls), protocol.py
+(the messages and fd passing), rlimits.py, run_files.py and run_output.py (a run's limits, files and output), and
+batch.py (batches). All are imported at start: once the zygote has pivoted into its root, this folder is out of reach.
 It is root (root mode), or, in rootless mode, a process with no privilege that first makes a user namespace in
 which it is root and becomes PID 1 of a PID namespace that namespace owns (`go_rootless`). At start it enters its own mount, network, IPC and UTS namespaces (no interface is up, not even loopback; SysV
 IPC is disabled), builds a minimal read-only root (the read-only binds listed in the config, a few device nodes,
@@ -66,14 +68,14 @@ if __name__ == "__main__":
         sys.modules[_name] = types.ModuleType(_name)
         sys.modules[_name].__path__ = _path  # type: ignore[attr-defined]
 
-from grpo.reward.sandbox import batch, confine  # after the stand-ins
+from grpo.reward.sandbox import batch, confine, protocol, rlimits, run_files, run_output  # after the stand-ins
 
 
 def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int) -> None:
     """Pid 1 of a fresh PID namespace, forked before its request arrives (`prepare`) where init.c could not be
     built, doing what init.c does: mounts, unprivileged uid and seccomp first; once the request has come, the
     program forked as our child (its stdin, limits and exec), waited for, and its wait status reported on the
-    status pipe (confine.exit_record). Never returns.
+    status pipe (protocol.exit_record). Never returns.
 
     The program is not the init (an init drops the signals it sends itself: see init.c); when it exits we do,
     and the kernel kills every process it left behind. No privileged process exists inside the namespace.
@@ -90,27 +92,27 @@ def _child(uid: int, request: int, fds: list[int], status_w: int, mounted_w: int
         # The program shares our uid: neither /proc/1/mem nor /proc/1/fd may be its way into us.
         confine.check(confine.libc.prctl(confine.PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         confine.install_seccomp(confine.SECCOMP)  # nothing below needs a call the filter denies
-        confine.send_namespace(request)
+        protocol.send_namespace(request)
         # Set up: our mount namespace is our own (the zygote may mount again) and the CPU we used so far is not
         # the program's (`settle`).
         os.close(mounted_w)
-        data, passed = confine.receive_request(request)
+        data, passed = protocol.receive_request(request)
         if not data:
             os._exit(0)  # discarded, or the zygote is gone
-        kind, limits, argv, env = confine.decode_request(data)  # the zygote wrote the files and stdin itself
-        if kind == confine.STDIN_PASSED:
+        kind, limits, argv, env = protocol.decode_request(data)  # the zygote wrote the files and stdin itself
+        if kind == protocol.STDIN_PASSED:
             if passed is None:
                 raise OSError("stdin: the request came without its fd")
             stdin = passed
         else:
-            stdin = fds[0] if kind == confine.STDIN_OWN else os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+            stdin = fds[0] if kind == protocol.STDIN_OWN else os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         program = os.fork()
         if program == 0:
             _exec_program([stdin, *fds[1:]], limits, argv, env)
         for fd in {stdin, *fds}:  # the program's fds are its own: its outputs end with it
             os.close(fd)
         status = confine.wait_for(program)
-        os.write(status_w, confine.exit_record(status))
+        os.write(status_w, protocol.exit_record(status))
         os._exit(0)
     except BaseException as exc:  # report through the close-on-exec status pipe; never return to the loop
         try:
@@ -126,7 +128,7 @@ def _exec_program(fds: list[int], limits: list[tuple[int, int]], argv: list[str]
     for target, fd in enumerate(high):
         os.dup2(fd, target)  # inheritable: exactly fds 0-4 survive the exec
     os.chdir("/scratch")
-    confine.set_limits(limits)
+    rlimits.set_limits(limits)
     for sig in confine.DEFAULT_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     os.execve(argv[0], argv, env)
@@ -211,7 +213,7 @@ def settle(warm: dict) -> None:
         os.read(warm["mounted"], 1)  # EOF: it closed the pipe, or died
         os.close(warm["mounted"])
         warm["mounted"] = -1
-        warm["namespace"] = confine.receive_namespace(warm["request"])
+        warm["namespace"] = protocol.receive_namespace(warm["request"])
         warm["setup_cpu_s"] = confine.cpu_time(warm["pid"])
 
 
@@ -241,12 +243,12 @@ def discard(warm: dict) -> None:
 
 
 def run_one(req: dict, warm: dict, uid: int) -> dict:
-    """Run one request in the namespace `prepare` set up and return the raw confine.outcome."""
+    """Run one request in the namespace `prepare` set up and return the raw run_output.outcome."""
     started = time.monotonic()
     passed = req["stdin"] if isinstance(req["stdin"], int) else None
-    kind = confine.STDIN_PASSED if passed is not None else confine.STDIN_OWN if req["stdin"] else confine.STDIN_NULL
-    limits = confine.rlimits(confine.beside_init(req["limits"]))
-    go = confine.encode_request(kind, limits, req["argv"], req["env"])
+    kind = protocol.STDIN_PASSED if passed is not None else protocol.STDIN_OWN if req["stdin"] else protocol.STDIN_NULL
+    limits = rlimits.rlimits(rlimits.beside_init(req["limits"]))
+    go = protocol.encode_request(kind, limits, req["argv"], req["env"])
     settle(warm)
     if req["limits"]["scratch_mb"] != warm["scratch_mb"]:
         confine.resize_scratch(req["limits"]["scratch_mb"])
@@ -254,15 +256,15 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
     # writable by it alone, which root without CAP_DAC_OVERRIDE (the deployments) must respect.
     confine.as_file_owner(uid)
     try:
-        confine.write_files(req, 0o755)
+        run_files.write_files(req, 0o755)
     finally:
         confine.as_file_owner(0)
-    if kind == confine.STDIN_OWN:
-        confine.write_all(warm["stdin"], req["stdin"])
+    if kind == protocol.STDIN_OWN:
+        protocol.write_all(warm["stdin"], req["stdin"])
         os.lseek(warm["stdin"], 0, os.SEEK_SET)
     os.close(warm["stdin"])
     try:
-        confine.send_request(warm["request"], go, passed)
+        protocol.send_request(warm["request"], go, passed)
     except (BrokenPipeError, ConnectionResetError):
         pass  # the init failed before its request: its set-up error is waiting on the status pipe
     finally:
@@ -272,7 +274,7 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
     # every other process of its PID namespace is gone; a program that closes its pipes is still waited for.
     exited = os.pidfd_open(pid)
     try:
-        verdict, got = confine.read_outputs(exited, readers, req["limits"], started + req["limits"]["timeout_s"])
+        verdict, got = run_output.read_outputs(exited, readers, req["limits"], started + req["limits"]["timeout_s"])
     finally:
         for fd in (*readers.values(), exited):
             os.close(fd)
@@ -282,7 +284,9 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
     # The init's rusage counts the program's (and the orphans' it reaped): it waited for them.
     _, init_status, usage = os.wait4(pid, 0)
     # Every process of the run is gone: what it left in /scratch can be read (the tmpfs goes in `release`).
-    collected, collect_error = confine.collect_files(req.get("collect", []), req["limits"].get("collect_max_bytes", 0))
+    collected, collect_error = run_files.collect_files(
+        req.get("collect", []), req["limits"].get("collect_max_bytes", 0)
+    )
     setup_error, wait_status = _program_status(got["status"], init_status, verdict)
     return {
         "files": collected,
@@ -290,7 +294,7 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
         "verdict": verdict,
         "setup_error": setup_error,
         "wall_s": wall,
-        **confine.outcome(
+        **run_output.outcome(
             got,
             req["limits"],
             warm["nonce"],
@@ -308,7 +312,7 @@ def _program_status(said: bytes, init_status: int, verdict: str | None) -> tuple
     ended. Without its report, the init's own end stands for the program's: killed (by us at the deadline, or
     with the whole run by the OOM killer), which is how the program ended too. An init that exited on its own
     without one failed itself."""
-    setup_error, wait_status = confine.read_status(said)
+    setup_error, wait_status = protocol.read_status(said)
     if wait_status is not None:
         return setup_error, wait_status
     if not setup_error and verdict is None and os.WIFEXITED(init_status):
@@ -321,7 +325,7 @@ def read_raw(sizes: list[int | None], channel: socket.socket) -> list[bytes | in
     passed on the fd channel in its turn. None at EOF (the service is gone)."""
     raw: list[bytes | int] = []
     for n in sizes:
-        data = confine.read_exact(0, n) if n else b"" if n == 0 else confine.receive_fd(channel)
+        data = protocol.read_exact(0, n) if n else b"" if n == 0 else protocol.receive_fd(channel)
         if data is None:
             return None
         raw.append(data)
@@ -332,7 +336,7 @@ def stock(
     held: dict[str, str], store: int, listed: list, sent: Iterator[bytes], forget: list[str]
 ) -> dict[str, bytes | str]:
     """A request's binary files by name: the bytes sent with it, or the path in /held of one kept under the
-    service's key (namespace.Held), written there once through `store` (confine.mount_held) under a random name.
+    service's key (zygote_client.Held), written there once through `store` (confine.mount_held) under a random name.
     An unknown key raises: the service replaces a zygote whose reply is an error."""
     for key in forget:
         os.unlink(held.pop(key).removeprefix(confine.HELD + "/"), dir_fd=store)
@@ -346,7 +350,7 @@ def stock(
             random_name = os.urandom(16).hex()
             fd = os.open(random_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o555, dir_fd=store)
             try:
-                confine.write_all(fd, next(sent))
+                protocol.write_all(fd, next(sent))
             finally:
                 os.close(fd)
             held[key] = files[name] = f"{confine.HELD}/{random_name}"
@@ -407,10 +411,10 @@ def main() -> int:
             if not os.path.exists(argv0):
                 raise FileNotFoundError(f"{argv0} is not visible inside the sandbox root")
     except Exception as exc:
-        confine.write_msg(1, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
+        protocol.write_msg(1, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         return 1
     hello = {"ready": True, "uid": uid, "pid": os.getpid(), "batches": not confine.PER_RUN_IPC}
-    confine.write_msg(1, {**hello, "rootless": confine.ROOTLESS, "started": started})
+    protocol.write_msg(1, {**hello, "rootless": confine.ROOTLESS, "started": started})
     spawn = cfg.get("init") is not None  # init.c is bound into our root (build_root)
     held: dict[str, str] = {}  # built programs kept for later requests: the service's key -> its path in /held
     warm, scratch_mb = None, 64  # the next run is prepared on the last one's scratch size (at first Limits')
@@ -422,7 +426,7 @@ def main() -> int:
                 warm = None  # tried again when a run needs it, and then its error is that run's reply
             else:
                 settle(warm)  # while no request waits: off the next run's path
-        req, done = confine.read_msg(0), cast("dict | None", None)
+        req, done = protocol.read_msg(0), cast("dict | None", None)
         if req is None:
             return 0
         # Raw after the JSON: stdin, a batch's stdins, then each binary file sent (not held), in the listed order.
@@ -455,7 +459,7 @@ def main() -> int:
             for data in (req["stdin"], *stdins):
                 if isinstance(data, int):
                     os.close(data)
-        confine.write_msg(1, reply)
+        protocol.write_msg(1, reply)
         del req, reply, stdins, raw, sent  # before the next run is prepared: what it read back must not be our peak
         if done is not None:
             # The kernel tends to wake the service on this CPU, where it would wait behind what follows (the

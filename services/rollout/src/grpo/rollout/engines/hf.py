@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from grpo.common.weights import model_weights, specs_of, weights_checksum
+from grpo.common.weights.codec import model_weights, specs_of, weights_checksum
 from grpo.rollout.engines.base import Engine, GenerationCancelled, PromptOutput, Sample, SamplingParams, always
 from grpo.rollout.engines.sampling import (
     find_stop,
@@ -238,7 +238,7 @@ class HFEngine(Engine):
 @contextlib.contextmanager
 def _without_cudnn_attention() -> Iterator[None]:
     """Scaled-dot-product attention by any kernel but cuDNN's. cuDNN's builds a graph for each new shape, and in
-    decoding the shape changes every step (the keys grow by one): measured on an H200 in bf16 (bench/gpu_check.py,
+    decoding the shape changes every step (the keys grow by one): measured on an H200 in bf16 (bench/gpu_check/,
     2026-12-04), generation ran 11-14x slower with it. On a CPU this changes nothing."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

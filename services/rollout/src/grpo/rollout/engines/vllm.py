@@ -185,7 +185,7 @@ class VLLMEngine(Engine):
         """The checksum of the checkpoint's tensors in the engine's dtype (what vLLM loaded at start)."""
         from safetensors.torch import load_file
 
-        from grpo.common.weights import to_torch_dtype, weights_checksum
+        from grpo.common.weights.codec import to_torch_dtype, weights_checksum
 
         dtype = to_torch_dtype(self.dtype_name)
         tensors: dict[str, torch.Tensor] = {}

@@ -1,9 +1,13 @@
-"""LearnerConfig: every knob of the update step, as one plain dataclass (the service maps its settings onto it)."""
+"""LearnerConfig: every knob of the update step, as one plain dataclass (the service maps its settings onto it).
+
+Its loss settings default to the loss settings' one definition, grpo.algo.presets.DEFAULTS.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grpo.algo.presets import DEFAULTS
 from grpo.trainer.learner.policy import LoraOptions
 
 
@@ -39,29 +43,30 @@ class LearnerConfig:
     ppo_epochs: int = 1
     """Optimizer steps per batch (one per pass); > 1 forces an old-log-prob recomputation."""
 
-    # loss (passed to grpo.algo.policy_loss)
+    # loss (passed to grpo.algo.policy_loss): the settings' defaults are LossConfig's (grpo.algo.presets.DEFAULTS);
+    # the trainer fills every one from its resolved preset (grpo.trainer.assemble.learner_config)
     temperature: float = 1.0
     """Sampling temperature: log-probs are log_softmax(logits / temperature), as the sampler computes them."""
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    beta: float = 0.0
+    clip_low: float = DEFAULTS.clip_low
+    clip_high: float = DEFAULTS.clip_high
+    beta: float = DEFAULTS.beta
     """KL coefficient; 0 = no reference model is loaded at all."""
-    kl_kind: str = "k3"
-    agg: str = "seq_mean_token_mean"
-    ratio_level: str = "token"
+    kl_kind: str = DEFAULTS.kl_kind
+    agg: str = DEFAULTS.agg
+    ratio_level: str = DEFAULTS.ratio_level
     max_len: int | None = None
     """Constant normaliser for agg="seq_mean_token_sum" (the generation budget)."""
-    tis_cap: float | None = None
+    tis_cap: float | None = DEFAULTS.tis_cap
     """Truncated importance sampling cap against the sampler's log-probs (None = off)."""
-    mask_truncated: bool = False
+    mask_truncated: bool = DEFAULTS.mask_truncated
     """Completions cut by the length limit contribute no token to the loss (DAPO overlong masking)."""
     sampler_exact: bool = False
     """The sampler computes log-probs in fp32 with the trainer's definition (HF fp32 engine): reuse them."""
     log_entropy: bool = True
 
     # reference model
-    ref_refresh_steps: int = 400
-    """Copy the policy into the reference every N updates (R1: 400; 0 = never)."""
+    ref_refresh_steps: int = DEFAULTS.ref_refresh_steps or 0
+    """Copy the policy into the reference every N updates (0 = never, a preset's None)."""
 
     # memory / precision
     gradient_checkpointing: bool = False

@@ -9,7 +9,7 @@ authenticated call claims its token, so the port needs no credentials of its own
 runs TLS, so does this port, with the same certificate. A pusher that cannot connect, or whose
 connection the replica reports never reached it (the port full or the greeting lost), sends the
 bytes in the gRPC stream instead. `DataPortSender` and `DataPortSource` are this transport's two sides
-(grpo.common.weight_transport).
+(grpo.common.weights.base); `sender_for` picks it or the stream from what a replica advertises.
 
 Because the call, not the header, names the connection, the bytes can flow while the pusher
 is still hashing them: the header (with the sha256) follows when the hash is done, and the
@@ -33,18 +33,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import grpc
 
+from grpo.common.net import read_exactly, shutdown_socket, split_host
 from grpo.common.send_rate import SendRate, paced
-from grpo.common.weight_receiver import StreamMessage, WeightAssembler
-from grpo.common.weight_transport import Push, StreamSender, WeightSender, WeightSource, remaining, resolve
-from grpo.common.weights import WeightUpdateError, data_pieces, make_header
+from grpo.common.weights.base import Push, WeightSender, WeightSource, remaining, resolve
+from grpo.common.weights.codec import CHUNK_BYTES, WeightUpdateError, data_chunks, make_header
+from grpo.common.weights.receiver import StreamMessage, WeightAssembler
+from grpo.common.weights.stream import StreamSender
 from grpo.v1 import rollout_pb2
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -70,35 +68,6 @@ def _is_hex(text: str, length: int) -> bool:
 
 def valid_token(token: str) -> bool:
     return _is_hex(token, TOKEN_CHARS)
-
-
-def split_host(address: str) -> str:
-    """The host of a gRPC `host:port` address ("[::1]:50051" -> "::1")."""
-    host = address.rsplit(":", 1)[0]
-    return host[1:-1] if host.startswith("[") else host
-
-
-def server_ssl_context(cert_file: str | None, key_file: str | None) -> ssl.SSLContext | None:
-    if not cert_file:
-        return None
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert_file, key_file)
-    return context
-
-
-def _read_exactly(conn: socket.socket, size: int, deadline: float) -> bytes:
-    """`size` bytes, or fewer when the peer ends first; TimeoutError at `deadline`, however the bytes trickle in."""
-    data = b""
-    while len(data) < size:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the greeting did not arrive in time")
-        conn.settimeout(left)  # each recv gets what is left, so one byte at a time cannot hold the slot
-        more = conn.recv(size - len(data))
-        if not more:
-            break
-        data += more
-    return data
 
 
 class WeightDataPort:
@@ -156,7 +125,7 @@ class WeightDataPort:
             conn.settimeout(self.hello_timeout_s)  # the handshake keeps to it as a whole
             if self._ssl is not None:
                 conn = self._ssl.wrap_socket(conn, server_side=True)
-            hello = _read_exactly(conn, HELLO_BYTES, deadline)
+            hello = read_exactly(conn, HELLO_BYTES, deadline)
             token = hello[len(MAGIC) : len(MAGIC) + TOKEN_CHARS].decode("ascii", "replace")
             size_hex = hello[len(MAGIC) + TOKEN_CHARS :].decode("ascii", "replace")
             if not hello.startswith(MAGIC) or not valid_token(token) or not _is_hex(size_hex, SIZE_CHARS):
@@ -323,16 +292,26 @@ class DataPortSender(WeightSender):
             call.add_done_callback(lambda _: shutdown_socket(conn))
             conn.settimeout(left)
             try:
-                for pieces in data_pieces(tensors, self.chunk_bytes):
-                    data = pieces[0] if len(pieces) == 1 else memoryview(b"".join(pieces))
-                    for piece in paced(data, self.rate):
-                        conn.sendall(piece)
-                        self.bytes_sent += len(piece)
-                conn.shutdown(socket.SHUT_WR)
+                send_data(conn, data_chunks(tensors, self.chunk_bytes), self.rate, self._count)
             except OSError as exc:
                 log.debug("weight data send to %s stopped: %s (the reply says why)", address, exc)
             reply: rollout_pb2.UpdateWeightsResponse = call.result()
             return reply
+
+    def _count(self, size: int) -> None:
+        self.bytes_sent += size
+
+
+def send_data(
+    conn: socket.socket, views: Iterable[memoryview], rate: SendRate | None, on_sent: Callable[[int], None]
+) -> None:
+    """The update's bytes on a data-port connection, paced by `rate` (`on_sent` hears of each piece), then the
+    end of the stream; OSError when the connection fails (the UpdateWeights reply says why)."""
+    for view in views:
+        for piece in paced(view, rate):
+            conn.sendall(piece)
+            on_sent(len(piece))
+    conn.shutdown(socket.SHUT_WR)
 
 
 class DataPortSource(WeightSource):
@@ -366,8 +345,9 @@ class DataPortSource(WeightSource):
             self.port.discard(self.token)
 
 
-def shutdown_socket(conn: socket.socket) -> None:
-    try:
-        conn.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass  # already closed
+def sender_for(data_port: int, chunk_bytes: int = CHUNK_BYTES, rate: SendRate | None = None) -> WeightSender:
+    """The transport for a replica that advertises `data_port` (0: none, so the gRPC stream), sending at most at
+    `rate` (shared with the host's other senders) when set."""
+    if data_port:
+        return DataPortSender(data_port, chunk_bytes, rate)
+    return StreamSender(chunk_bytes, rate)

@@ -1,27 +1,23 @@
-"""The weight update format the trainer (sender) and rollout replicas (receivers) share, and `push_weights`.
+"""The weight update wire codec the trainer (sender) and rollout replicas (receivers) share: pure, no I/O.
 
 The stream is one `WeightHeader` then the raw tensor bytes, in header order. Canonical
 order is the tensor names sorted; the names are the checkpoint names (what
 `save_pretrained` writes to model.safetensors: tied weights appear once). The checksum
 is the sha256 hex digest of the concatenated little-endian bytes of every tensor in that
 order, so sender and receiver compute the same value from the same weights. How the bytes travel is
-the transport's business (grpo.common.weight_transport).
+the transport's business (grpo.common.weights: one module per transport).
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from grpo.v1 import rollout_pb2
 
 if TYPE_CHECKING:
     import torch
-
-log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 * 1024 * 1024
 UPDATE_WEIGHTS_METHOD = f"/{rollout_pb2.DESCRIPTOR.services_by_name['RolloutService'].full_name}/UpdateWeights"
@@ -144,6 +140,12 @@ def data_pieces(tensors: Mapping[str, torch.Tensor], chunk_bytes: int) -> Iterat
         yield pending
 
 
+def data_chunks(tensors: Mapping[str, torch.Tensor], chunk_bytes: int) -> Iterator[memoryview]:
+    """`data_pieces`, each chunk as one view: a sliced tensor as it is, small tensors packed together copied once."""
+    for pieces in data_pieces(tensors, chunk_bytes):
+        yield pieces[0] if len(pieces) == 1 else memoryview(b"".join(pieces))
+
+
 def iter_weight_chunks(
     tensors: Mapping[str, torch.Tensor],
     version: int,
@@ -188,29 +190,3 @@ def iter_wire_messages(
     yield rollout_pb2.WeightChunk(header=make_header(tensors, version, checksum)).SerializeToString()
     for pieces in data_pieces(tensors, chunk_bytes):
         yield encode_data(pieces)
-
-
-def push_weights(
-    address: str,
-    tensors: Mapping[str, torch.Tensor],
-    version: int,
-    token: str | None = None,
-    timeout_s: float = 120.0,
-    chunk_bytes: int = CHUNK_BYTES,
-    checksum: str | Future[str] | None = None,
-    ca_file: str | None = None,
-    data_port: int = 0,
-) -> rollout_pb2.UpdateWeightsResponse:
-    """Send `tensors` as `version` to the rollout replica at `address` (TLS when `ca_file` is set);
-    raises grpc.RpcError on rejection.
-
-    With `data_port` (the replica's RolloutStatus.weights_data_port) the bytes go over that port,
-    about 2x faster end to end; without it, or when the port cannot be reached, they follow the
-    header in the gRPC stream (grpo.common.weight_transport says how a transport is chosen).
-    `checksum` may be a future (one hash shared by pushes to several replicas); None means compute it here.
-    """
-    from grpo.common.weight_transport import sender_for  # it imports this module
-
-    return sender_for(data_port, chunk_bytes).push(
-        address, tensors, version, token=token, timeout_s=timeout_s, checksum=checksum, ca_file=ca_file
-    )

@@ -4,7 +4,7 @@ The trainer sends an update to the root of a `RelayPlan` only; every replica tha
 plan forwards the bytes to them *while* it receives them (from its receive buffer, as it fills), over
 each child's data port (the gRPC stream when that cannot be reached), and makes the child's UpdateWeights
 call with the header it got, its own `weights_token` and TLS. Each replica checks version and sha256
-itself exactly as a direct push is checked (grpo.common.weight_receiver), so a relay cannot vouch for
+itself exactly as a direct push is checked (grpo.common.weights.receiver), so a relay cannot vouch for
 bytes it did not get right: a corrupt hop is rejected by every replica below it.
 
 The plan rides in the call's metadata (`RELAY_PLAN_KEY`), so a replica knows its children before any
@@ -14,7 +14,10 @@ when the replica got the whole update and so gave its children a fair chance. Wh
 without them (it died, or never got the bytes), the sender re-routes: it forwards to the child's children
 itself, from byte 0 of its own buffer. The trainer is the root's sender (`TensorPayload`), so a dead root
 is re-routed the same way. Everything is bounded by the push's deadline, each hop a little shorter than
-its sender's, so a sender always has time to report.
+its sender's, so a sender always has time to report. `RelaySender` is the trainer's side (a `FleetSender`).
+
+Over ~400 lines because the relay is one protocol with both its ends (`Relayer` sends, `ReplicaRelay` and
+`ReceivePayload` forward on a replica); read apart, neither side would say what the other may rely on.
 """
 
 from __future__ import annotations
@@ -27,17 +30,29 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import grpc
 
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import DEFAULT_OPTIONS, make_channel
-from grpo.common.send_rate import SendRate, paced
-from grpo.common.weight_data_port import DATA_TOKEN_KEY, connect, new_token, shutdown_socket, split_host
-from grpo.common.weight_receiver import StreamMessage, WeightAssembler
-from grpo.common.weight_transport import remaining, resolve
-from grpo.common.weights import CHUNK_BYTES, UPDATE_WEIGHTS_METHOD, data_pieces, encode_data, make_header
+from grpo.common.net import shutdown_socket, split_host
+from grpo.common.send_rate import SendRate
+from grpo.common.weights.base import (
+    FleetSender,
+    PushResult,
+    ReplicaTarget,
+    Round,
+    remaining,
+    resolve,
+    update_call,
+    verify_reply,
+)
+from grpo.common.weights.codec import CHUNK_BYTES, data_chunks, encode_data, make_header
+from grpo.common.weights.data_port import DATA_TOKEN_KEY, connect, new_token, send_data
+from grpo.common.weights.direct import DirectSender, push_one
+from grpo.common.weights.receiver import StreamMessage, WeightAssembler
 from grpo.v1 import rollout_pb2, rollout_pb2_grpc
 
 if TYPE_CHECKING:
@@ -100,8 +115,7 @@ class TensorPayload(Payload):
             return self._header
 
     def pieces(self, deadline: float) -> Iterator[memoryview]:
-        for pieces in data_pieces(self.tensors, self.chunk_bytes):
-            yield pieces[0] if len(pieces) == 1 else memoryview(b"".join(pieces))
+        return data_chunks(self.tensors, self.chunk_bytes)
 
 
 class ReceivePayload(Payload):
@@ -281,11 +295,7 @@ class Relayer:
         token = new_token()
         conn = connect(split_host(hop.address), hop.data_port, token, size, self.ca_file) if hop.data_port else None
         with make_channel(hop.address, self.ca_file, CHANNEL_OPTIONS) as channel:
-            update = channel.stream_unary(
-                UPDATE_WEIGHTS_METHOD,
-                request_serializer=None,  # the messages are already wire bytes
-                response_deserializer=rollout_pb2.UpdateWeightsResponse.FromString,
-            )
+            update = update_call(channel)
             if conn is None:  # logged by connect: the bytes follow the header in the stream
                 messages = self._stream(hop.replica_id, payload, deadline)
                 call = update.future(messages, timeout=remaining(hop_deadline), metadata=metadata)
@@ -306,11 +316,7 @@ class Relayer:
         call.add_done_callback(lambda _: shutdown_socket(conn))  # a rejected or dead hop unblocks our send
         conn.settimeout(remaining(deadline))
         try:
-            for view in payload.pieces(deadline):
-                for piece in paced(view, self.rate):
-                    conn.sendall(piece)
-                    self._count(replica_id, len(piece))
-            conn.shutdown(socket.SHUT_WR)
+            send_data(conn, payload.pieces(deadline), self.rate, functools.partial(self._count, replica_id))
         except OSError as exc:
             log.debug("relay: weight data to %s stopped: %s (its reply says why)", replica_id, exc)
         except RelayBroken:
@@ -427,3 +433,60 @@ class ReplicaRelay:
         """The subtree's results; None when this replica's own receive was incomplete (they do not count)."""
         self.join()
         return self._results if self.payload.complete() else None
+
+
+class RelaySender(FleetSender):
+    """One copy into a relay tree of the targets (`fanout` children a hop, 1: a chain); a replica the relay left
+    without the version (and that a retry may help) is then pushed to directly, with what is left of the
+    deadline. One target is a relay to one hop with no children: a direct push."""
+
+    def __init__(self, fanout: int, retries: int) -> None:
+        self.fanout, self.retries = fanout, retries
+
+    def send(self, push: Round, targets: Sequence[ReplicaTarget]) -> list[PushResult | None]:
+        if len(targets) <= 1:
+            return DirectSender(self.retries).send(push, targets)
+        start, version, checksum = time.monotonic(), push.version, push.checksum
+        relayer = Relayer("trainer", push.token, push.ca_file, rate=push.rate)
+        hops = [
+            rollout_pb2.RelayHop(replica_id=t.replica_id, address=t.address, data_port=t.data_port) for t in targets
+        ]
+        payload = TensorPayload(push.tensors, version, checksum)
+        relayed = {r.replica_id: r for r in relayer.relay([relay_tree(hops, self.fanout)], payload, push.deadline)}
+        results: list[PushResult | tuple[Future[PushResult], int]] = []
+        for t in targets:
+            r = relayed.get(t.replica_id)
+            if r is None:  # a relay that did not report a replica has not done it: never counted as done
+                r = rollout_pb2.RelayResult(replica_id=t.replica_id, address=t.address, error="no result came back")
+            route = relay_route(r)
+            error = r.error or verify_reply(rollout_pb2.UpdateWeightsResponse(version=r.version, checksum=r.checksum),
+                                            version, checksum.result())  # fmt: skip
+            sent = relayer.bytes_sent.get(t.replica_id, 0)
+            if not error:
+                results.append(PushResult(t.replica_id, t.address, True, r.version, r.checksum, "",
+                                          r.seconds, 1, route, sent))  # fmt: skip
+            elif self.retries > 0 and not error.startswith(grpc.StatusCode.FAILED_PRECONDITION.name):
+                log.warning("relay of version %d to %s failed (%s: %s); pushing to it directly", version, t.replica_id,
+                            route, error)  # fmt: skip
+                retry = push.pool.submit(push_one, push, t, self.retries - 1,
+                                         f"direct, after the relay failed ({route}: {error})")  # fmt: skip
+                results.append((retry, sent))
+            else:
+                results.append(PushResult(t.replica_id, t.address, False, error=error,
+                                          seconds=time.monotonic() - start, route=route, bytes_sent=sent))  # fmt: skip
+        return [r if isinstance(r, PushResult) else _after_relay(*r) for r in results]
+
+
+def _after_relay(retry: Future[PushResult], relay_bytes: int) -> PushResult:
+    """A direct push after a failed relay counts the relay as one more attempt, and its bytes."""
+    r = retry.result()
+    return replace(r, attempts=r.attempts + 1, bytes_sent=r.bytes_sent + relay_bytes)
+
+
+def relay_route(r: rollout_pb2.RelayResult) -> str:
+    """How a relayed update reached (or missed) a replica, for the logs and the run's records."""
+    if not r.sender:
+        return "not reached"
+    if r.rerouted_around:  # its sender took the place of a hop that failed (died, or never got the bytes)
+        return f"{r.rerouted_around} failed mid-relay; re-routed through {r.sender}"
+    return "relay root" if r.sender == "trainer" else f"relayed via {r.sender}"

@@ -1,7 +1,7 @@
 """Weight transport, the receiving side: read a stream, verify it, hand the engine its tensors.
 
 Nothing here touches the live weights: `WeightAssembler.finish` returns tensors only once the
-whole stream has arrived and its sha256 matches the header (see grpo.common.weights).
+whole stream has arrived and its sha256 matches the header (see grpo.common.weights.codec).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from grpo.common.weights import DATA_TAG, FLOAT_DTYPES, Specs, WeightUpdateError, nbytes, to_torch_dtype
+from grpo.common.weights.codec import DATA_TAG, FLOAT_DTYPES, Specs, WeightUpdateError, nbytes, to_torch_dtype
 from grpo.v1 import rollout_pb2
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ class WeightAssembler:
 
     `allocate(size)` gives the buffer the bytes are received into (see StagingBuffers); the
     tensors `finish` returns are views into it. `on_progress(self)` is called once the buffer exists and
-    whenever `offset` moves (a relaying replica forwards the buffer as it fills: grpo.common.weight_relay).
+    whenever `offset` moves (a relaying replica forwards the buffer as it fills: grpo.common.weights.relay).
     """
 
     def __init__(

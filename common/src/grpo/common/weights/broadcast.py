@@ -19,13 +19,16 @@ Nothing waits forever: joining, forming and every broadcast piece are bounded by
 A round that fails (a replica that never joins, dies mid-broadcast, or refuses) marks the group broken:
 the caller pushes to the replicas that did not confirm by the data port, and the next round forms a new
 epoch. The store and the collective are unauthenticated (as NCCL's are): the sha256 in the authenticated
-call still guards what is applied, but bind the store to a private interface.
+call still guards what is applied, but bind the store to a private interface. `BroadcastSender` is the
+trainer's side as a `FleetSender`.
+
+Over ~400 lines because the group's life (forming, joining, rounds, leaving) is one protocol between the
+trainer (`WeightBroadcaster`) and its replicas (`BroadcastMember`); apart, neither half would read alone.
 """
 
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -39,9 +42,21 @@ import grpc
 
 from grpo.common.auth import bearer_metadata
 from grpo.common.channels import make_channel
-from grpo.common.weight_receiver import StreamMessage, WeightAssembler
-from grpo.common.weight_transport import Push, WeightSource, remaining, resolve
-from grpo.common.weights import UPDATE_WEIGHTS_METHOD, WeightUpdateError, data_pieces, make_header
+from grpo.common.net import local_host_towards, split_address
+from grpo.common.weights.base import (
+    FleetSender,
+    Push,
+    PushResult,
+    ReplicaTarget,
+    Round,
+    WeightSource,
+    remaining,
+    resolve,
+    update_call,
+    verify_reply,
+)
+from grpo.common.weights.codec import WeightUpdateError, data_pieces, make_header
+from grpo.common.weights.receiver import StreamMessage, WeightAssembler
 from grpo.v1 import rollout_pb2
 
 if TYPE_CHECKING:
@@ -99,21 +114,6 @@ class Invitation:
                 f"{BROADCAST_KEY} metadata must be 'host:port,epoch,rank,world,size,piece_bytes,timeout_s,gloo|nccl,0|1'"
             )
         return inv
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """("host", port) of "host:port" or "[v6]:port"."""
-    host, port = address.rsplit(":", 1)
-    return (host[1:-1] if host.startswith("[") else host), int(port)
-
-
-def local_host_towards(host: str, port: int) -> str:
-    """The local address this machine reaches `host` from: the interface gloo should listen on (a replica
-    may have several; the one routing to the trainer is the one the trainer can reach back)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:  # UDP connect sends nothing, just routes
-        probe.connect((host, port))
-        return str(probe.getsockname()[0])
 
 
 def form_group(store: Any, epoch: int, rank: int, world: int, backend: Backend, timeout_s: float, host: str) -> Any:
@@ -305,11 +305,7 @@ class WeightBroadcaster:
             pushes = []
             for address in addresses:
                 channel = channels.enter_context(make_channel(address, ca_file))
-                update = channel.stream_unary(
-                    UPDATE_WEIGHTS_METHOD,
-                    request_serializer=None,  # the messages are already wire bytes
-                    response_deserializer=rollout_pb2.UpdateWeightsResponse.FromString,
-                )
+                update = update_call(channel)
                 pushes.append(
                     Push(update, address, tensors, version, bearer_metadata(token), deadline, checksum, ca_file)
                 )
@@ -445,10 +441,37 @@ def _outcome(call: grpc.Future) -> Outcome:
         return exc
 
 
+class BroadcastSender(FleetSender):
+    """The broadcast as a way of pushing: the targets it updated get their result, the rest None (the next way
+    pushes to them). It gets half the push's time."""
+
+    def __init__(self, broadcaster: WeightBroadcaster) -> None:
+        self.broadcaster = broadcaster
+
+    def send(self, push: Round, targets: Sequence[ReplicaTarget]) -> list[PushResult | None]:
+        start, version, checksum = time.monotonic(), push.version, push.checksum
+        outcomes = self.broadcaster.push([t.address for t in targets], push.tensors, version, token=push.token,
+                                         deadline=start + (push.deadline - start) / 2, checksum=checksum,
+                                         ca_file=push.ca_file)  # fmt: skip
+        done: list[PushResult | None] = []
+        for target, outcome in zip(targets, outcomes, strict=True):
+            if isinstance(outcome, rollout_pb2.UpdateWeightsResponse) and not verify_reply(
+                outcome, version, checksum.result()
+            ):
+                done.append(PushResult(target.replica_id, target.address, True, outcome.version, outcome.checksum,
+                                       "", time.monotonic() - start, route="broadcast"))  # fmt: skip
+            else:
+                log.warning("broadcast to %s did not take (%s); pushing to it without the broadcast",
+                            target.replica_id, describe(outcome))  # fmt: skip
+                done.append(None)
+        return done
+
+
 __all__: list[str] = [
     "BROADCAST_KEY",
     "BroadcastFailed",
     "BroadcastMember",
+    "BroadcastSender",
     "BroadcastSource",
     "Invitation",
     "Outcome",
