@@ -21,7 +21,8 @@ round trip (PING) from one client. The reward service's scoring rate per worker 
 (`--per-worker`, in reward.json).
 
 The machine is shared (2 cores, other jobs): absolute numbers are context, the ratios carry.
-Writes bench/results/control_path.json.
+Writes bench/results/control_path.json. One script past 500 lines on purpose: its stand-ins, arms and books
+are read together, and a benchmark is run as one file.
 Usage: python bench/bench_control_path.py [--replicas 1 8 64] [--steps 40] [--repeats 3] [--prompts 128]
        [--group-size 8] [--tokens 24] [--long-tokens 1024] [--reward-steps 8] [--reward-workers 2]
 """

@@ -1,4 +1,6 @@
-"""The rollout worker loop in-process over a real Redis, the tiny model and a real reward service."""
+"""The rollout worker loop in-process over a real Redis, the tiny model and a real reward service.
+
+Just past 500 lines on purpose: the tests share a module's reward service and model, one start-up for all."""
 
 from __future__ import annotations
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import random
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from safetensors import safe_open
 
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.trainer.learner import Learner, LearnerConfig, TrainableSample
+from tests.support.samples import random_groups
 
 
 @pytest.fixture(autouse=True)
@@ -20,14 +20,8 @@ def one_thread() -> None:
 
 
 def synthetic_groups(n_groups: int = 2, group_size: int = 4, seed: int = 0, **kw: object) -> list[TrainableSample]:
-    rng = random.Random(seed)
-    out = []
-    for g in range(n_groups):
-        prompt = [rng.randrange(5, 400) for _ in range(rng.randint(3, 6))]
-        for i in range(group_size):
-            completion = [rng.randrange(5, 400) for _ in range(rng.randint(2, 7))]
-            out.append(TrainableSample(prompt, completion, advantage=1.0 if i % 2 else -1.0, group_id=str(g), **kw))  # type: ignore[arg-type]
-    return out
+    """Short random groups, advantages ±1 alternating (the benchmarks' generator at this file's sizes)."""
+    return random_groups(n_groups, group_size, prompt_len=(3, 6), completion_len=(2, 7), seed=seed, **kw)
 
 
 def make(**kw: object) -> Learner:

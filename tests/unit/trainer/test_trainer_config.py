@@ -305,7 +305,7 @@ def test_step_credit_needs_a_step_check_and_sends_it_with_every_training_task(da
 @pytest.mark.parametrize(
     ("field", "registry"),
     [("agg", "AGGREGATIONS"), ("advantage_mode", "ADVANTAGE_MODES"), ("kl_kind", "KL_ESTIMATORS"),
-     ("ratio_level", "RATIO_LEVELS"), ("preset", "PRESETS")],
+     ("ratio_level", "RATIO_LEVELS"), ("preset", "PRESETS"), ("process_advantage", "PROCESS_ADVANTAGES")],
 )  # fmt: skip
 def test_each_algorithm_setting_offers_exactly_its_registry(field: str, registry: str) -> None:
     """The settings name the choices as plain literals (so --help never imports torch); a new registry entry
@@ -314,11 +314,13 @@ def test_each_algorithm_setting_offers_exactly_its_registry(field: str, registry
 
     import grpo.algo.advantages
     import grpo.algo.aggregation
+    import grpo.algo.credit
     import grpo.algo.kl
     import grpo.algo.loss
     import grpo.algo.presets
 
-    modules = (grpo.algo.advantages, grpo.algo.aggregation, grpo.algo.kl, grpo.algo.loss, grpo.algo.presets)
+    modules = (grpo.algo.advantages, grpo.algo.aggregation, grpo.algo.credit, grpo.algo.kl, grpo.algo.loss,
+               grpo.algo.presets)  # fmt: skip
     names = next(getattr(m, registry) for m in modules if hasattr(m, registry))
     annotation = TrainerSettings.model_fields[field].annotation
     choices = {a for arg in typing.get_args(annotation) for a in typing.get_args(arg)} or set(

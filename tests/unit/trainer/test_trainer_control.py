@@ -51,7 +51,8 @@ def test_grpc_status_says_what_the_http_status_says(
              "outcome": "SFT loss 2.1 → 0.4", "sft_loss_first": 2.1, "sft_loss_last": 0.4}  # fmt: skip
     control.update(phase="failed", step=3, dropped={"stale": 2}, replicas=(ReplicaView("r1", "h:1", 4, 0.5),),
                    metrics={"rollout/reward_mean": 0.25}, duplicates=5, superseded=6, error="every group failed",
-                   eval_history=((0, 0.25), (3, 0.5)), stage="2/2 grpo", stages=(stage,))  # fmt: skip
+                   eval_history=((0, 0.25), (3, 0.5)), stage="2/2 grpo", stages=(stage,),
+                   last_eval=(3, {"eval/accuracy": 0.5}))  # fmt: skip
     want = control.status().to_json()
     got = stub.GetRunStatus(trainer_pb2.GetRunStatusRequest(), timeout=5)
     assert set(want) == {f.name for f in trainer_pb2.RunStatus.DESCRIPTOR.fields}
@@ -64,6 +65,10 @@ def test_grpc_status_says_what_the_http_status_says(
     (done,) = got.stages
     assert (done.index, done.mode, done.steps, done.seconds, done.folder, done.outcome) == (
         1, "sft", 4, 2.5, "/runs/x/stage-1-sft", "SFT loss 2.1 → 0.4")  # fmt: skip
+    assert (got.last_eval.step, dict(got.last_eval.metrics)) == (3, {"eval/accuracy": 0.5})
+    control.update(last_eval=None, stages=({"index": 2, "mode": "grpo", "steps": None, "seconds": None},))
+    got = stub.GetRunStatus(trainer_pb2.GetRunStatusRequest(), timeout=5)
+    assert not got.HasField("last_eval") and (got.stages[0].index, got.stages[0].steps) == (2, 0)
 
 
 def test_checkpoint_request_is_served_between_steps(

@@ -1,5 +1,5 @@
 """`grpo`: `demo` (the embedded default, grpo.demo), `up` / `status` / `down` (the services locally from one
-config file, grpo.local).
+config file, grpo.local), `doctor` (a run's metrics against the debugging checklist, grpo.cli.doctor).
 
 Arguments are parsed before torch is imported, so `grpo --help` is instant.
 """
@@ -15,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from grpo.cli.doctor import cmd_doctor
 from grpo.cli.views import accuracy_line, closing_lines, pooled_evaluations, status_view
 from grpo.common.logs import setup_logging
 
@@ -79,6 +80,13 @@ def _parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, parents=[common], help=text)
         s.add_argument("--run-id", default=None, metavar="ID", help="default: every stack under --runs-dir")
     sub.choices["status"].add_argument("--json", action="store_true", help="everything, as JSON")
+    doc = sub.add_parser(
+        "doctor", parents=[common], help="check a run's metrics for the symptoms of a GRPO run going wrong",
+        description="Check a run folder's metrics.jsonl against the GRPO debugging checklist (docs/doctor.md). Exit "
+                    "0: no symptom found; 1: findings (symptom, evidence, remedy); 2: not a readable run folder.",
+    )  # fmt: skip
+    doc.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder (or a run id under --runs-dir)")
+    doc.add_argument("--json", action="store_true", help="the findings as JSON")
     return p
 
 
@@ -220,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     setup_logging(args.log_level, False)
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    commands = {"demo": cmd_demo, "up": cmd_up, "status": cmd_status, "down": cmd_down}
+    commands = {"demo": cmd_demo, "up": cmd_up, "status": cmd_status, "down": cmd_down, "doctor": cmd_doctor}
     try:
         return commands[args.command](args)
     except KeyboardInterrupt:

@@ -112,11 +112,10 @@ def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutSer
     if warning := exposure_warning(settings.host, settings.token, "GRPO_ROLLOUT_"):
         log.warning(warning)  # UpdateWeights would take a policy from anyone: said, not refused (no code runs)
     # Heavy imports (torch, transformers) only after the settings are known to be valid.
+    from grpo.common.api_servers import api_servers
     from grpo.common.auth import MethodTokens
-    from grpo.common.grpc_server import GrpcServer, server_credentials
-    from grpo.common.http_server import HttpServer
     from grpo.common.net import server_ssl_context
-    from grpo.common.ports import PortSetting, check_ports
+    from grpo.common.ports import check_ports
     from grpo.common.readiness import Readiness, grpc_health_check, redis_check
     from grpo.common.tiny_model import resolve_model
     from grpo.common.weights.data_port import WeightDataPort
@@ -134,16 +133,19 @@ def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutSer
         method_tokens[UPDATE_METHOD] = settings.weights_token
         if settings.token:  # relaying replicas hold only the weights token and ask a hop what it already holds
             method_tokens[STATUS_METHOD] = (settings.token, settings.weights_token)
-    grpc_server = GrpcServer(
+    readiness = Readiness()
+    if settings.redis_url:  # worker mode: no tasks without Redis, no rewards without the reward service
+        readiness.add("redis", redis_check(settings.redis_url))
+        if settings.reward_addr:
+            readiness.add("reward", grpc_health_check(settings.reward_addr, settings.reward_tls_ca_file))
+    grpc_server, http = api_servers(
+        settings,
         register(service, settings.weights_stream_timeout_s, relayer(settings, service)),
         [SERVICE_NAME],
-        settings.host,
-        settings.grpc_port,
+        http_routes(service, readiness),
+        "rollout-http",
         workers=settings.grpc_workers,
-        token=settings.token,
         method_tokens=method_tokens or None,
-        credentials=server_credentials(settings.tls_cert_file, settings.tls_key_file),
-        setting=PortSetting.of(settings, "grpc_port"),
     )
     service.grpc_port = grpc_server.port
     if settings.weights_data_port >= 0:
@@ -152,19 +154,6 @@ def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutSer
             settings.weights_data_port,
             server_ssl_context(settings.tls_cert_file, settings.tls_key_file),
         )
-    readiness = Readiness()
-    if settings.redis_url:  # worker mode: no tasks without Redis, no rewards without the reward service
-        readiness.add("redis", redis_check(settings.redis_url))
-        if settings.reward_addr:
-            readiness.add("reward", grpc_health_check(settings.reward_addr, settings.reward_tls_ca_file))
-    http = HttpServer(
-        http_routes(service, readiness),
-        settings.host,
-        settings.http_port,
-        name="rollout-http",
-        token=settings.token,
-        setting=PortSetting.of(settings, "http_port"),
-    )
     grpc_server.start()
     # Mixed weights (a copy failed part-way) are NOT_SERVING to gRPC health checks too, as /readyz is 503.
     service.on_whole = grpc_server.set_serving

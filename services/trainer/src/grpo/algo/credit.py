@@ -17,11 +17,12 @@ assignment is a function here, if it has math of its own, and an entry there.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from grpo.algo.advantages import std
+from grpo.algo.presets import DEFAULTS
 
 
 def _check_steps(step_rewards: Sequence[Sequence[float]]) -> None:
@@ -35,7 +36,10 @@ def _check_steps(step_rewards: Sequence[Sequence[float]]) -> None:
 
 
 def process_advantages(
-    step_rewards: Sequence[Sequence[float]], *, eps: float = 1e-4, std_unbiased: bool = True
+    step_rewards: Sequence[Sequence[float]],
+    *,
+    eps: float = DEFAULTS.advantage_eps,
+    std_unbiased: bool = DEFAULTS.std_unbiased,
 ) -> list[list[float]]:
     """DeepSeekMath's process supervision (Shao et al., 2024, §4.1.3): every step reward of the group is
     normalised with the mean and std of all of them, r̃ = (r − mean(R)) / (std(R) + eps), and a token's advantage
@@ -57,7 +61,10 @@ def process_advantages(
 
 
 def step_aligned_advantages(
-    step_rewards: Sequence[Sequence[float]], *, eps: float = 1e-4, std_unbiased: bool = True
+    step_rewards: Sequence[Sequence[float]],
+    *,
+    eps: float = DEFAULTS.advantage_eps,
+    std_unbiased: bool = DEFAULTS.std_unbiased,
 ) -> list[list[float]]:
     """The seed's step-aligned baseline (GRPO chapter §15.7.4): Â_{i,k} = (r_{i,k} − mean_j r_{j,k}) / std_j r_{j,k},
     the statistics over the completions j of the group that have a step k.
@@ -76,6 +83,14 @@ def step_aligned_advantages(
         for i, a in zip(have, normalised.tolist(), strict=True):
             out[i][k] = a
     return out
+
+
+ProcessAdvantageFn = Callable[..., list[list[float]]]
+# The `process_advantage` setting's choices: how a group's step rewards become step advantages.
+PROCESS_ADVANTAGES: dict[str, ProcessAdvantageFn] = {
+    "cumulative": process_advantages,
+    "step_aligned": step_aligned_advantages,
+}
 
 
 def vineppo_advantages(values: Sequence[float], reward: float) -> list[float]:

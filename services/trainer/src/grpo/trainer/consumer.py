@@ -98,13 +98,12 @@ def process_credit(record: queue_pb2.GroupRecord, outcome: Sequence[float], algo
     if any(sc is None for sc in scores):
         raise ValueError(f"group {record.group_id}: a sample has no judged steps (triage keeps such groups out)")
     by_step = [sc for sc in scores if sc is not None]
-    eps, unbiased = algo.advantage_eps, algo.std_unbiased
-    if algo.process_advantage == "cumulative":
-        process = credit.process_advantages(by_step, eps=eps, std_unbiased=unbiased)
-    elif algo.process_advantage == "step_aligned":
-        process = credit.step_aligned_advantages(by_step, eps=eps, std_unbiased=unbiased)
-    else:
-        raise ValueError(f"unknown process_advantage {algo.process_advantage!r}; cumulative or step_aligned")
+    if algo.process_advantage not in credit.PROCESS_ADVANTAGES:
+        raise ValueError(
+            f"unknown process_advantage {algo.process_advantage!r}; one of {sorted(credit.PROCESS_ADVANTAGES)}"
+        )
+    advantages = credit.PROCESS_ADVANTAGES[algo.process_advantage]
+    process = advantages(by_step, eps=algo.advantage_eps, std_unbiased=algo.std_unbiased)
     return [
         credit.token_advantages(
             credit.mix_advantages(out, steps, algo.process_weight), list(s.step_token_ends), len(s.completion.token_ids)

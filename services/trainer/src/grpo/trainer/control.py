@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from grpo.common.readiness import Readiness
@@ -46,27 +46,14 @@ class StatusSnapshot:
     last_eval: tuple[int, dict[str, float]] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "phase": self.phase,
-            "step": self.step,
-            "total_steps": self.total_steps,
-            "policy_version": self.policy_version,
-            "tasks_published": self.tasks_published,
-            "groups_trained": self.groups_trained,
-            "dropped": dict(self.dropped),
-            "in_flight": self.in_flight,
-            "duplicates": self.duplicates,
-            "superseded": self.superseded,
-            "replicas": [vars(r) for r in self.replicas],
-            "metrics": dict(self.metrics),
-            "error": self.error,
-            "eval_history": [{"step": s, "accuracy": a} for s, a in self.eval_history],
-            "stage": self.stage,
-            "stages": list(self.stages),
-            "last_eval": None if self.last_eval is None else {"step": self.last_eval[0],
-                                                              "metrics": dict(self.last_eval[1])},
-        }  # fmt: skip
+        """The snapshot as /v1/status says it; GetRunStatus is the same document as a RunStatus (grpc_api)."""
+        out = asdict(self)
+        out["replicas"] = list(out["replicas"])
+        out["eval_history"] = [{"step": s, "accuracy": a} for s, a in self.eval_history]
+        out["stages"] = list(self.stages)
+        out["last_eval"] = None if self.last_eval is None else {"step": self.last_eval[0],
+                                                                 "metrics": dict(self.last_eval[1])}  # fmt: skip
+        return out
 
 
 class RunControl:

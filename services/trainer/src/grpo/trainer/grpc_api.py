@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from grpo.trainer.control import RunControl, StatusSnapshot
 from grpo.v1 import trainer_pb2, trainer_pb2_grpc
@@ -18,43 +18,9 @@ DEFAULT_CHECKPOINT_WAIT_S = 600.0
 
 
 def to_proto(snap: StatusSnapshot) -> trainer_pb2.RunStatus:
-    return trainer_pb2.RunStatus(
-        run_id=snap.run_id,
-        phase=snap.phase,
-        step=snap.step,
-        total_steps=snap.total_steps,
-        policy_version=snap.policy_version,
-        tasks_published=snap.tasks_published,
-        groups_trained=snap.groups_trained,
-        dropped={k: int(v) for k, v in snap.dropped.items()},
-        in_flight=snap.in_flight,
-        replicas=[
-            trainer_pb2.ReplicaInfo(
-                replica_id=r.replica_id, address=r.address, weight_version=r.weight_version, last_seen_s=r.last_seen_s
-            )
-            for r in snap.replicas
-        ],
-        metrics={k: float(v) for k, v in snap.metrics.items()},
-        duplicates=snap.duplicates,
-        superseded=snap.superseded,
-        error=snap.error,
-        eval_history=[trainer_pb2.EvalPoint(step=step, accuracy=acc) for step, acc in snap.eval_history],
-        stage=snap.stage,
-        stages=[_stage_proto(outcome) for outcome in snap.stages],
-        last_eval=None if snap.last_eval is None else trainer_pb2.EvalResult(
-            step=snap.last_eval[0], metrics={k: float(v) for k, v in snap.last_eval[1].items()}),
-    )  # fmt: skip
-
-
-def _stage_proto(outcome: dict[str, Any]) -> trainer_pb2.StageOutcome:
-    return trainer_pb2.StageOutcome(
-        index=int(outcome.get("index", 0)),
-        mode=str(outcome.get("mode", "")),
-        steps=int(outcome.get("steps") or 0),
-        seconds=float(outcome.get("seconds") or 0.0),
-        folder=str(outcome.get("folder", "")),
-        outcome=str(outcome.get("outcome", "")),
-    )
+    """The status as /v1/status says it, read into the proto: one document, so the two APIs cannot drift. What the
+    proto has no field for (a replica's tasks_done, a stage's loss curve) stays HTTP's."""
+    return json_format.ParseDict(snap.to_json(), trainer_pb2.RunStatus(), ignore_unknown_fields=True)
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):

@@ -39,6 +39,7 @@ from grpo.trainer.consumer import facts_of, failure_reason, group_metrics, to_sa
 from grpo.trainer.control import ReplicaView, RunControl
 from grpo.trainer.errors import RunError
 from grpo.trainer.evaluation import evaluate
+from grpo.trainer.live_doctor import LiveDoctor
 from grpo.trainer.replica_sync import check_replica_caps
 from grpo.trainer.vine import VALUE_KIND
 from grpo.v1 import queue_pb2
@@ -71,6 +72,7 @@ class GrpoRun:
         self.reader, self.learner, self.acct, self.publisher = p.reader, p.learner, p.acct, p.publisher
         self.value_books, self.credit, self.sink = p.value_books, p.credit, p.sink
         self.failed_streak = FailureStreak(settings.max_failed_steps)
+        self.doctor = LiveDoctor(self.algo, settings.max_staleness)  # grpo doctor's rules, as warnings
         # The last _collect's triage verdicts (verdict -> groups) and its failed groups' reasons (reason -> groups).
         self.outcomes: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
@@ -118,6 +120,7 @@ class GrpoRun:
             if self.eval_rows and evaluation_due(self.step, s):
                 metrics.update(self._evaluate())
             self.sink.log(self.step, metrics)
+            self.doctor.observe(self.step, metrics)
             self._publish_status(metrics)
         if self.last_checkpoint_step != self.step or self.acct.recent:
             self._checkpoint()

@@ -12,9 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from grpo.common.grpc_server import GrpcServer, server_credentials
-from grpo.common.http_server import HttpServer
-from grpo.common.ports import PortSetting
+from grpo.common.api_servers import api_servers
 from grpo.common.signals import exit_at_once
 from grpo.trainer.checkpoint import checkpoint_step, latest_checkpoint
 from grpo.trainer.config import TrainerSettings
@@ -77,22 +75,8 @@ def lead(settings: TrainerSettings, control: RunControl | None) -> int:
     """Rank 0 (or the only process): the APIs up, the run in this thread; returns the process exit code."""
     control = control or RunControl(settings.run_id, settings.steps)
     registry = CollectorRegistry()
-    grpc_server = GrpcServer(
-        register(control),
-        ["grpo.v1.TrainerService"],
-        settings.host,
-        settings.grpc_port,
-        token=settings.token,
-        credentials=server_credentials(settings.tls_cert_file, settings.tls_key_file),
-        setting=PortSetting.of(settings, "grpc_port"),
-    )
-    http = HttpServer(
-        http_routes(control, registry),
-        settings.host,
-        settings.http_port,
-        name="trainer-http",
-        token=settings.token,
-        setting=PortSetting.of(settings, "http_port"),
+    grpc_server, http = api_servers(
+        settings, register(control), ["grpo.v1.TrainerService"], http_routes(control, registry), "trainer-http"
     )
     grpc_server.start()
     http.start()
