@@ -70,7 +70,8 @@ class SandboxGate:
 
 
 class RequestSandbox(Sandbox):
-    """The service's sandbox as one request sees it: through the gate, and only while its ticket lasts."""
+    """The service's sandbox as one request sees it: through the gate, and only while its ticket lasts. Its runs'
+    `cancel` is always the ticket's `ended`: a caller's own event is not used (none passes one)."""
 
     def __init__(self, inner: Sandbox, gate: SandboxGate, ticket: Ticket) -> None:
         self._inner, self._gate, self._ticket = inner, gate, ticket

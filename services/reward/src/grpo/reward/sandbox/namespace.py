@@ -293,8 +293,7 @@ class NamespaceSandbox(Sandbox):
         except GeneratorExit:  # the caller wants no more runs: stop the batch, keep the zygote (unless cancelled)
             healthy = not (cancel is not None and cancel.is_set()) and self._stop(zygote, limits)
             raise
-        except RunCancelled:  # unhealthy: killed with its runs
-            raise
+        # RunCancelled passes through: not healthy, so `finally` kills the zygote with its runs.
         except (ZygoteError, OSError, ValueError) as exc:
             log.error("sandbox zygote failed in a batch, restarting it: %s", exc)
             failure = f"sandbox failure: {exc}"
