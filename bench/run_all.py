@@ -20,6 +20,7 @@ BENCHES = [
     "bench_math_verify.py",
     "bench_languages.py",
     "bench_rollout.py",
+    "bench_episodes.py",  # ~3 min: episodes vs single-turn through the services, and a timed episode batch
     "bench_weight_broadcast.py",
     "bench_trainer.py",
     "bench_ranks.py",

@@ -161,13 +161,13 @@ def test_ranks_give_the_one_process_update(world_size: int, stage: int, tmp_path
     """The same batch on N DeepSpeed ranks and on one plain process: the same parameters and metrics.
 
     Uneven splits (7 rows, and 2 rows on 3 ranks), micro-batches of 1–3 rows and token-capped ones, every
-    aggregation, the reference model with two PPO epochs, per-token advantages, and SFT
-    (tests/support/rank_equivalence.py).
+    aggregation, the reference model with two PPO epochs, per-token advantages, masked multi-turn episodes (with
+    GSPO's sequence ratio and TIS), and SFT, also on tool episodes (tests/support/rank_equivalence.py).
     """
     out = tmp_path / "result.json"
     torchrun(Path(__file__).parents[1] / "support" / "rank_equivalence.py", str(stage), str(out), ranks=world_size)
     result = json.loads(out.read_text())
-    assert (result["world_size"], result["stage"], len(result["results"])) == (world_size, stage, 17)
+    assert (result["world_size"], result["stage"], len(result["results"])) == (world_size, stage, 21)
     for r in result["results"]:
         label = f"{r['kind']} {r['case']}"
         # Relative to the largest parameter change: float reordering only (measured ≤ 1.2e-4).

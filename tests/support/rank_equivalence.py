@@ -43,10 +43,16 @@ GRPO_CASES: list[dict[str, Any]] = [
     {"agg": "token_mean", "micro_batch_size": 3, "max_tokens_per_micro_batch": 20},  # token-capped micro-batches
     {"agg": "seq_mean_token_mean", "micro_batch_size": 1, "rows": 2},  # fewer rows than ranks
     {"agg": "token_mean", "micro_batch_size": 2, "per_token": True},  # step credit: one advantage per token
+    # multi-turn episodes: tool output (mask 0) inside the long completions, sampler log-probs 0.0 there
+    {"agg": "token_mean", "micro_batch_size": 2, "episodes": True},
+    {"agg": "seq_mean_token_mean", "micro_batch_size": 3, "episodes": True, "ratio_level": "sequence", "tis_cap": 2.0},
+    {"agg": "seq_mean_token_sum", "micro_batch_size": 1, "episodes": True, "beta": 0.05, "tis_cap": 1.5},
 ]
 SFT_CASES: list[dict[str, Any]] = [{"micro_batch_size": mbs} for mbs in (1, 2, 3)] + [
-    {"micro_batch_size": 1, "rows": 2}
+    {"micro_batch_size": 1, "rows": 2},
+    {"micro_batch_size": 2, "episodes": True},  # tool segments out of the loss
 ]
+OWN_KEYS = ("rows", "per_token", "episodes")  # this file's options, not LearnerConfig's
 COMPARED = ("loss", "pg_loss", "kl_loss", "kl", "ratio_mean", "ratio_max", "entropy", "clip_frac", "grad_norm",
             "tokens", "response_length_mean", "truncation_rate", "sft_loss")  # fmt: skip
 
@@ -54,7 +60,7 @@ COMPARED = ("loss", "pg_loss", "kl_loss", "kl", "ratio_mean", "ratio_max", "entr
 def config(backend: str, stage: int, case: dict[str, Any]) -> LearnerConfig:
     # Adam's first step is lr·g/(|g|+eps): eps well above float noise keeps the comparison about the gradient.
     base = {"lr": 1e-3, "adam_eps": 1e-4, "max_len": 12, "seed": 0, "mask_truncated": True, "beta": 0.0}
-    options = {k: v for k, v in case.items() if k not in ("rows", "per_token")}
+    options = {k: v for k, v in case.items() if k not in OWN_KEYS}
     return LearnerConfig(backend=backend, zero_stage=stage, **{**base, **options})
 
 
@@ -64,13 +70,28 @@ def per_token(sample: TrainableSample) -> TrainableSample:
     return dataclasses.replace(sample, token_advantages=[sample.advantage * (1 - t / n) for t in range(n)])
 
 
+def env_mask(n: int) -> list[int]:
+    """A model turn, a tool result of 4 tokens, the answer: for completions long enough to hold them."""
+    return [1, 1, 1, 0, 0, 0, 0, *[1] * (n - 7)] if n > 7 else [1] * n
+
+
+def episode(sample: TrainableSample) -> TrainableSample:
+    """The sample as a multi-turn episode: a token mask, and the sampler's log-probs (0.0 on environment tokens)."""
+    mask = env_mask(len(sample.completion_token_ids))
+    logprobs = [-2.0 - 0.1 * t if m else 0.0 for t, m in enumerate(mask)]
+    return dataclasses.replace(sample, token_mask=mask, sampler_logprobs=logprobs)
+
+
 def train(
-    learner: Learner, kind: str, rows: int, tokens: bool = False
+    learner: Learner, kind: str, rows: int, tokens: bool = False, episodes: bool = False
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     before = {k: v.clone() for k, v in learner.state_dict_for_push().items()}
     batch, pairs = BATCH[:rows], PAIRS[:rows]
     if tokens:
         batch = [per_token(s) for s in batch]
+    if episodes:
+        batch = [episode(s) for s in batch]
+        pairs = [dataclasses.replace(p, response_mask=env_mask(len(p.response_token_ids))) for p in pairs]
     metrics = learner.step(batch) if kind == "grpo" else learner.sft_step(pairs)
     if kind == "grpo" and learner.config.ppo_epochs == 1:
         metrics |= {f"second/{k}": v for k, v in learner.step(batch).items()}  # the ratio has moved now
@@ -101,10 +122,10 @@ def main() -> None:
             learner = Learner(config("deepspeed", stage, case))
             rank = learner.backend.rank
             rows = case.get("rows", len(BATCH))
-            tokens = case.get("per_token", False)
-            ds = train(learner, kind, rows, tokens)
+            tokens, episodes = case.get("per_token", False), case.get("episodes", False)
+            ds = train(learner, kind, rows, tokens, episodes)
             if rank == 0:
-                ref = train(Learner(config("torch", stage, case)), kind, rows, tokens)
+                ref = train(Learner(config("torch", stage, case)), kind, rows, tokens, episodes)
                 results.append({"kind": kind, "case": case, **compare(ds, ref)})
             learner.backend.barrier()
             del learner  # engines left alive past destroy_process_group can abort the interpreter at exit

@@ -31,3 +31,13 @@ def test_a_replica_whose_context_cannot_hold_the_longest_prompt_is_named() -> No
 def test_a_replica_that_says_nothing_is_not_refused() -> None:
     """0: an older replica that does not report its cap or context; its tasks fail with a reason, as before."""
     check_replica_caps([replica("old")], 100_000, longest_prompt=100_000)
+
+
+def test_an_episode_needs_room_for_its_whole_budget_not_one_turn() -> None:
+    """An episode's tokens after the prompt run to max_episode_tokens (every turn and tool result), not to one
+    turn's max_new_tokens: a replica that holds one turn but not the episode is named at start-up."""
+    live = [replica("a", cap=512, context=1024)]
+    check_replica_caps(live, 256, longest_prompt=700)  # one turn fits: 956 tokens
+    with pytest.raises(RunError, match=r"the longest prompt \(700 tokens\) with an episode's 512 tokens needs a "
+                                       r"context of 1212 tokens, more than rollout replica\(s\) a \(1024\) hold"):  # fmt: skip
+        check_replica_caps(live, 256, longest_prompt=700, sample_budget=512)

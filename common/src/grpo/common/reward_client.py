@@ -66,11 +66,11 @@ class RewardClient:
         self.stop = stop
         self.metadata = bearer_metadata(token)
 
-    def _call(self, method: Any, request: Any, name: str) -> Any:
+    def _call(self, method: Any, request: Any, name: str, extra_s: float = 0.0) -> Any:
         backoff = Backoff(self.retry_policy, f"{name} to {self.addr}", self.stop, log)
         while True:
             try:
-                return method(request, timeout=self.timeout_s, metadata=self.metadata)
+                return method(request, timeout=self.timeout_s + extra_s, metadata=self.metadata)
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code not in RETRYABLE:
@@ -112,6 +112,31 @@ class RewardClient:
         if timeout_s is not None:
             request.timeout_s = timeout_s
         return self._call(self.stub.VerifyMath, request, "VerifyMath")
+
+    def execute(
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        stdin: str = "",
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+        return_output_bytes: int | None = None,
+    ) -> pb.ExecuteResponse:
+        """Run one program in the reward service's sandbox (the Execute rpc, retried as `score` is).
+
+        The program's own failures (an exception, its timeout, its memory limit) come back in the response's
+        `status`; RewardServiceError means the service could not run it at all (unreachable after the retries,
+        or a request it rejected: INVALID_ARGUMENT names what to change). The rpc's deadline is the client's
+        `timeout_s` plus the program's, so a slow program is never mistaken for an unreachable service."""
+        request = pb.ExecuteRequest(language=language, code=code, stdin=stdin)
+        if timeout_s is not None:
+            request.timeout_s = timeout_s
+        if memory_mb:
+            request.memory_mb = memory_mb
+        if return_output_bytes is not None:
+            request.return_output_bytes = return_output_bytes
+        return self._call(self.stub.Execute, request, "Execute", extra_s=timeout_s or 0.0)  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self.channel.close()

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PromptTask(_message.Message):
-    __slots__ = ("task_id", "policy_version", "prompt", "checks", "weights", "sampling", "task_type", "attempt", "eval", "kind")
+    __slots__ = ("task_id", "policy_version", "prompt", "checks", "weights", "sampling", "task_type", "attempt", "eval", "kind", "episode")
     class WeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class PromptTask(_message.Message):
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     EVAL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     policy_version: int
     prompt: _rollout_pb2.Prompt
@@ -37,10 +38,49 @@ class PromptTask(_message.Message):
     attempt: int
     eval: bool
     kind: str
-    def __init__(self, task_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., prompt: _Optional[_Union[_rollout_pb2.Prompt, _Mapping]] = ..., checks: _Optional[_Union[_reward_pb2.Checks, _Mapping]] = ..., weights: _Optional[_Mapping[str, float]] = ..., sampling: _Optional[_Union[_rollout_pb2.SamplingParams, _Mapping]] = ..., task_type: _Optional[str] = ..., attempt: _Optional[int] = ..., eval: _Optional[bool] = ..., kind: _Optional[str] = ...) -> None: ...
+    episode: EpisodeSpec
+    def __init__(self, task_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., prompt: _Optional[_Union[_rollout_pb2.Prompt, _Mapping]] = ..., checks: _Optional[_Union[_reward_pb2.Checks, _Mapping]] = ..., weights: _Optional[_Mapping[str, float]] = ..., sampling: _Optional[_Union[_rollout_pb2.SamplingParams, _Mapping]] = ..., task_type: _Optional[str] = ..., attempt: _Optional[int] = ..., eval: _Optional[bool] = ..., kind: _Optional[str] = ..., episode: _Optional[_Union[EpisodeSpec, _Mapping]] = ...) -> None: ...
+
+class EpisodeSpec(_message.Message):
+    __slots__ = ("tools", "tool_format", "max_turns", "max_tool_calls", "max_total_tokens", "max_tool_output_chars", "tool_timeout_s", "tool_memory_mb")
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOOL_OUTPUT_CHARS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    TOOL_MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    tools: _containers.RepeatedScalarFieldContainer[str]
+    tool_format: str
+    max_turns: int
+    max_tool_calls: int
+    max_total_tokens: int
+    max_tool_output_chars: int
+    tool_timeout_s: float
+    tool_memory_mb: int
+    def __init__(self, tools: _Optional[_Iterable[str]] = ..., tool_format: _Optional[str] = ..., max_turns: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_tool_output_chars: _Optional[int] = ..., tool_timeout_s: _Optional[float] = ..., tool_memory_mb: _Optional[int] = ...) -> None: ...
+
+class EpisodeStats(_message.Message):
+    __slots__ = ("turns", "tool_calls", "tool_errors", "tool_timeouts", "malformed_calls", "end", "tool_s")
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
+    MALFORMED_CALLS_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    TOOL_S_FIELD_NUMBER: _ClassVar[int]
+    turns: int
+    tool_calls: int
+    tool_errors: int
+    tool_timeouts: int
+    malformed_calls: int
+    end: str
+    tool_s: float
+    def __init__(self, turns: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., tool_timeouts: _Optional[int] = ..., malformed_calls: _Optional[int] = ..., end: _Optional[str] = ..., tool_s: _Optional[float] = ...) -> None: ...
 
 class SampleRecord(_message.Message):
-    __slots__ = ("completion", "reward", "components", "steps", "step_token_ends")
+    __slots__ = ("completion", "reward", "components", "steps", "step_token_ends", "token_mask", "episode")
     class ComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -53,12 +93,16 @@ class SampleRecord(_message.Message):
     COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     STEP_TOKEN_ENDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_MASK_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
     completion: _rollout_pb2.Completion
     reward: float
     components: _containers.MessageMap[str, _reward_pb2.ComponentResult]
     steps: _containers.RepeatedCompositeFieldContainer[_reward_pb2.StepScore]
     step_token_ends: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, completion: _Optional[_Union[_rollout_pb2.Completion, _Mapping]] = ..., reward: _Optional[float] = ..., components: _Optional[_Mapping[str, _reward_pb2.ComponentResult]] = ..., steps: _Optional[_Iterable[_Union[_reward_pb2.StepScore, _Mapping]]] = ..., step_token_ends: _Optional[_Iterable[int]] = ...) -> None: ...
+    token_mask: _containers.RepeatedScalarFieldContainer[int]
+    episode: EpisodeStats
+    def __init__(self, completion: _Optional[_Union[_rollout_pb2.Completion, _Mapping]] = ..., reward: _Optional[float] = ..., components: _Optional[_Mapping[str, _reward_pb2.ComponentResult]] = ..., steps: _Optional[_Iterable[_Union[_reward_pb2.StepScore, _Mapping]]] = ..., step_token_ends: _Optional[_Iterable[int]] = ..., token_mask: _Optional[_Iterable[int]] = ..., episode: _Optional[_Union[EpisodeStats, _Mapping]] = ...) -> None: ...
 
 class GroupRecord(_message.Message):
     __slots__ = ("group_id", "task_id", "policy_version", "weight_version", "weight_checksum", "prompt_token_ids", "samples", "status", "error", "replica_id", "generate_s", "score_s", "eval", "kind")

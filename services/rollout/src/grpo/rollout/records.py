@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo.common.queue import Entry
+from grpo.rollout.episodes.spec import Episode
 from grpo.v1 import queue_pb2, reward_pb2
 
 
@@ -15,7 +16,7 @@ class Generated:
     """One engine call's output, as the worker needs it."""
 
     prompt_token_ids: list[list[int]]
-    completions: list[list[Any]]  # per prompt: objects with text, token_ids, logprobs, finish_reason
+    completions: list[list[Any]]  # per prompt: objects with text, token_ids, logprobs, finish_reason; or Episodes
     weight_version: int
     weight_checksum: str
     decode: Callable[[list[int]], str] | None = None  # the engine's detokenizer, to place step ends on tokens
@@ -54,7 +55,10 @@ def token_ends(
 
 
 def score_items(tasks: Sequence[queue_pb2.PromptTask], generated: Generated) -> list[reward_pb2.ScoreItem]:
-    """One ScoreItem per completion, id "<task_id>/<i>"; overlong checks get the exact token count."""
+    """One ScoreItem per completion, id "<task_id>/<i>"; overlong checks get the exact token count.
+
+    An episode is scored on its final answer, the text of the model's last turn (a tool's output is never the
+    answer); its overlong check counts all its tokens, the environment's included."""
     items = []
     for task, completions in zip(tasks, generated.completions, strict=True):
         prompt = prompt_text(task)
@@ -63,7 +67,10 @@ def score_items(tasks: Sequence[queue_pb2.PromptTask], generated: Generated) -> 
         begun = list(task.prompt.prefix_token_ids)
         decode = generated.decode
         for i, c in enumerate(completions):
-            text = decode(begun + list(c.token_ids)) if begun and decode is not None else c.text
+            if isinstance(c, Episode):
+                text = c.answer
+            else:
+                text = decode(begun + list(c.token_ids)) if begun and decode is not None else c.text
             checks = reward_pb2.Checks()
             checks.CopyFrom(task.checks)
             if checks.HasField("overlong") and not checks.overlong.HasField("completion_tokens"):
@@ -128,6 +135,9 @@ def group_records(
             sample.completion.text, sample.completion.finish_reason = c.text, c.finish_reason
             sample.completion.token_ids.extend(c.token_ids)
             sample.completion.logprobs.extend(c.logprobs)
+            if isinstance(c, Episode):
+                sample.token_mask.extend(c.token_mask)
+                sample.episode.CopyFrom(c.stats)
             result = by_id.get(f"{task.task_id}/{i}")
             if result is None:
                 continue
@@ -138,20 +148,32 @@ def group_records(
             if result.steps:
                 sample.steps.extend(result.steps)
                 if generated.decode is not None:
-                    ends = token_ends(generated.decode, c.token_ids, c.text, [step.end for step in result.steps])
-                    sample.step_token_ends.extend(ends)
+                    sample.step_token_ends.extend(_step_token_ends(generated.decode, c, result.steps))
         if results is not None and any(f"{task.task_id}/{i}" not in by_id for i in range(len(record.samples))):
             record.status, record.error = "failed", "reward service returned no result for some samples"
         records.append(record)
     return records
 
 
+def _step_token_ends(decode: Callable[[list[int]], str], c: Any, steps: Sequence[reward_pb2.StepScore]) -> list[int]:
+    """Step ends on the completion's tokens; an episode's steps lie in its final answer, whose tokens begin at
+    answer_start."""
+    ends = [step.end for step in steps]
+    if isinstance(c, Episode):
+        answer = c.token_ids[c.answer_start :]
+        return [c.answer_start + k for k in token_ends(decode, answer, c.answer, ends)]
+    return token_ends(decode, c.token_ids, c.text, ends)
+
+
 def batches(entries: Sequence[Entry[queue_pb2.PromptTask]], size: int) -> list[list[Entry[queue_pb2.PromptTask]]]:
-    """Tasks with identical sampling params, in arrival order, at most `size` per engine call."""
-    by_params: dict[bytes, list[list[Entry[queue_pb2.PromptTask]]]] = {}
+    """Tasks with identical sampling params (and episode rules), in arrival order, at most `size` per engine call."""
+    by_params: dict[tuple[bytes, bytes | None], list[list[Entry[queue_pb2.PromptTask]]]] = {}
     for entry in entries:
         assert entry.message is not None
-        key = entry.message.sampling.SerializeToString(deterministic=True)
+        task = entry.message
+        # Episodes never share an engine call with single-turn tasks, nor with other rules.
+        episode = task.episode.SerializeToString(deterministic=True) if task.HasField("episode") else None
+        key = (task.sampling.SerializeToString(deterministic=True), episode)
         groups = by_params.setdefault(key, [[]])
         if len(groups[-1]) == size:
             groups.append([])

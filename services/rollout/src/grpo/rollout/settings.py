@@ -104,6 +104,12 @@ class RolloutSettings(ServiceSettings):
     """Take no task published under weights newer than this replica holds (a replica that joined or restarted
     waits for the trainer's push instead of making groups that would be dropped stale). Off: generate with
     whatever it holds (tasks published by hand, with no trainer pushing)."""
+    tool_plugins: dict[str, str] = Field(default_factory=dict)
+    """Tools episodes may call besides the built-in `python` (the reward service's sandbox), as
+    {"name": "package.module:function"}; the function takes the call's arguments (a dict) and returns the result
+    text; an exception it raises becomes an `Error: ...` result the model sees (docs/multi-turn.md)."""
+    tool_concurrency: int = Field(8, ge=1)
+    """Most tool calls of one episode batch run at the same time."""
     grpc_workers: int = Field(16, ge=1)
     """gRPC server threads."""
     log_level: LogLevel = "INFO"
@@ -117,6 +123,17 @@ class RolloutSettings(ServiceSettings):
         from grpo.common.queue import stream_keys  # the queue's own rule; imported here to keep --help light
 
         stream_keys(value)
+        return value
+
+    @field_validator("tool_plugins")
+    @classmethod
+    def _tool_plugins(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, path in value.items():
+            if name == "python":
+                raise ValueError("'python' is the built-in sandbox tool; give the plug-in another name")
+            module, sep, function = path.partition(":")
+            if not name or not sep or not module or not function:
+                raise ValueError(f"{name!r}: {path!r} must look like 'package.module:function'")
         return value
 
     @field_validator("redis_url")

@@ -33,6 +33,10 @@ from grpo.common.queue import (
 from grpo.common.registry import ReplicaInfo, ReplicaRegistry
 from grpo.common.retry import Backoff, RetryPolicy
 from grpo.common.reward_client import RewardClient
+from grpo.rollout.engines.base import SamplingParams
+from grpo.rollout.episodes.runner import EpisodeRunner, Interrupted
+from grpo.rollout.episodes.spec import episode_rules
+from grpo.rollout.episodes.tools import ToolInfrastructureError, load_tools
 from grpo.rollout.records import Generated, batches, failed_record, group_records, score_items
 from grpo.rollout.request_checks import encode_prompts, sampling_params
 from grpo.rollout.service import RolloutService, WeightsBroken
@@ -362,7 +366,14 @@ class RolloutWorker:
 
     def _generate_and_score(self, tasks: list[queue_pb2.PromptTask]) -> list[queue_pb2.GroupRecord]:
         t0 = time.monotonic()
-        generated = self.generate(tasks)
+        try:
+            generated = self.generate(tasks)
+        except Interrupted as exc:
+            raise Stopping from exc
+        except ToolInfrastructureError as exc:  # a tool the reward service could not run: retried, then failed
+            if self._stop.is_set():
+                raise Stopping from exc  # our own shutdown cut the client's retries short
+            raise
         t1 = time.monotonic()
         try:
             results: list[reward_pb2.ScoreResult] | None = self.score(score_items(tasks, generated))
@@ -420,21 +431,49 @@ class RolloutWorker:
 # ---- wiring into the service ------------------------------------------------------------------
 
 
-def service_generator(service: RolloutService) -> Callable[[Sequence[queue_pb2.PromptTask]], Generated]:
-    """Generate a batch of tasks (identical sampling params) in-process; BadRequest (a ValueError) for bad tasks."""
+def service_generator(
+    service: RolloutService, episodes: EpisodeRunner | None = None
+) -> Callable[[Sequence[queue_pb2.PromptTask]], Generated]:
+    """Generate a batch of tasks (identical sampling params, and episode rules) in-process; BadRequest (a
+    ValueError) for bad tasks. Tasks with an EpisodeSpec run as multi-turn episodes on `episodes`."""
 
     def generate(tasks: Sequence[queue_pb2.PromptTask]) -> Generated:
         params = sampling_params(tasks[0].sampling, service.limits)
+        if tasks[0].HasField("episode"):
+            return generate_episodes(tasks, params)
         prompts = encode_prompts(service, [t.prompt for t in tasks], params.max_new_tokens)
         outputs, version, checksum = service.generate(prompts, params, source="worker")
         return Generated(
             [o.prompt_token_ids for o in outputs], [o.samples for o in outputs], version, checksum, decode=decode
         )
 
+    def generate_episodes(tasks: Sequence[queue_pb2.PromptTask], params: SamplingParams) -> Generated:
+        if episodes is None:
+            raise ValueError("this worker runs no episodes: publish the task without `episode`")
+        if any(t.prompt.prefix_token_ids for t in tasks):
+            raise ValueError("an episode task cannot continue prompt.prefix_token_ids (value tasks are single-turn)")
+        rules = episode_rules(tasks[0].episode, params.max_new_tokens, set(episodes.tools))
+        prompts = encode_prompts(service, [t.prompt for t in tasks], rules.max_total_tokens)
+        batch = episodes.run(prompts, rules, params)
+        return Generated(prompts, list(batch.episodes), batch.weight_version, batch.weight_checksum, decode=decode)
+
     def decode(token_ids: list[int]) -> str:  # as the engines decode a completion's text
         return str(service.tokenizer.decode(token_ids, skip_special_tokens=True))
 
     return generate
+
+
+def episode_runner(
+    service: RolloutService, settings: RolloutSettings, reward: RewardClient, stop: threading.Event
+) -> EpisodeRunner:
+    """The worker's episode runner: the built-in python tool through `reward`, plug-ins from settings."""
+    return EpisodeRunner(
+        lambda prompts, params: service.generate(prompts, params, source="worker"),
+        service.tokenizer,
+        load_tools(settings.tool_plugins, reward.execute),
+        settings.tool_concurrency,
+        stopping=stop.is_set,
+    )
 
 
 def reward_client(settings: RolloutSettings, stop: threading.Event | None = None) -> RewardClient:
@@ -459,8 +498,9 @@ def run_worker(service: RolloutService, settings: RolloutSettings, stop_event: t
     # Blocking reads wait worker_block_ms; the socket deadline must outlast them.
     client = connect(settings.redis_url, socket_timeout_s=settings.worker_block_ms / 1000 + 5.0)
     reward = reward_client(settings, stop_event)
+    episodes = episode_runner(service, settings, reward, stop_event)
     worker = RolloutWorker(
-        service_generator(service),
+        service_generator(service, episodes),
         lambda: (service.version, service.checksum),
         reward.score,
         RunQueue(client, settings.run),
@@ -484,5 +524,6 @@ def run_worker(service: RolloutService, settings: RolloutSettings, stop_event: t
     try:
         worker.run(stop_event)
     finally:
+        episodes.close()
         reward.close()
         client.close()

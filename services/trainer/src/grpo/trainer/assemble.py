@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.data import DataError, PromptRow, load_rows
-from grpo.trainer.publisher import TaskSpec
+from grpo.trainer.publisher import EpisodeRules, TaskSpec
 
 if TYPE_CHECKING:
     from grpo.algo import LossConfig
@@ -44,14 +44,32 @@ def resolve_algo(settings: TrainerSettings, *, warn: bool = True) -> LossConfig:
 
 
 def overlong_buffer(settings: TrainerSettings, algo: LossConfig) -> int:
-    """Tokens of DAPO's soft overlong ramp (0 = off), capped at half the generation budget."""
+    """Tokens of DAPO's soft overlong ramp (0 = off), capped at half the length budget (max_new_tokens; with tools
+    the episode's, which is then the penalty's max_tokens: see TaskSpec.length_budget)."""
     if not algo.overlong_soft_penalty:
         return 0
-    wanted = algo.overlong_buffer or settings.max_new_tokens // 4
-    capped = min(wanted, settings.max_new_tokens // 2)
+    budget = settings.episode_tokens()
+    wanted = algo.overlong_buffer or budget // 4
+    capped = min(wanted, budget // 2)
     if capped != wanted:
-        log.info("overlong buffer %d capped to %d (max_new_tokens %d)", wanted, capped, settings.max_new_tokens)
+        log.info("overlong buffer %d capped to %d (length budget %d tokens)", wanted, capped, budget)
     return capped
+
+
+def episode_rules(settings: TrainerSettings) -> EpisodeRules | None:
+    """The episodes' rules every task carries, or None for a run without tools."""
+    if not settings.tools:
+        return None
+    return EpisodeRules(
+        tools=tuple(settings.tools),
+        tool_format=settings.tool_format,
+        max_turns=settings.max_turns,
+        max_tool_calls=settings.tool_call_limit(),
+        max_total_tokens=settings.episode_tokens(),
+        max_tool_output_chars=settings.tool_output_chars,
+        tool_timeout_s=settings.tool_timeout_s,
+        tool_memory_mb=settings.tool_memory_mb,
+    )
 
 
 def task_spec(settings: TrainerSettings, algo: LossConfig) -> TaskSpec:
@@ -66,6 +84,7 @@ def task_spec(settings: TrainerSettings, algo: LossConfig) -> TaskSpec:
         apply_chat_template=settings.apply_chat_template,
         overlong_buffer_tokens=overlong_buffer(settings, algo),
         steps_json=json.dumps(settings.step_check, sort_keys=True) if settings.step_check else "",
+        episode=episode_rules(settings),
     )
 
 
@@ -103,19 +122,23 @@ def model_context(model: str) -> int:
 def fit_prompts(
     rows: Sequence[PromptRow], prompt_tokens: Callable[[PromptRow], int], settings: TrainerSettings, context: int
 ) -> tuple[list[PromptRow], int]:
-    """The rows whose prompt leaves room for max_new_tokens in the model's context, and the longest of their
+    """The rows whose prompt leaves room for the length budget (max_new_tokens; with tools the episode's) in the
+    model's context, and the longest of their
     prompts in tokens. The rollout refuses the others on every epoch (and an evaluation counts them as failed, not
     wrong): DataError naming the first under `overlong_prompts: error`, left out and counted under `drop`."""
     lengths = [prompt_tokens(row) for row in rows]
-    room = context - settings.max_new_tokens if context > 0 else max(lengths, default=0)
+    budget = settings.episode_tokens()
+    room = context - budget if context > 0 else max(lengths, default=0)
     over = [(row, n) for row, n in zip(rows, lengths, strict=True) if n > room]
     if not over:
         return list(rows), max(lengths, default=0)
     first, n = over[0]
+    limit = f"max_episode_tokens {budget}" if settings.tools else f"max_new_tokens {budget}"
     what = (f"{len(over)} of {len(rows)} prompts (the first: {first.where}, {n} tokens) leave no room for "
-            f"max_new_tokens {settings.max_new_tokens} in the model's context of {context} tokens")  # fmt: skip
+            f"{limit} in the model's context of {context} tokens")  # fmt: skip
     if settings.overlong_prompts == "error" or len(over) == len(rows):
-        raise DataError(f"{what}: shorten them, lower max_new_tokens, or set overlong_prompts: drop to leave them out")
+        raise DataError(f"{what}: shorten them, lower {limit.split()[0]}, or set overlong_prompts: drop to leave "
+                        "them out")  # fmt: skip
     log.warning("%s: left out (overlong_prompts: drop)", what)
     kept = [(row, n) for row, n in zip(rows, lengths, strict=True) if n <= room]
     return [row for row, _ in kept], max(n for _, n in kept)
@@ -159,6 +182,9 @@ def load_grpo_data(settings: TrainerSettings, algo: LossConfig, spec: TaskSpec, 
 
     assert settings.train_data is not None
     tokenizer, context = load_tokenizer(tokenizer_model), model_context(tokenizer_model)
+    if settings.tools and settings.tool_format == "chat" and not getattr(tokenizer, "chat_template", None):
+        raise DataError(f"tool_format chat needs the model's chat template, and {tokenizer_model}'s tokenizer has "
+                        "none: use tool_format tagged (<code>…</code>), or a model with a chat template")  # fmt: skip
 
     def prompt_tokens(row: PromptRow) -> int:
         return len(encode_prompt(tokenizer, row, settings.apply_chat_template))
@@ -201,7 +227,7 @@ def learner_config(settings: TrainerSettings, algo: LossConfig) -> LearnerConfig
         kl_kind=algo.kl_kind,
         agg=algo.agg,
         ratio_level=algo.ratio_level,
-        max_len=settings.max_new_tokens,
+        max_len=settings.episode_tokens(),  # Dr. GRPO's constant: the length budget of one sample
         tis_cap=algo.tis_cap,
         mask_truncated=algo.mask_truncated,
         sampler_exact=settings.sampler_exact,

@@ -81,6 +81,30 @@ class TrainerSettings(ServiceSettings):
     """Stop strings (kept in the text)."""
     apply_chat_template: bool = False
     """Wrap text prompts as one user message in the chat template (chat-message prompts always use it)."""
+    tools: list[str] = Field(default_factory=list)
+    """Tools the model may call, e.g. [python] (the reward service's sandbox) or the rollout's tool_plugins names.
+    Non-empty: every task, training and evaluation, is a multi-turn episode (docs/multi-turn.md): the model acts, a
+    tool's result is appended as tokens it did not sample (never trained on), until it answers without a call or a
+    limit ends the episode; the reward scores its final answer. Empty: one completion per sample."""
+    tool_format: Literal["tagged", "chat"] = "tagged"
+    """How the model calls a tool: `tagged` (`<code>…</code>`, answered with `<output>…</output>`; any model) or
+    `chat` (the chat template's `<tool_call>` JSON and tool messages, Qwen/Hermes style; needs a tokenizer with a chat
+    template and apply_chat_template: true)."""
+    max_turns: int = Field(4, ge=1)
+    """Model turns per episode at most (the last one must answer: a call in it ends the episode unrun)."""
+    max_tool_calls: int | None = Field(None, ge=0)
+    """Tool calls per episode at most; a call past it ends the episode without running. None: max_turns - 1."""
+    max_episode_tokens: int = Field(0, ge=0)
+    """Tokens after the prompt per episode, the model's and the tools' together (max_new_tokens stays each turn's
+    limit). 0: max_turns × max_new_tokens. It is the episodes' length budget everywhere a run needs one: the room a
+    prompt must leave in the context, the overlong penalty's max_tokens (its ramp ends at the episode budget, over
+    every token after the prompt) and Dr. GRPO's constant normaliser (seq_mean_token_sum)."""
+    tool_timeout_s: float = Field(5.0, gt=0)
+    """Wall-clock limit of one tool call; a call past it is answered `Error: timed out …` (the model sees it)."""
+    tool_output_chars: int = Field(1000, ge=1)
+    """A tool result longer than this keeps its head and tail (` … ` between) before it is appended."""
+    tool_memory_mb: int = Field(0, ge=0)
+    """Memory limit of one python tool call (0: the reward service's default)."""
     overlong_prompts: Literal["error", "drop"] = "error"
     """A prompt whose tokens plus max_new_tokens exceed the model's context fails every time it is sampled: refuse
     the run naming its row (`error`), or leave such rows out, counted in the log (`drop`)."""
@@ -112,9 +136,11 @@ class TrainerSettings(ServiceSettings):
     ref_refresh_steps: int | None = Field(None, ge=0)
     """Copy the policy into the reference model every N steps (R1: 400; 0 = never). None: the preset's."""
     overlong_soft_penalty: bool | None = None
-    """Ask the reward service for DAPO's soft overlong penalty. None: the preset's."""
+    """Ask the reward service for DAPO's soft overlong penalty, ramping to max_new_tokens (with tools: to the episode's
+    budget, max_episode_tokens resolved, over all its tokens after the prompt). None: the preset's."""
     overlong_buffer: int | None = Field(None, ge=1)
-    """Tokens before max_new_tokens over which that penalty ramps (capped at max_new_tokens/2). None: the preset's."""
+    """Tokens before the length budget over which that penalty ramps (capped at half the budget: max_new_tokens, or
+    with tools the episode's). None: the preset's."""
     mask_truncated: bool | None = None
     """Exclude completions that hit max_new_tokens from the loss (DAPO overlong masking). None: the preset's
     (on for dapo; R1, the seeds and TRL train on truncated completions)."""
@@ -345,6 +371,8 @@ class TrainerSettings(ServiceSettings):
                     f"group_size={algo.group_size}: a group needs at least 2 samples (its advantages are measured "
                     "against the group's other rewards; one sample's advantage is always 0). R1 uses 16"
                 )
+            if self.tools:
+                self._check_tools(algo.credit)
             if algo.refill_zero_variance and not algo.skip_zero_variance:
                 raise ValueError(
                     f"refill_zero_variance (preset {self.preset}) needs skip_zero_variance: a refill replaces a group "
@@ -354,6 +382,33 @@ class TrainerSettings(ServiceSettings):
         for i, stage in enumerate(self.stages, 1):
             stage_settings(self, stage, i)  # a bad stage fails at start-up, naming it
         return self
+
+    def _check_tools(self, credit: str) -> None:
+        """What an episode run cannot do, said at start-up."""
+        if credit in ("process", "vineppo"):
+            raise ValueError(
+                f"process credit over multi-turn episodes is not supported: credit {credit!r} (preset {self.preset}) "
+                "places step scores on completion tokens, and an episode's tokens include tool output the model did "
+                "not write; use credit outcome (presets grpo, dapo, dr_grpo, gspo, ...) with tools, or drop `tools`"
+            )
+        if any(not name.strip() for name in self.tools) or len(set(self.tools)) != len(self.tools):
+            raise ValueError(f"tools {self.tools}: each must be a non-empty tool name, listed once")
+        if self.tool_format == "chat" and not self.apply_chat_template:
+            raise ValueError(
+                "tool_format chat renders tool calls and results with the chat template: set apply_chat_template "
+                "true, or use tool_format tagged"
+            )
+
+    def episode_tokens(self) -> int:
+        """The length budget of one sample in tokens after the prompt: an episode's (max_episode_tokens, or
+        max_turns × max_new_tokens), or one completion's max_new_tokens without tools."""
+        if not self.tools:
+            return self.max_new_tokens
+        return self.max_episode_tokens or self.max_turns * self.max_new_tokens
+
+    def tool_call_limit(self) -> int:
+        """Tool calls per episode at most (max_tool_calls, else max_turns - 1: the last turn answers)."""
+        return self.max_tool_calls if self.max_tool_calls is not None else self.max_turns - 1
 
     def run_record(self) -> dict[str, Any]:
         """The settings as a run's record (W&B's config, a third party's store): no tokens, and the Redis URL

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 # Components whose score means "the answer is right" (1 = correct, code: fraction of tests passed).
 CORRECTNESS_COMPONENTS = ("math", "code")
+# How an episode ends (EpisodeStats.end, proto/grpo/v1/queue.proto).
+EPISODE_ENDS = ("answer", "max_turns", "max_tool_calls", "max_total_tokens", "length")
 PEL_READ_COUNT = 1_000_000  # one read returns the whole pending list: it is bounded by checkpoint_every batches
 
 
@@ -26,7 +28,26 @@ def failure_reason(record: queue_pb2.GroupRecord, group_size: int) -> str:
     """Why triage called a group failed: the rollout's error, else what was wrong with the group itself."""
     if record.status != "ok":
         return record.error or f"status {record.status!r} with no error message"
+    problem = mask_problem(record)
+    if problem is not None:
+        return problem
     return f"{len(record.samples)} samples where the group size is {group_size}"
+
+
+def mask_problem(record: queue_pb2.GroupRecord) -> str | None:
+    """What is wrong with the group's episode token masks, None when nothing: a mask must have one entry per
+    completion token, each 0 (environment) or 1 (model). Such a group is failed, never trained on a guess of which
+    tokens were the model's."""
+    for i, s in enumerate(record.samples):
+        mask, n = s.token_mask, len(s.completion.token_ids)
+        if not mask:
+            continue
+        if len(mask) != n:
+            return f"sample {i}: a token mask of {len(mask)} entries for {n} completion tokens (a rollout bug)"
+        bad = sorted(set(mask) - {0, 1})
+        if bad:
+            return f"sample {i}: token mask values {bad[:5]}; each must be 0 (environment) or 1 (model) (a rollout bug)"
+    return None
 
 
 def rewards_of(record: queue_pb2.GroupRecord, steps: bool = False) -> tuple[float | None, ...]:
@@ -58,8 +79,9 @@ def facts_of(
     signal = zero_variance_signal(record, zero_variance_on, reward_clip)
     if steps and signal and max(signal) == min(signal):  # equal rewards: the step scores decide
         signal = tuple(score for s in record.samples for score in step_scores(s) or ()) or signal
+    status = "failed" if record.status == "ok" and mask_problem(record) is not None else record.status
     return GroupFacts(
-        record.group_id, record.status, int(record.weight_version), rewards_of(record, steps),
+        record.group_id, status, int(record.weight_version), rewards_of(record, steps),
         int(record.policy_version), signal,
     )  # fmt: skip
 
@@ -144,6 +166,7 @@ def to_samples(
                 truncated=c.finish_reason == "length",
                 weight_version=int(record.weight_version),
                 group_id=record.group_id,
+                token_mask=list(s.token_mask) or None,  # empty: every token is the model's
             )
         )
     return out
@@ -156,8 +179,15 @@ def _mean_std(xs: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
 
 
+def model_tokens(sample: queue_pb2.SampleRecord) -> int:
+    """The completion tokens the model sampled: an episode's mask says which; without one, all of them."""
+    return sum(sample.token_mask) if sample.token_mask else len(sample.completion.token_ids)
+
+
 def group_metrics(records: Sequence[queue_pb2.GroupRecord], prefix: str = "rollout") -> dict[str, float]:
-    """Reward mean/std (total and per component), accuracy, lengths and truncation over `records`."""
+    """Reward mean/std (total and per component), accuracy, lengths and truncation over `records`, and for episodes
+    their turns, tool calls and ends (episode_metrics). A group with a malformed mask is failed: not described."""
+    records = [r for r in records if mask_problem(r) is None]
     samples = [s for r in records for s in r.samples]
     if not samples:
         return {}
@@ -173,11 +203,40 @@ def group_metrics(records: Sequence[queue_pb2.GroupRecord], prefix: str = "rollo
     correct = [c for c in (correctness(s) for s in samples) if c is not None]
     if correct:
         out[f"{prefix}/accuracy"] = sum(1.0 for c in correct if c >= 1.0 - 1e-9) / len(correct)
-    lengths = [len(s.completion.token_ids) for s in samples]
+    # The model's tokens only: an episode's tool output is not its response (episode_len_mean counts every token).
+    lengths = [model_tokens(s) for s in samples]
     out[f"{prefix}/response_len_mean"] = sum(lengths) / len(lengths)
     out[f"{prefix}/response_len_max"] = float(max(lengths))
     out[f"{prefix}/truncation_rate"] = sum(s.completion.finish_reason == "length" for s in samples) / len(samples)
     out[f"{prefix}/generate_s_mean"] = sum(r.generate_s for r in records) / len(records)
+    out.update(episode_metrics([s for s in samples if s.HasField("episode")], prefix))
+    return out
+
+
+def episode_metrics(episodes: Sequence[queue_pb2.SampleRecord], prefix: str) -> dict[str, float]:
+    """Turns and tool calls per episode, the calls' success rate (the rollout counts every failed call in
+    tool_errors, a timeout and a malformed call included), the step's timeouts and malformed calls, the share of each
+    way an episode ended, the share of environment tokens, and the episodes' whole length (model and environment)."""
+    if not episodes:
+        return {}
+    n = len(episodes)
+    stats = [e.episode for e in episodes]
+    calls = sum(st.tool_calls for st in stats)
+    failed = sum(max(st.tool_errors, st.tool_timeouts) for st in stats)  # a timeout is an error too
+    tokens = sum(len(e.completion.token_ids) for e in episodes)
+    out = {
+        f"{prefix}/turns_mean": sum(st.turns for st in stats) / n,
+        f"{prefix}/tool_calls_mean": calls / n,
+        f"{prefix}/tool_timeouts": float(sum(st.tool_timeouts for st in stats)),
+        f"{prefix}/malformed_calls": float(sum(st.malformed_calls for st in stats)),
+        f"{prefix}/episode_len_mean": tokens / n,
+        f"{prefix}/env_token_share": (tokens - sum(model_tokens(e) for e in episodes)) / max(tokens, 1),
+    }
+    if calls:  # no calls: no rate (0 would read as every call failing)
+        out[f"{prefix}/tool_success_rate"] = max(calls - failed, 0) / calls
+    # Every known end every time (0 when none): a Prometheus gauge keeps its last value otherwise.
+    for end in sorted(set(EPISODE_ENDS) | {st.end or "unknown" for st in stats}):
+        out[f"{prefix}/episode_end/{end}"] = sum((st.end or "unknown") == end for st in stats) / n
     return out
 
 

@@ -1,7 +1,8 @@
 """Prompt datasets (JSONL, or Parquet through pyarrow), validated rows, and a resumable cursor.
 
 A row is `{"prompt": str | [{"role", "content"}, ...], "task_type": "math", "checks": {...},
-"id": optional, "response": optional (SFT)}`. `checks` is the reward service's Checks shape
+"id": optional, "response": optional (SFT)}`. An SFT response is a string, or a tool episode's segments
+`[{"role": "assistant" | "tool", "content": str}, ...]` (assistant segments are trained, tool segments are not). `checks` is the reward service's Checks shape
 (`{"math": {"gold": "42"}, "format": {}}`, `{"code": {"tests": [{"stdio": {...}}]}}`); a
 top-level `gold` is shorthand for `{"math": {"gold": gold}}` (merged into a `math` check that has other
 settings; a number is written out in positional notation).
@@ -61,7 +62,7 @@ class PromptRow:
     prompt: str | tuple[tuple[str, str], ...]  # text, or (role, content) messages
     task_type: str
     checks: dict[str, Any]  # reward.Checks as a JSON mapping (validated)
-    response: str | None = None
+    response: str | tuple[tuple[str, str], ...] | None = None  # text, or a tool episode's (role, content) segments
     where: str = field(default="", compare=False)  # "file.jsonl line 7": for errors found after loading
 
     def components(self) -> set[str]:
@@ -127,18 +128,47 @@ def parse_row(raw: dict[str, Any], where: str, *, need_response: bool = False) -
     except json_format.ParseError as exc:
         raise DataError(f"{where}: bad 'checks': {exc}") from exc
     check_required(checks, where)
-    response = raw.get("response")
-    if need_response and not (isinstance(response, str) and response):
-        raise DataError(f"{where}: SFT rows need a non-empty 'response' string")
+    response = parse_response(raw.get("response"), where)
+    if need_response and not response:
+        raise DataError(f"{where}: SFT rows need a 'response': a non-empty string, or a list of segments "
+                        f"{SEGMENT_SHAPE}")  # fmt: skip
     row_id = raw.get("id")
     return PromptRow(
         row_id=str(row_id) if row_id is not None else "",
         prompt=parsed_prompt,
         task_type=task_type,
         checks=checks,
-        response=response if isinstance(response, str) else None,
+        response=response or None,
         where=where,
     )
+
+
+SEGMENT_ROLES = ("assistant", "tool")
+SEGMENT_SHAPE = '{"role": "assistant" | "tool", "content": str}'
+
+
+def parse_response(value: Any, where: str) -> str | tuple[tuple[str, str], ...] | None:
+    """An SFT response: text, or a tool episode as segments; the episode starts and ends with the assistant (a tool
+    answers a call, and the last turn is the answer, followed by EOS as a plain response is)."""
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list) or not value:
+        raise DataError(f"{where}: 'response' must be a string or a non-empty list of segments {SEGMENT_SHAPE}, "
+                        f"got {value!r}")  # fmt: skip
+    segments = []
+    for i, seg in enumerate(value):
+        if not (isinstance(seg, dict) and set(seg) == {"role", "content"} and isinstance(seg["content"], str)):
+            raise DataError(f"{where}: response segment {i} must be {SEGMENT_SHAPE}, got {seg!r}")
+        if seg["role"] not in SEGMENT_ROLES:
+            raise DataError(f"{where}: response segment {i} has role {seg['role']!r}; it must be assistant (trained) "
+                            "or tool (a tool's result, not trained)")  # fmt: skip
+        if not seg["content"]:
+            raise DataError(f"{where}: response segment {i} ({seg['role']}) is empty")
+        segments.append((seg["role"], seg["content"]))
+    if segments[0][0] != "assistant" or segments[-1][0] != "assistant":
+        raise DataError(f"{where}: a response's segments must start and end with an assistant segment (a tool "
+                        "answers the assistant's call; the last turn is the answer)")  # fmt: skip
+    return tuple(segments)
 
 
 def gold_text(gold: Any, where: str) -> str:
@@ -266,8 +296,11 @@ def _texts(row: PromptRow) -> Iterator[tuple[str, str]]:
     gold = (row.checks.get("math") or {}).get("gold")
     if isinstance(gold, str):
         yield "gold answer", gold
-    if row.response:
+    if isinstance(row.response, str):
         yield "response", row.response
+    elif row.response:
+        for i, (role, content) in enumerate(row.response):
+            yield f"response segment {i} ({role})", content
 
 
 def _visible(text: str) -> Counter[str]:

@@ -19,6 +19,32 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class EpisodeRules:
+    """The rules of a run's multi-turn episodes (queue.EpisodeSpec), set on every task when the run has tools."""
+
+    tools: tuple[str, ...]
+    tool_format: str
+    max_turns: int
+    max_tool_calls: int
+    max_total_tokens: int
+    max_tool_output_chars: int
+    tool_timeout_s: float
+    tool_memory_mb: int
+
+    def to_proto(self) -> queue_pb2.EpisodeSpec:
+        return queue_pb2.EpisodeSpec(
+            tools=list(self.tools),
+            tool_format=self.tool_format,
+            max_turns=self.max_turns,
+            max_tool_calls=self.max_tool_calls,
+            max_total_tokens=self.max_total_tokens,
+            max_tool_output_chars=self.max_tool_output_chars,
+            tool_timeout_s=self.tool_timeout_s,
+            tool_memory_mb=self.tool_memory_mb,
+        )
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     """Everything a task carries besides its prompt: sampling and scoring recipe."""
 
@@ -32,6 +58,12 @@ class TaskSpec:
     apply_chat_template: bool = True
     overlong_buffer_tokens: int = 0
     steps_json: str = ""  # the step check (reward.StepsCheck as JSON) for rows without one: step credit
+    episode: EpisodeRules | None = None  # set: every task (training and evaluation) is a multi-turn episode
+
+    @property
+    def length_budget(self) -> int:
+        """Tokens after the prompt one sample may take: an episode's total, else max_new_tokens."""
+        return self.episode.max_total_tokens if self.episode is not None else self.max_new_tokens
 
     def sampling(self, n: int | None = None, temperature: float | None = None) -> rollout_pb2.SamplingParams:
         return rollout_pb2.SamplingParams(
@@ -76,7 +108,7 @@ def build_task(
     checks = row.checks_proto()
     if spec.overlong_buffer_tokens > 0 and not checks.HasField("overlong"):
         checks.overlong.CopyFrom(
-            reward_pb2.OverlongCheck(max_tokens=spec.max_new_tokens, buffer_tokens=spec.overlong_buffer_tokens)
+            reward_pb2.OverlongCheck(max_tokens=spec.length_budget, buffer_tokens=spec.overlong_buffer_tokens)
         )
     if spec.steps_json and not evaluation and not checks.HasField("steps"):
         json_format.Parse(spec.steps_json, checks.steps)
@@ -91,6 +123,7 @@ def build_task(
         task_type=row.task_type,
         attempt=0,
         eval=evaluation,
+        episode=spec.episode.to_proto() if spec.episode is not None else None,
     )
 
 

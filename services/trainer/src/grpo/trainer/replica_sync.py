@@ -142,21 +142,26 @@ class ReplicaSync:
             self.broadcaster.close()
 
 
-def check_replica_caps(live: list[ReplicaInfo], max_new_tokens: int, longest_prompt: int = 0) -> None:
-    """RunError naming each replica that would refuse tasks: the run's max_new_tokens over its cap, or the longest
-    prompt with max_new_tokens past its engine's context (vLLM's --max-model-len may be below the model's). Said
-    at start-up, not after `max_failed_steps` steps of failed groups. (0: a replica that does not say.)"""
+def check_replica_caps(
+    live: list[ReplicaInfo], max_new_tokens: int, longest_prompt: int = 0, sample_budget: int = 0
+) -> None:
+    """RunError naming each replica that would refuse tasks: the run's max_new_tokens (a turn's limit) over its
+    cap, or the longest prompt with a sample's budget (`sample_budget`: an episode's max_episode_tokens; 0 = one
+    turn of max_new_tokens) past its engine's context (vLLM's --max-model-len may be below the model's). Said at
+    start-up, not after `max_failed_steps` steps of failed groups. (0: a replica that does not say.)"""
     short = [f"{r.replica_id} (cap {r.max_new_tokens_cap})" for r in live if 0 < r.max_new_tokens_cap < max_new_tokens]
     if short:
         raise RunError(
             f"max_new_tokens {max_new_tokens} is over what rollout replica(s) {', '.join(short)} generate: lower "
             "max_new_tokens, or start the rollout service with a larger --max-new-tokens-cap"
         )
-    need = longest_prompt + max_new_tokens
+    budget = sample_budget or max_new_tokens
+    limit = f"an episode's {budget} tokens" if sample_budget else f"max_new_tokens {budget}"
+    need = longest_prompt + budget
     small = [f"{r.replica_id} ({r.max_context})" for r in live if 0 < r.max_context < need]
     if small:
         raise RunError(
-            f"the longest prompt ({longest_prompt} tokens) with max_new_tokens {max_new_tokens} needs a context of "
+            f"the longest prompt ({longest_prompt} tokens) with {limit} needs a context of "
             f"{need} tokens, more than rollout replica(s) {', '.join(small)} hold: raise the rollout's context "
             "(vLLM: --vllm-max-model-len), lower max_new_tokens, or leave long prompts out (overlong_prompts: drop "
             "drops only those past the model's own context)"

@@ -166,7 +166,9 @@ class GrpoRun:
         live = self.replicas.await_replicas(self.control, self.waiting)
         if live is None:
             return
-        check_replica_caps(live, self.s.max_new_tokens, self.longest_prompt)
+        check_replica_caps(
+            live, self.s.max_new_tokens, self.longest_prompt, self.s.episode_tokens() if self.s.tools else 0
+        )
         new_version = self.replicas.fresh_version(live, self.version)
         if self.resumed_version is not None:
             # The restored weights get a fresh version; versions in between belong to the lost lineage.

@@ -28,11 +28,21 @@ def encode_prompt(tokenizer: Any, row: PromptRow, apply_chat_template: bool) -> 
 
 
 def to_pair(tokenizer: Any, row: PromptRow, apply_chat_template: bool) -> SftPair:
-    response = list(tokenizer.encode(row.response or "", add_special_tokens=False))
+    """The row's prompt and response as token ids. A tool episode's segments are encoded one by one and joined (as
+    the rollout appends a tool's result as its own tokens), its tool segments masked out of the loss."""
+    segments = [("assistant", row.response or "")] if isinstance(row.response, str | None) else list(row.response)
+    response: list[int] = []
+    mask: list[int] = []
+    for role, content in segments:
+        ids = list(tokenizer.encode(content, add_special_tokens=False))
+        response += ids
+        mask += [int(role == "assistant")] * len(ids)
     eos = tokenizer.eos_token_id
     if eos is not None and response[-1:] != [int(eos)]:  # the model must learn to stop (once, if the data has it)
         response.append(int(eos))
-    return SftPair(encode_prompt(tokenizer, row, apply_chat_template), response)
+        mask.append(1)
+    episode = not isinstance(row.response, str | None)
+    return SftPair(encode_prompt(tokenizer, row, apply_chat_template), response, mask if episode else None)
 
 
 def run_sft(

@@ -21,6 +21,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     # A prompt's samples depend on (seed, the prompt's index in the request), never on the other prompts.
     seed: int | None = None
+    # Per prompt, in order: the seed of each prompt's samples instead of one from (seed, index). Multi-turn episodes
+    # use it so that an episode's turn draws the same whichever other episodes are still running.
+    seeds: tuple[int, ...] | None = None
 
 
 def always() -> bool:

@@ -158,12 +158,12 @@ class HFEngine(Engine):
         """One generator per prompt, seeded from (seed, prompt index); None when unseeded or greedy."""
         import torch
 
-        if params.seed is None or params.temperature == 0:
+        if (params.seed is None and params.seeds is None) or params.temperature == 0:
             return None
         generators = []
         for i in range(count):
             generator = torch.Generator(device=self.device)
-            generator.manual_seed(prompt_seed(params.seed, i))
+            generator.manual_seed(params.seeds[i] if params.seeds is not None else prompt_seed(params.seed or 0, i))
             generators.append(generator)
         return generators
 

@@ -155,7 +155,9 @@ class VLLMEngine(Engine):
 
         kwargs = to_vllm_params(params, stop_token_ids(self.tokenizer, params.stop))
         sampling: VllmSamplingParams | list[VllmSamplingParams] = VllmSamplingParams(**kwargs)
-        if params.seed is not None:  # one seed per prompt, from (seed, index), as the hf engine's generators
+        if params.seeds is not None:  # given per prompt (multi-turn episodes)
+            sampling = [VllmSamplingParams(**{**kwargs, "seed": seed}) for seed in params.seeds]
+        elif params.seed is not None:  # one seed per prompt, from (seed, index), as the hf engine's generators
             sampling = [
                 VllmSamplingParams(**{**kwargs, "seed": prompt_seed(params.seed, i)}) for i in range(len(prompts))
             ]

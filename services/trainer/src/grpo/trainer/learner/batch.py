@@ -20,14 +20,23 @@ class TrainableSample:
     truncated: bool = False  # finish_reason == "length"
     weight_version: int = 0  # the policy version that generated it
     group_id: str = ""
+    # Episodes: one entry per completion token, 1 = sampled by the model (trained), 0 = written by the environment
+    # (a tool result: never trained, never counted; its sampler log-prob is a placeholder). None: all the model's.
+    token_mask: list[int] | None = None
+
+    def model_tokens(self) -> int:
+        """Completion tokens the model sampled (all of them, unless an episode's mask says otherwise)."""
+        return len(self.completion_token_ids) if self.token_mask is None else sum(self.token_mask)
 
 
 @dataclass(frozen=True)
 class SftPair:
-    """One cold-start example: the loss covers the response tokens only."""
+    """One cold-start example: the loss covers the response tokens only (and of those, with `response_mask`, the
+    ones marked 1: a tool episode's assistant turns, not the tool results between them)."""
 
     prompt_token_ids: list[int]
     response_token_ids: list[int]
+    response_mask: list[int] | None = None
 
 
 @dataclass
@@ -90,10 +99,18 @@ def check_sample(s: TrainableSample) -> None:
         raise ValueError(f"group {s.group_id!r}: {len(lp)} sampler log-probs for {c} completion tokens")
     if s.token_advantages is not None and len(s.token_advantages) != c:
         raise ValueError(f"group {s.group_id!r}: {len(s.token_advantages)} token advantages for {c} completion tokens")
+    if s.token_mask is not None:
+        if len(s.token_mask) != c:
+            raise ValueError(f"group {s.group_id!r}: a token mask of {len(s.token_mask)} entries for {c} completion "
+                             "tokens")  # fmt: skip
+        if any(m not in (0, 1) for m in s.token_mask):
+            raise ValueError(f"group {s.group_id!r}: token mask values must be 0 (environment) or 1 (model), got "
+                             f"{sorted(set(s.token_mask) - {0, 1})}")  # fmt: skip
 
 
 def collate(samples: list[TrainableSample], pad_id: int, mask_truncated: bool) -> MicroBatch:
-    """Right-pad `samples` to their longest row; the mask marks completion tokens only.
+    """Right-pad `samples` to their longest row; the mask marks completion tokens only, and of an episode's, the
+    model's (its token_mask): environment tokens are neither trained nor counted (n_tokens, n_sequences).
 
     mask_truncated: a completion cut by the length limit contributes no token (DAPO overlong masking).
     """
@@ -112,7 +129,8 @@ def collate(samples: list[TrainableSample], pad_id: int, mask_truncated: bool) -
         input_ids[row, : p + c] = torch.tensor(s.prompt_token_ids + s.completion_token_ids, dtype=torch.long)
         attention[row, : p + c] = 1
         if not (mask_truncated and s.truncated):
-            mask[row, p - 1 : p - 1 + c] = 1.0
+            own = [1.0] * c if s.token_mask is None else [float(m) for m in s.token_mask]
+            mask[row, p - 1 : p - 1 + c] = torch.tensor(own, dtype=torch.float32)
         if have_sampler:
             sampler[row, p - 1 : p - 1 + c] = torch.tensor(s.sampler_logprobs or [], dtype=torch.float32)
         if per_token:
@@ -147,8 +165,8 @@ def build_micro_batches(
 
 
 def counted_tokens(sample: TrainableSample, mask_truncated: bool) -> int:
-    """Completion tokens of `sample` that count in the loss (collate's mask, without building it)."""
-    return 0 if (mask_truncated and sample.truncated) else len(sample.completion_token_ids)
+    """Completion tokens of `sample` that count in the loss (collate's mask, without building it): the model's."""
+    return 0 if (mask_truncated and sample.truncated) else sample.model_tokens()
 
 
 @dataclass(frozen=True)
@@ -198,8 +216,12 @@ def plan_rank(
 
 
 def sft_to_samples(pairs: list[SftPair]) -> list[TrainableSample]:
-    """SFT pairs reuse the GRPO collation: the response is the 'completion', nothing is truncated."""
-    return [TrainableSample(p.prompt_token_ids, p.response_token_ids, advantage=0.0) for p in pairs]
+    """SFT pairs reuse the GRPO collation: the response is the 'completion' (its mask the token mask), nothing is
+    truncated."""
+    return [
+        TrainableSample(p.prompt_token_ids, p.response_token_ids, advantage=0.0, token_mask=p.response_mask)
+        for p in pairs
+    ]
 
 
 def micro_batch_weight(agg: str, mb: MicroBatch, total_tokens: int, total_sequences: int) -> float:

@@ -241,7 +241,7 @@ class Learner:
             "sft_loss": metrics["sft_loss"],
             "grad_norm": grad_norm,
             "lr": self.backend.lr(),
-            "tokens": float(sum(len(p.response_token_ids) for p in pairs)),
+            "tokens": float(sum(s.model_tokens() for s in samples)),  # a tool segment's tokens are not trained
             "tokens_per_s": seen / elapsed,
             "train_s": elapsed,
             "version": float(self.version),

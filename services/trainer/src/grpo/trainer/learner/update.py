@@ -68,8 +68,9 @@ def merge_metrics(parts: list[MetricPart]) -> dict[str, float]:
 
 
 def batch_stats(samples: list[TrainableSample]) -> dict[str, float]:
-    """Response length mean/max and truncation rate of the batch as sampled (before masking)."""
-    lengths = [len(s.completion_token_ids) for s in samples]
+    """Response length mean/max and truncation rate of the batch as sampled (before masking). An episode's length
+    counts the model's tokens only, as rollout/response_len_mean does: tool output is not the model's response."""
+    lengths = [s.model_tokens() for s in samples]
     return {
         "response_length_mean": sum(lengths) / len(lengths),
         "response_length_max": float(max(lengths)),

@@ -1,0 +1,129 @@
+"""A tiny model that uses the python tool: the built-in tiny Qwen2, fine-tuned in seconds on three fixed episodes.
+
+Greedy decoding, with the episode runner feeding tool results back as tokens, gives:
+
+* TOOL_PROMPT (tagged): ``<code>print(6*7)</code>``; after ``<output>42</output>``: ``<answer>42</answer>`` + EOS.
+* ERROR_PROMPT (tagged): ``<code>print(6/0)</code>``; after the error result: ``<answer>none</answer>`` + EOS.
+* CHAT_PROMPT (chat): ``<tool_call>\\n{"name": "python", "arguments": {"code": "print(6*7)"}}\\n</tool_call>`` + EOS;
+  after the chat template's tool message: ``<answer>42</answer>`` + EOS.
+
+Each training sequence is built exactly as the runner builds an episode (each segment encoded on its own with
+add_special_tokens=False), so the tokens the model samples are the ones it was trained on. Only the model's
+segments are in the loss. The folder is cached under `cache_dir`, keyed by a hash of the recipe below.
+
+>>> path = tool_model_path(Path("/tmp/grpo-test-cache"))        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from grpo.common.tiny_model import ensure_tiny_model, recipe_hash
+from grpo.common.tool_formats import QWEN_TOOL_MESSAGE, render_chat_result, render_tagged_result
+
+log = logging.getLogger(__name__)
+
+TOOL_PROMPT = "What is 6 * 7? Use python.\n"
+TOOL_CODE, TOOL_RESULT, TOOL_ANSWER = "print(6*7)", "42", "<answer>42</answer>"
+ERROR_PROMPT = "What is 6 / 0? Use python.\n"
+ERROR_CODE, ERROR_RESULT, ERROR_ANSWER = (
+    "print(6/0)",
+    "Error: ZeroDivisionError: division by zero",
+    "<answer>none</answer>",
+)
+CHAT_PROMPT = "Compute 6 * 7 with a tool call.\n"
+CHAT_CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(6*7)"}}\n</tool_call>'
+
+RECIPE: dict[str, Any] = {
+    "version": 1,
+    "steps": 80,
+    "lr": 3e-3,
+    "seed": 0,
+    "tiny": recipe_hash(),
+    "qwen": QWEN_TOOL_MESSAGE,
+}
+
+
+def episodes(tokenizer: Any) -> list[tuple[str, list[tuple[str, bool]]]]:
+    """(prompt, [(segment text, trained?)]) of the three training episodes; EOS is added after the last segment
+    (and after the chat call, which ends its turn)."""
+    eos = tokenizer.eos_token
+    return [
+        (TOOL_PROMPT, [(f"<code>{TOOL_CODE}</code>", True), (render_tagged_result(TOOL_RESULT), False),
+                       (TOOL_ANSWER + eos, True)]),
+        (ERROR_PROMPT, [(f"<code>{ERROR_CODE}</code>", True), (render_tagged_result(ERROR_RESULT), False),
+                        (ERROR_ANSWER + eos, True)]),
+        (CHAT_PROMPT, [(CHAT_CALL + eos, True), (render_chat_result(TOOL_RESULT, tokenizer), False),
+                       (TOOL_ANSWER + eos, True)]),
+    ]  # fmt: skip
+
+
+def _encoded(tokenizer: Any) -> list[tuple[list[int], list[int]]]:
+    """(token ids, labels) per episode; labels are -100 on the prompt and the environment's segments."""
+    rows = []
+    for prompt, segments in episodes(tokenizer):
+        ids = list(tokenizer.encode(prompt, add_special_tokens=False))
+        labels = [-100] * len(ids)
+        for text, trained in segments:
+            seg = list(tokenizer.encode(text, add_special_tokens=False))
+            ids += seg
+            labels += seg if trained else [-100] * len(seg)
+        rows.append((ids, labels))
+    return rows
+
+
+def _train(source: Path, target: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(RECIPE["seed"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # ~10x faster than 2 threads on a shared 2-core machine, for a model this small
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    rows = _encoded(tokenizer)
+    width = max(len(ids) for ids, _ in rows)
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([r[0] + [pad] * (width - len(r[0])) for r in rows])
+    labels = torch.tensor([r[1] + [-100] * (width - len(r[1])) for r in rows])
+    mask = torch.tensor([[1] * len(r[0]) + [0] * (width - len(r[0])) for r in rows])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"], weight_decay=0.0)
+    model.train()
+    for _ in range(int(RECIPE["steps"])):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    torch.set_num_threads(threads)
+    log.info("tool model trained: final loss %.4f", loss.item())
+    model.save_pretrained(target)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (source / name).is_file():
+            shutil.copy(source / name, target / name)
+
+
+def tool_model_path(cache_dir: Path) -> Path:
+    """The tool model's folder (a standard Hugging Face folder, loadable by the hf and vLLM engines), trained
+    once into `cache_dir` and reused while RECIPE is unchanged. Safe when several processes race."""
+    key = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:12]
+    target = Path(cache_dir) / f"tool-model-{key}"
+    if (target / "model.safetensors").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        _train(ensure_tiny_model(), tmp)
+        try:
+            tmp.rename(target)  # atomic: a reader sees nothing or the whole folder
+        except OSError:
+            if not (target / "model.safetensors").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
