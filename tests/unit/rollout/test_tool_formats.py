@@ -151,7 +151,8 @@ def test_cut_keeps_head_and_tail() -> None:
     assert len(cut) == 23 and CUT_MARK in cut
     head, tail = cut.split(CUT_MARK)
     assert (head, tail) == (text[:10], text[-10:])
-    assert cut_result("abcdefghij", 8) == "abc … ij"  # the head gets the odd character
+    assert cut_result("abcdefghij", 7) == "ab...ij"
+    assert cut_result("abcdefghij", 8) == "abc...ij"  # the head gets the odd character
 
 
 def _response(status: str, stdout: str = "", stderr: str = "", exit_code: int | None = None) -> Any:

@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser(
         "demo", parents=[common], help="train a tiny model with GRPO through all three services and show it learning"
     )
+    d.add_argument("--task", choices=("addition", "tool"), default=None,
+                   help="addition (default), or tool: multiplication with the python tool (docs/demo.md, Tool use)")  # fmt: skip
     d.add_argument("--sync", action="store_true", help="strictly on-policy (max_staleness 0) instead of async (1)")
     d.add_argument(
         "--preset", default=None, metavar="NAME",
@@ -116,7 +118,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from grpo.local.procs import ChildFailed
     from grpo.local.stack import LaunchError
 
-    overrides = {k: v for k, v in (("preset", args.preset), ("steps", args.steps), ("replicas", args.replicas),
+    overrides = {k: v for k, v in (("task", args.task), ("preset", args.preset), ("steps", args.steps), ("replicas", args.replicas),
                                    ("redis_url", args.redis_url), ("seed", args.seed),
                                    ("sft_max_steps", args.sft_max_steps)) if v is not None}  # fmt: skip
     if args.sync:

@@ -4,16 +4,29 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 # DeepSeek-R1 adds its rule-based rewards unweighted (accuracy + format); DAPO's overlong penalty is
 # added the same way. Each is 1.0: math ∈ {0, 1}, format ∈ {0, 0.5, 1}, overlong ∈ [-1, 0].
 R1_REWARD_WEIGHTS = {"math": 1.0, "format": 1.0, "overlong": 1.0}
 
+# `--task tool` (grpo.demo.tool_task): what differs from the addition demo's calibrated defaults. The cold start
+# stops at 30 % held-out accuracy with the tool, leaving room for GRPO; 40 steps of 32 × 8 episodes lift it by
+# 20+ points (docs/demo.md, "Tool use"). The answer turn is judged by the math verifier alone.
+TOOL_DEFAULTS: dict[str, object] = {
+    "sft_threshold": 0.3, "sft_eval_every": 5, "sft_eval_size": 200, "sft_max_steps": 300, "n_sft": 2048,
+    "steps": 40, "eval_every": 10, "eval_size": 200, "max_new_tokens": 32, "warmup_steps": 5,
+}  # fmt: skip
+TOOL_QUICK: dict[str, object] = {"steps": 30}
+# RoPE has no weights: a longer context costs nothing, and an episode (prompt, two turns, one result) fits.
+TOOL_ARCH = {"max_position_embeddings": 256}
+
 
 class DemoConfig(BaseModel):
     """Everything `grpo demo` decides; the defaults are the calibrated ones (docs/demo.md)."""
 
+    task: Literal["addition", "tool"] = "addition"
+    """addition (grpo.demo.task) or tool: multiplication with the python tool (grpo.demo.tool_task)."""
     seed: int = 0
     """Seeds the model initialisation, the problem splits and both training phases."""
     replicas: int = Field(1, ge=1)
@@ -62,18 +75,34 @@ class DemoConfig(BaseModel):
     """How long each service may take to become healthy."""
     stall_timeout_s: float = 300.0
     """Fail (with every service's last log lines) when the trainer completes no step for this long."""
+    max_turns: int = Field(2, ge=2)
+    """Tool task: model turns per episode (the call, then the answer)."""
+    tool_output_chars: int = Field(100, ge=1)
+    """Tool task: a result longer than this is cut (a product has at most 9 digits; errors are cut)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tool_defaults(cls, data: object) -> object:
+        """The tool task's own defaults for every field not given."""
+        if isinstance(data, dict) and data.get("task") == "tool":
+            return {**TOOL_DEFAULTS, **data}
+        return data
 
     @classmethod
     def quick(cls, **overrides: object) -> DemoConfig:
         """The e2e profile: the same pipeline, fewer steps and a smaller eval (minutes on 2 cores)."""
-        base = {"steps": 40, "eval_every": 20, "eval_size": 100, "sft_eval_size": 200, "sft_threshold": 0.25}
+        base: dict[str, object] = {"steps": 40, "eval_every": 20, "eval_size": 100, "sft_eval_size": 200,
+                                   "sft_threshold": 0.25}  # fmt: skip
+        if overrides.get("task") == "tool":
+            base = TOOL_QUICK
         return cls.model_validate({**base, **overrides})
 
     def sft_settings(self) -> dict[str, object]:
         """Every setting the cold-start model depends on (the problem splits too: they are drawn together)."""
         fields = ("seed", "sft_lr", "sft_batch", "sft_threshold", "sft_max_steps", "sft_eval_every", "sft_eval_size",
                   "max_new_tokens", "n_sft", "n_grpo")  # fmt: skip
-        return {**{f: getattr(self, f) for f in fields}, "n_eval": max(self.eval_size, self.sft_eval_size)}
+        settings = {**{f: getattr(self, f) for f in fields}, "n_eval": max(self.eval_size, self.sft_eval_size)}
+        return settings if self.task == "addition" else {**settings, "task": self.task, "arch": TOOL_ARCH}
 
     def trainer_settings(self, *, model: str, train_data: str, eval_data: str, redis_url: str, run_id: str,
                          output_dir: str, grpc_port: int, http_port: int) -> dict[str, object]:  # fmt: skip
@@ -95,6 +124,12 @@ class DemoConfig(BaseModel):
         }  # fmt: skip
         if self.beta is not None:
             settings["beta"] = self.beta
+        if self.task == "tool":  # episodes: a call, its result, the answer; only the answer's math is rewarded
+            # The episode's budget holds every turn and one whole result (tags included): only turns are cut.
+            budget = self.max_turns * self.max_new_tokens + self.tool_output_chars + len("<output></output>")
+            settings.update(tools=["python"], tool_format="tagged", max_turns=self.max_turns,
+                            tool_output_chars=self.tool_output_chars, max_episode_tokens=budget,
+                            reward_weights={"math": 1.0}, overlong_soft_penalty=False)  # fmt: skip
         if self.preset in ("prm", "vineppo"):  # steps of the scratchpad: each column (checked against the operands)
             settings["step_check"] = {"source": "rule", "rule": "column_addition"}
         return settings

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from grpo.demo import live, sft_cache
 from grpo.demo.config import DemoConfig
+from grpo.demo.sft import SftResult
 from grpo.local.procs import ChildFailed, Supervisor, log_tail
 from grpo.local.stack import StackSpec, start_services
 
@@ -27,23 +29,43 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
+def task_parts(cfg: DemoConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Callable[..., SftResult]]:
+    """The task's GRPO rows, eval rows and cold start (base dir, out dir, SFT settings → SftResult)."""
+    from grpo.demo import task, tool_task
+    from grpo.demo.sft import run_sft
+    from grpo.demo.tool_sft import run_tool_sft
+
+    n_eval = max(cfg.eval_size, cfg.sft_eval_size)
+    if cfg.task == "tool":
+        tools = tool_task.make_splits(n_sft=cfg.n_sft, n_grpo=cfg.n_grpo, n_eval=n_eval, seed=cfg.seed)
+
+        def tool_sft(base: Path, out: Path, common: dict[str, Any]) -> SftResult:
+            return run_tool_sft(base, out, tools.sft, tools.eval[: cfg.sft_eval_size], **common)
+
+        return (tool_task.prompt_rows(tools.grpo, "train"), tool_task.prompt_rows(tools.eval[: cfg.eval_size], "eval"),
+                tool_sft)  # fmt: skip
+    sums = task.make_splits(n_sft=cfg.n_sft, n_grpo=cfg.n_grpo, n_eval=n_eval, seed=cfg.seed)
+
+    def sum_sft(base: Path, out: Path, common: dict[str, Any]) -> SftResult:
+        return run_sft(base, out, sums.sft, sums.eval[: cfg.sft_eval_size], max_new_tokens=cfg.max_new_tokens, **common)
+
+    return task.prompt_rows(sums.grpo, "train"), task.prompt_rows(sums.eval[: cfg.eval_size], "eval"), sum_sft
+
+
 def prepare(cfg: DemoConfig, run_dir: Path, view: live.ViewState, refresh: Any) -> tuple[Path, float, dict[str, Any]]:
     """Model folder, data files and the SFT cold start; returns (sft model dir, the cold start's own held-out
     accuracy, sft info). That accuracy steers the cold start only (in-process greedy decoding, sft_eval_size
     problems): the run's "before" is the trainer's step-0 evaluation (see demo_report)."""
     import torch
 
+    from grpo.demo.config import TOOL_ARCH
     from grpo.demo.model import build_model_folder
-    from grpo.demo.sft import run_sft
-    from grpo.demo.task import make_splits, prompt_rows
 
     torch.set_num_threads(1)  # one thread per process beats two on 2 shared cores
-    splits = make_splits(
-        n_sft=cfg.n_sft, n_grpo=cfg.n_grpo, n_eval=max(cfg.eval_size, cfg.sft_eval_size), seed=cfg.seed
-    )
-    write_jsonl(run_dir / "data" / "train.jsonl", prompt_rows(splits.grpo, "train"))
-    write_jsonl(run_dir / "data" / "eval.jsonl", prompt_rows(splits.eval[: cfg.eval_size], "eval"))
-    base = build_model_folder(run_dir / "model" / "base", seed=cfg.seed)
+    train_rows, eval_rows, train_sft = task_parts(cfg)
+    write_jsonl(run_dir / "data" / "train.jsonl", train_rows)
+    write_jsonl(run_dir / "data" / "eval.jsonl", eval_rows)
+    base = build_model_folder(run_dir / "model" / "base", seed=cfg.seed, **(TOOL_ARCH if cfg.task == "tool" else {}))
     view.phase, view.note = "sft", "cold start: worked examples until the accuracy threshold"
     refresh()
 
@@ -58,11 +80,10 @@ def prepare(cfg: DemoConfig, run_dir: Path, view: live.ViewState, refresh: Any) 
         log.info("cold start: reusing the SFT model of an earlier run with these settings (%d steps, held-out "
                  "accuracy %.3f) from %s; --fresh-sft trains it again", result.steps, result.accuracy, cached)  # fmt: skip
     else:
-        result = run_sft(
-            base, sft_dir, splits.sft, splits.eval[: cfg.sft_eval_size], lr=cfg.sft_lr,
-            batch_size=cfg.sft_batch, threshold=cfg.sft_threshold, max_steps=cfg.sft_max_steps,
-            eval_every=cfg.sft_eval_every, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, on_eval=on_eval,
-        )  # fmt: skip
+        common: dict[str, Any] = dict(lr=cfg.sft_lr, batch_size=cfg.sft_batch, threshold=cfg.sft_threshold,
+                                      max_steps=cfg.sft_max_steps, eval_every=cfg.sft_eval_every, seed=cfg.seed,
+                                      on_eval=on_eval)  # fmt: skip
+        result = train_sft(base, sft_dir, common)
         sft_cache.store(cached, sft_dir, result)
     view.eval_before = result.accuracy
     info = {"sft_steps": result.steps, "sft_seconds": round(result.seconds, 1), "sft_history": result.history,
@@ -133,7 +154,24 @@ def run_demo(
         sft_dir, _, sft_info = prepare(cfg, run_dir, view, refresh)
         grpo_phase(sup, cfg, run_dir, run_id, sft_dir, view, refresh)
     extra = {"run_id": run_id, "config": cfg.model_dump(), **sft_info}
+    if cfg.task == "tool":
+        extra["in_process"] = tool_measures(cfg, {"sft": sft_dir, "final": run_dir / "final"})
     return demo_report(run_dir, wall_seconds=time.monotonic() - started, extra=extra)
+
+
+def tool_measures(cfg: DemoConfig, models: dict[str, Path]) -> dict[str, dict[str, float]]:
+    """The tool task's in-process measures of each model (grpo.demo.tool_sft): on the sft_eval_size held-out
+    problems, greedy, with the tool (print of arithmetic evaluated in-process) and without it."""
+    from grpo.demo.tool_sft import measure_folder
+    from grpo.demo.tool_task import make_splits
+
+    n_eval = max(cfg.eval_size, cfg.sft_eval_size)
+    problems = make_splits(n_sft=cfg.n_sft, n_grpo=cfg.n_grpo, n_eval=n_eval, seed=cfg.seed).eval[: cfg.sft_eval_size]
+    found = {name: measure_folder(path, problems) for name, path in models.items() if path.is_dir()}
+    for name, m in found.items():
+        log.info("%s model, in-process: %.3f with the tool (%.2f calls per episode, %.3f of them ran), %.3f without",
+                 name, m["accuracy_with_tool"], m["calls_per_episode"], m["call_success"], m["accuracy_without_tool"])  # fmt: skip
+    return found
 
 
 def demo_report(run_dir: Path, *, wall_seconds: float, extra: dict[str, Any]) -> dict[str, Any]:

@@ -48,7 +48,7 @@ def _byte_level(char: str) -> str:
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(char)[0][0]
 
 
-def build_tokenizer() -> Any:
+def build_tokenizer(max_length: int = ARCH["max_position_embeddings"]) -> Any:
     """The character tokenizer as a PreTrainedTokenizerFast (tags and specials are single tokens).
 
     transformers 5 always loads a qwen2 folder's tokenizer with `Qwen2Tokenizer`, which rebuilds
@@ -78,7 +78,7 @@ def build_tokenizer() -> Any:
         eos_token=EOS,
         pad_token=PAD,
         unk_token=PAD,
-        model_max_length=ARCH["max_position_embeddings"],
+        model_max_length=max_length,
         clean_up_tokenization_spaces=False,
     )
 
@@ -89,7 +89,7 @@ def build_model_folder(path: Path | str, seed: int = 0, **arch: Any) -> Path:
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     target = Path(path)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer({**ARCH, **arch}["max_position_embeddings"])
     pad_id, eos_id = tokenizer.convert_tokens_to_ids(PAD), tokenizer.convert_tokens_to_ids(EOS)
     config = Qwen2Config(
         vocab_size=TASK_VOCAB_SIZE,

@@ -70,14 +70,11 @@ def run_sft(
     on_eval: Callable[[dict[str, float]], None] | None = None,
 ) -> SftResult:
     """SFT on worked answers until greedy eval accuracy ≥ threshold (or max_steps); the model is saved to out_dir."""
-    import torch
     from transformers import AutoTokenizer
 
-    from grpo.trainer.learner import Learner, LearnerConfig, SftPair
+    from grpo.trainer.learner import SftPair
 
-    started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    learner = Learner(LearnerConfig(model=str(model_dir), lr=lr, micro_batch_size=batch_size, seed=seed, beta=0.0))
     pairs = [
         SftPair(
             tokenizer.encode(p.prompt, add_special_tokens=False),
@@ -85,6 +82,36 @@ def run_sft(
         )
         for p in train
     ]
+    return train_until(
+        model_dir, out_dir, pairs, lambda model: greedy_accuracy(model, tokenizer, evals, max_new_tokens),
+        lr=lr, batch_size=batch_size, threshold=threshold, max_steps=max_steps, eval_every=eval_every, seed=seed,
+        on_eval=on_eval,
+    )  # fmt: skip
+
+
+def train_until(
+    model_dir: Path,
+    out_dir: Path,
+    pairs: list[Any],
+    evaluate: Callable[[Any], float],
+    *,
+    lr: float,
+    batch_size: int,
+    threshold: float,
+    max_steps: int,
+    eval_every: int,
+    seed: int,
+    on_eval: Callable[[dict[str, float]], None] | None = None,
+) -> SftResult:
+    """SFT on `pairs` (SftPair) until `evaluate(model)` ≥ threshold (or max_steps); the model is saved to out_dir."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from grpo.trainer.learner import Learner, LearnerConfig
+
+    started = time.monotonic()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    learner = Learner(LearnerConfig(model=str(model_dir), lr=lr, micro_batch_size=batch_size, seed=seed, beta=0.0))
     gen = torch.Generator().manual_seed(seed)
     history: list[dict[str, float]] = []
     step, accuracy = 0, 0.0
@@ -93,7 +120,7 @@ def run_sft(
         metrics = learner.sft_step([pairs[i] for i in picks])
         step += 1
         if step % eval_every == 0 or step == max_steps:
-            accuracy = greedy_accuracy(learner.model, tokenizer, evals, max_new_tokens)
+            accuracy = evaluate(learner.model)
             point = {"step": float(step), "accuracy": accuracy, "loss": metrics["sft_loss"],
                      "seconds": time.monotonic() - started}  # fmt: skip
             history.append(point)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 LOW, HIGH = 10, 999
 WIDTH = 3  # operands are zero-padded to this many digits: every prompt has the same length
@@ -90,22 +91,39 @@ def make_splits(
     n_sft: int = 4096, n_grpo: int = 4096, n_eval: int = 512, seed: int = 0, eval_fraction: float = 0.1
 ) -> Splits:
     """Seeded splits; eval problems are never in train (the eval side of the hash split), no duplicates."""
-    rng = random.Random(seed)
+    train, held = draw_splits(_pairs(random.Random(seed)), lambda p: is_eval(p, seed, eval_fraction),
+                              n_sft + n_grpo, n_eval)  # fmt: skip
+    return Splits(sft=train[:n_sft], grpo=train[n_sft:], eval=held)
+
+
+class Keyed(Protocol):
+    @property
+    def key(self) -> tuple[int, int]: ...
+
+
+K = TypeVar("K", bound=Keyed)
+
+
+def draw_splits(
+    problems: Iterator[K], held_out: Callable[[K], bool], n_train: int, n_eval: int
+) -> tuple[list[K], list[K]]:
+    """Distinct problems (by key) in draw order until `n_train` train and `n_eval` held-out ones; `held_out` decides
+    each problem's side, so a pair is never on both (shared by the addition and the tool demo)."""
     seen: set[tuple[int, int]] = set()
-    train: list[Problem] = []
-    held: list[Problem] = []
-    for p in _pairs(rng):
-        if len(held) >= n_eval and len(train) >= n_sft + n_grpo:
+    train: list[K] = []
+    held: list[K] = []
+    for p in problems:
+        if len(held) >= n_eval and len(train) >= n_train:
             break
         if p.key in seen:
             continue
         seen.add(p.key)
-        if is_eval(p, seed, eval_fraction):
+        if held_out(p):
             if len(held) < n_eval:
                 held.append(p)
-        elif len(train) < n_sft + n_grpo:
+        elif len(train) < n_train:
             train.append(p)
-    return Splits(sft=train[:n_sft], grpo=train[n_sft:], eval=held)
+    return train, held
 
 
 def prompt_rows(problems: list[Problem], prefix: str) -> list[dict[str, object]]:

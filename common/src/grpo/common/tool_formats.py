@@ -15,7 +15,7 @@ Pure: no torch; a tokenizer, where one is needed, is anything with ``apply_chat_
 >>> render_tagged_result("42")
 '<output>42</output>'
 >>> cut_result("abcdefghij", 7)
-'ab … ij'
+'ab...ij'
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ TAGGED_STOP = "</code>"
 """The stop string of a tagged turn: generation stops once the model closes its code block."""
 CHAT_STOPS: tuple[str, ...] = ()
 """A chat turn stops at the model's EOS token (which the engines always stop at): no stop string."""
-CUT_MARK = " … "
-"""What stands for the middle of a result cut by `cut_result`."""
+CUT_MARK = "..."
+"""What stands for the middle of a result cut by `cut_result`. ASCII: a tokenizer without a token for "…" (the
+demo's character tokenizer) would drop it, and the model would see the head and tail run together."""
 
 # Qwen2.5's rendering of a tool message after an assistant turn, when the template cannot render role "tool".
 # The assistant turn itself ended with "<|im_end|>" (sampled by the model); "\n" is the template's text after it.
@@ -182,7 +183,7 @@ def chat_tool_suffix(tokenizer: Any, result: str) -> str | None:
 
 def cut_result(text: str, max_chars: int) -> str:
     """`text` when it has at most `max_chars` characters (or max_chars <= 0: no limit); else its head and tail
-    joined by CUT_MARK (`` … ``), `max_chars` characters in all, the head getting the odd one."""
+    joined by CUT_MARK (``...``), `max_chars` characters in all, the head getting the odd one."""
     if max_chars <= 0 or len(text) <= max_chars:
         return text
     keep = max(max_chars - len(CUT_MARK), 0)
