@@ -8,9 +8,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from grpo.common.net import free_port
+from grpo.local.services import ServiceProc, on_fresh_ports, start_reward
 
 SERVICES = {
     "reward": ("grpo.reward", "GRPO_REWARD_", ["--workers", "1"]),
@@ -59,3 +61,26 @@ def test_a_taken_port_is_one_clear_line_and_exit_1(service: str, field: str, tak
     assert done.returncode == 1, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == expected, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
+
+
+def test_a_port_taken_between_pick_and_bind_starts_the_service_again_on_fresh_ports(
+    taken_port: int, tmp_path: Path
+) -> None:
+    """The launcher picks free ports before the child binds them; a port another process takes in between (a
+    parallel test, a busy machine) must not fail the start: the service comes up on fresh ports."""
+
+    given: list[int | None] = [taken_port, None]
+    tried: list[int] = []
+
+    def start() -> ServiceProc:
+        http = given.pop(0) or free_port()
+        tried.append(http)
+        return start_reward(http_port=http, grpc_port=free_port(), log_path=tmp_path / f"reward-{len(tried)}.log")
+
+    service = on_fresh_ports(start, "reward")
+    try:
+        assert tried[0] == taken_port and service.http_port == tried[1] != taken_port
+        assert "is in use by another process" in (tmp_path / "reward-1.log").read_text()
+        assert httpx.get(f"http://127.0.0.1:{service.http_port}/healthz", timeout=5).status_code == 200
+    finally:
+        service.stop()

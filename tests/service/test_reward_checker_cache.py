@@ -29,7 +29,10 @@ HALVES = "n = int(input())\nprint(n // 2, n - n // 2)"
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[RewardService]:
-    started = start_reward_service(workers=1)
+    # A deadline of 300 s, not 60: two concurrent builds of a testlib checker take ~13 s each on a loaded 2-core
+    # machine, and admission would refuse the second request (429) as unable to finish in time. What is tested is
+    # the cache, not admission (tests/service/test_reward_overload.py tests that).
+    started = start_reward_service("--default-timeout-s", "300", workers=1)
     yield started
     stop_reward_service(started)
 
