@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.data import DataError, PromptRow, load_rows
-from grpo.trainer.publisher import EpisodeRules, TaskSpec
+from grpo.trainer.publisher import TaskSpec
+from grpo.v1 import queue_pb2
 
 if TYPE_CHECKING:
     from grpo.algo import LossConfig
@@ -56,12 +57,12 @@ def overlong_buffer(settings: TrainerSettings, algo: LossConfig) -> int:
     return capped
 
 
-def episode_rules(settings: TrainerSettings) -> EpisodeRules | None:
+def episode_rules(settings: TrainerSettings) -> queue_pb2.EpisodeSpec | None:
     """The episodes' rules every task carries, or None for a run without tools."""
     if not settings.tools:
         return None
-    return EpisodeRules(
-        tools=tuple(settings.tools),
+    return queue_pb2.EpisodeSpec(
+        tools=settings.tools,
         tool_format=settings.tool_format,
         max_turns=settings.max_turns,
         max_tool_calls=settings.tool_call_limit(),

@@ -19,32 +19,6 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class EpisodeRules:
-    """The rules of a run's multi-turn episodes (queue.EpisodeSpec), set on every task when the run has tools."""
-
-    tools: tuple[str, ...]
-    tool_format: str
-    max_turns: int
-    max_tool_calls: int
-    max_total_tokens: int
-    max_tool_output_chars: int
-    tool_timeout_s: float
-    tool_memory_mb: int
-
-    def to_proto(self) -> queue_pb2.EpisodeSpec:
-        return queue_pb2.EpisodeSpec(
-            tools=list(self.tools),
-            tool_format=self.tool_format,
-            max_turns=self.max_turns,
-            max_tool_calls=self.max_tool_calls,
-            max_total_tokens=self.max_total_tokens,
-            max_tool_output_chars=self.max_tool_output_chars,
-            tool_timeout_s=self.tool_timeout_s,
-            tool_memory_mb=self.tool_memory_mb,
-        )
-
-
-@dataclass(frozen=True)
 class TaskSpec:
     """Everything a task carries besides its prompt: sampling and scoring recipe."""
 
@@ -58,7 +32,7 @@ class TaskSpec:
     apply_chat_template: bool = True
     overlong_buffer_tokens: int = 0
     steps_json: str = ""  # the step check (reward.StepsCheck as JSON) for rows without one: step credit
-    episode: EpisodeRules | None = None  # set: every task (training and evaluation) is a multi-turn episode
+    episode: queue_pb2.EpisodeSpec | None = None  # set: every task (training and evaluation) is a multi-turn episode
 
     @property
     def length_budget(self) -> int:
@@ -123,7 +97,7 @@ def build_task(
         task_type=row.task_type,
         attempt=0,
         eval=evaluation,
-        episode=spec.episode.to_proto() if spec.episode is not None else None,
+        episode=spec.episode,
     )
 
 
