@@ -70,7 +70,7 @@ test: $(STAMP) $(VLLM_STAMP) system-deps toolchains check-protos lint
 test-fast: $(STAMP) system-deps toolchains
 	$(PY) -m pytest -q $(XDIST) -m "not slow and not vllm and not faults and not compose and not k8s"
 
-# The images through `docker compose up` (needs a Docker engine with compose; ~4 min on 2 cores, images cached).
+# The images through `docker compose up` (needs a Docker engine with compose; ~6 min on 2 cores, images cached).
 images:
 	scripts/build_images.sh
 

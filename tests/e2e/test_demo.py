@@ -71,11 +71,29 @@ def _leftovers(run_dir: Path, state: dict[str, object] | None) -> list[str]:
     return found
 
 
+def _torch_in(pid: int) -> bool:
+    """Whether the process has torch's library mapped (it imported torch)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def _driver_while_training(proc: subprocess.Popen[str], run_dir: Path) -> tuple[bool, float]:
+    """Wait for the GRPO phase (stack.json), then (the demo's own process has torch loaded, its RSS in MB)."""
+    deadline = time.monotonic() + 300
+    while not (run_dir / "stack.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the services did not come up"
+        time.sleep(0.5)
+    return _torch_in(proc.pid), psutil.Process(proc.pid).memory_info().rss / 2**20
+
+
 def test_demo_reward_rises_through_all_services(tmp_path: Path, cache: Path) -> None:
     started = time.monotonic()
     proc = _demo(tmp_path, cache, "--quick", "--run-id", "e2e")
+    # The demo's own process holds no model while the services train (the cold start ran in a child): it held
+    # ~590 MB through the GRPO phase when it ran SFT itself.
+    torch_loaded, driver_mb = _driver_while_training(proc, tmp_path / "runs" / "e2e")
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
+    assert not torch_loaded and driver_mb < 150, (torch_loaded, driver_mb)
     run_dir = tmp_path / "runs" / "e2e"
     summary = json.loads((run_dir / "summary.json").read_text())
     # The learning claim of this test: mean training reward over the last steps beats the first steps.
@@ -91,6 +109,23 @@ def test_demo_reward_rises_through_all_services(tmp_path: Path, cache: Path) -> 
     assert names == ["redis", "reward", "rollout-0", "trainer"]  # separate real processes
     assert _leftovers(run_dir, json.loads((run_dir / "stack.json").read_text())) == []
     assert time.monotonic() - started < 600
+
+
+def test_colocated_demo_trains_with_the_replica_inside_the_trainer(tmp_path: Path, cache: Path) -> None:
+    """`grpo demo --colocate`: no rollout process; the trainer's own replica generates every group and evaluation."""
+    proc = _demo(tmp_path, cache, "--quick", "--colocate", "--run-id", "colo")
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    run_dir = tmp_path / "runs" / "colo"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["grpo_steps"] == 40 and summary["config"]["colocate"] is True
+    assert summary["reward_last_steps"] > summary["reward_first_steps"], summary
+    state = json.loads((run_dir / "stack.json").read_text())
+    assert [p["name"] for p in state["processes"]] == ["redis", "reward", "trainer"]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["push/bytes_sent"] == 0 for r in rows if "push/bytes_sent" in r)
+    assert "colocated rollout replica colo-colocated" in (run_dir / "logs" / "trainer.log").read_text()
+    assert _leftovers(run_dir, state) == []
 
 
 def test_ctrl_c_stops_every_child(tmp_path: Path, cache: Path) -> None:

@@ -48,8 +48,9 @@ def _descendants_of_run(run_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def _stack_config(tmp_path: Path, run_id: str, steps: int) -> Path:
-    """The demo's tiny model and task behind a stack config with a trainer of `steps` steps."""
+def _stack_config(tmp_path: Path, run_id: str, steps: int, colocate: bool = False) -> Path:
+    """The demo's tiny model and task behind a stack config with a trainer of `steps` steps (colocated: the trainer
+    hosts the one replica)."""
     import torch
 
     from grpo.demo.model import build_model_folder
@@ -69,32 +70,41 @@ def _stack_config(tmp_path: Path, run_id: str, steps: int) -> Path:
                     "group_size": 2, "max_new_tokens": 8, "torch_threads": 1, "lr": 1e-5,
                     "skip_zero_variance": False},
     }  # fmt: skip
+    if colocate:
+        config["colocate"] = True
     path = tmp_path / "stack.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
-def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
-    _stack_config(tmp_path, "updown", 100000)
+@pytest.mark.parametrize("colocate", [False, True], ids=["separate", "colocated"])
+def test_up_status_down_leaves_no_process(tmp_path: Path, colocate: bool) -> None:
+    """Colocated (`colocate: true`), no rollout process starts: the trainer's own replica serves the run."""
+    _stack_config(tmp_path, "updown", 100000, colocate)
 
     up = _run(["up", "-c", str(tmp_path / "stack.yaml"), "--detach"], tmp_path, 300)
     assert up.returncode == 0, up.stderr[-3000:]
     state_path = tmp_path / "runs" / "updown" / "stack.json"
     state = json.loads(state_path.read_text())
     names = [p["name"] for p in state["processes"]]
-    assert names == ["redis", "reward", "rollout-0", "trainer"]
+    assert names == ["redis", "reward", *([] if colocate else ["rollout-0"]), "trainer"]
     pids = [p["pid"] for p in state["processes"]]
     assert _ours(state["processes"]) == pids
 
-    status = _run(["status", "--json"], tmp_path, 60)
-    assert status.returncode == 0, status.stderr[-3000:]
-    shown = json.loads(status.stdout)
-    assert [p["alive"] for p in shown["processes"]] == [True] * 4
+    deadline = time.monotonic() + 120
+    while True:  # the trainer is healthy before its colocated replica has registered (it loads the model first)
+        status = _run(["status", "--json"], tmp_path, 60)
+        assert status.returncode == 0, status.stderr[-3000:]
+        shown = json.loads(status.stdout)
+        if shown["replicas"] or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert [p["alive"] for p in shown["processes"]] == [True] * len(names)
     assert shown["trainer"]["phase"] in ("starting", "grpo", "eval")
     books = shown["trainer"]  # the groups beside the books too, not only the tasks in them
     assert all(isinstance(books[k], int) for k in ("tasks_published", "groups_trained", "duplicates", "superseded"))
     assert set(shown["queues"]) == {"tasks", "groups"}
-    assert [r["replica_id"] for r in shown["replicas"]] == ["updown-rollout-0"]
+    assert [r["replica_id"] for r in shown["replicas"]] == ["updown-colocated" if colocate else "updown-rollout-0"]
 
     again = _run(["up", "-c", str(tmp_path / "stack.yaml"), "--detach"], tmp_path, 60)
     assert again.returncode == 2 and "already up" in again.stderr

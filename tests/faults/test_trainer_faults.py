@@ -23,7 +23,7 @@ from grpo.trainer.ledger import read_ledger
 from tests.support.faults_harness import RestartableReward
 from tests.support.load import rss_mb
 from tests.support.rollout_proc import RolloutProc, start_rollout_service
-from tests.support.trainer_proc import ROLLOUT_ENV, read_metrics, start_trainer, trainer_config, wait_for
+from tests.support.trainer_proc import ROLLOUT_ENV, colocated, read_metrics, start_trainer, trainer_config, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 log = logging.getLogger(__name__)
@@ -205,16 +205,20 @@ def test_replica_sigkill_under_a_trainer(stack: dict[str, Any]) -> None:
     _run_with_fault(stack, "rpkill", inject, holder=b"rpkill-r1")
 
 
-def test_a_trainer_killed_mid_run_trains_its_first_step_after_resume(stack: dict[str, Any]) -> None:
+@pytest.mark.parametrize("mode", ["separate", "colocated"])
+def test_a_trainer_killed_mid_run_trains_its_first_step_after_resume(stack: dict[str, Any], mode: str) -> None:
     """Issue 34's case: SIGKILLed after step 21 (max_staleness 1, a checkpoint every 5 steps, 16 prompts a step), the
     resumed trainer's step 21 was reported to drop every group as stale: a step with no update. Every group is
     trainable here (no zero-variance skip), so the first step after the resume must train on the groups the restart
-    kept, and no step of the run may drop a group as stale."""
+    kept, and no step of the run may drop a group as stale. Colocated, the replica dies with the trainer, holding
+    tasks its successor reclaims."""
     tmp, run = stack["tmp"], "tkill"
-    stack["replica"](run, f"{run}-r1")
+    extra = {"colocate": colocated(stack["reward"].grpc_addr)} if mode == "colocated" else {}
+    if mode == "separate":
+        stack["replica"](run, f"{run}-r1")
     steps, kill_after, per_step = 26, 21, 16
     config = trainer_config(tmp, run, stack["redis"].url, steps=steps, checkpoint_every=5, max_staleness=1,
-                            prompts_per_step=per_step, skip_zero_variance=False)  # fmt: skip
+                            prompts_per_step=per_step, skip_zero_variance=False, **extra)  # fmt: skip
     out, trainer_log = tmp / "out", tmp / "trainer.log"
     proc = start_trainer(config, trainer_log)
     try:

@@ -24,6 +24,17 @@ def torchrun(worker: Path, *args: str, ranks: int = 2) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+def assert_one_process_update(results: list[dict], where: str) -> None:
+    """Each case of a rank-equivalence worker's results (param_diff, missing, metric_diff against one plain
+    process) within float reordering: relative to the largest parameter change, measured ≤ 1.2e-4."""
+    for r in results:
+        label = f"{r['kind']} {r['case']}"
+        assert r["param_diff"] < 1e-3, f"{label}: parameters differ by {r['param_diff']:.2e} of the update"
+        assert not r["missing"], f"{label}: metrics missing {where}: {r['missing']}"
+        worst = max(r["metric_diff"], key=r["metric_diff"].get)
+        assert r["metric_diff"][worst] < 1e-3, f"{label}: {worst} differs by {r['metric_diff'][worst]:.2e}"
+
+
 def run_source(source: str, tmp_path: Path) -> dict:
     """A worker script (its source) on 2 ranks; the JSON result rank 0 writes to the path it is given."""
     script, out = tmp_path / "worker.py", tmp_path / "r.json"
@@ -168,13 +179,7 @@ def test_ranks_give_the_one_process_update(world_size: int, stage: int, tmp_path
     torchrun(Path(__file__).parents[1] / "support" / "rank_equivalence.py", str(stage), str(out), ranks=world_size)
     result = json.loads(out.read_text())
     assert (result["world_size"], result["stage"], len(result["results"])) == (world_size, stage, 21)
-    for r in result["results"]:
-        label = f"{r['kind']} {r['case']}"
-        # Relative to the largest parameter change: float reordering only (measured ≤ 1.2e-4).
-        assert r["param_diff"] < 1e-3, f"{label}: parameters differ by {r['param_diff']:.2e} of the update"
-        assert not r["missing"], f"{label}: metrics missing on DeepSpeed: {r['missing']}"
-        worst = max(r["metric_diff"], key=r["metric_diff"].get)
-        assert r["metric_diff"][worst] < 1e-3, f"{label}: {worst} differs by {r['metric_diff'][worst]:.2e}"
+    assert_one_process_update(result["results"], "on DeepSpeed")
 
 
 MASKED_WORKER = r"""

@@ -12,7 +12,10 @@ import httpx
 import pytest
 
 from grpo.common.net import free_port
+from grpo.local import stack
+from grpo.local.procs import ChildFailed, Supervisor
 from grpo.local.services import ServiceProc, on_fresh_ports, start_reward
+from grpo.local.stack import StackSpec, start_services
 
 SERVICES = {
     "reward": ("grpo.reward", "GRPO_REWARD_", ["--workers", "1"]),
@@ -84,3 +87,33 @@ def test_a_port_taken_between_pick_and_bind_starts_the_service_again_on_fresh_po
         assert httpx.get(f"http://127.0.0.1:{service.http_port}/healthz", timeout=5).status_code == 200
     finally:
         service.stop()
+
+
+def test_grpo_up_starts_the_stack_again_on_fresh_ports_when_a_picked_port_was_taken(
+    taken_port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`grpo up` and the demo pick every port first and start the services together; a port taken before its
+    service binds it (CI saw a replica's HTTP port go while the model loaded) must not fail the start. The picks are
+    Redis, reward grpc and http, replica grpc and http: the replica's HTTP port is made the taken one, once."""
+    picks = iter([None, None, None, None, taken_port])
+
+    def pick(host: str = "127.0.0.1") -> int:
+        return next(picks, None) or free_port(host)
+
+    monkeypatch.setattr(stack, "free_port", pick)
+    spec = StackSpec(run_id="ports", run_dir=tmp_path / "run", reward={"workers": 1}, rollout={"torch_threads": 1})
+    with Supervisor(tmp_path / "logs") as sup:
+        state = start_services(sup, spec, with_trainer=False)
+        rollout = next(p for p in state.processes if p["name"] == "rollout-0")
+        assert rollout["ports"]["http_port"] != taken_port
+        assert httpx.get(f"http://127.0.0.1:{rollout['ports']['http_port']}/healthz", timeout=5).status_code == 200
+        assert [c.name for c in sup.children] == ["redis", "reward", "rollout-0"]  # the first try's are gone
+    first_try = (tmp_path / "logs" / "rollout-0.log").read_text()
+    assert f"port {taken_port} (--http-port / GRPO_ROLLOUT_HTTP_PORT) is in use by another process" in first_try
+
+
+def test_a_port_the_stack_file_gives_is_not_retried(taken_port: int, tmp_path: Path) -> None:
+    """A clash on a port the user set would clash again: one try, and the error names the port."""
+    spec = StackSpec(run_id="ports", run_dir=tmp_path / "run", reward={"workers": 1, "http_port": taken_port})
+    with Supervisor(tmp_path / "logs") as sup, pytest.raises(ChildFailed, match=f"port {taken_port} "):
+        start_services(sup, spec, with_trainer=False)

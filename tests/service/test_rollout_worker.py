@@ -420,11 +420,41 @@ def test_worker_survives_a_redis_restart(service: RolloutService, live_reward: A
     assert errors and errors >= 1
 
 
+def test_an_evaluation_fills_one_engine_call(
+    service: RolloutService, queue: RunQueue, redis_url: str, live_reward: Any
+) -> None:
+    """Evaluation tasks ask for one greedy answer each: worker_batch_tasks (4) of them per engine call left the
+    engine nearly idle. 24 of them waiting go in one call; 8 training tasks of the same size still take 2."""
+
+    def calls() -> float:
+        return (
+            service.metrics.registry.get_sample_value("grpo_rollout_generate_requests_total", {"source": "worker"})
+            or 0.0
+        )
+
+    evals = [math_task(f"e{i}", i, 1, n=1) for i in range(24)]
+    for task in evals:
+        task.eval = True
+    train = [math_task(f"t{i}", i, 2, n=1) for i in range(8)]
+    for tasks, expected in ((evals, 1), (train, 2)):
+        before = calls()
+        queue.publish_tasks(tasks)  # all waiting before the worker reads: its first read sees them together
+        with worker(service, redis_url, live_reward.grpc_addr):
+            wait_groups(queue, {t.task_id for t in tasks})
+        assert calls() - before == expected
+
+
 def test_batches_group_equal_sampling_params_and_score_items_carry_token_counts() -> None:
     a, b, c = math_task("a", 1, 1), math_task("b", 1, 2), math_task("c", 1, 3, n=2)
     entries = [Entry(str(i), t) for i, t in enumerate((a, c, b))]
     assert [[e.message.task_id for e in batch if e.message] for batch in batches(entries, 4)] == [["a", "b"], ["c"]]
     assert [len(batch) for batch in batches(entries, 1)] == [1, 1, 1]
+    evals = [Entry(str(i), math_task(f"e{i}", 1, i, n=1)) for i in range(5)]
+    for e in evals:
+        assert e.message is not None
+        e.message.eval = True
+    assert [len(batch) for batch in batches(evals, 2, eval_size=4)] == [4, 1]
+    assert [len(batch) for batch in batches(evals, 2)] == [2, 2, 1]
     a.checks.overlong.max_tokens = 100
     sample = Sample(token_ids=[5, 6, 7], logprobs=[-0.1] * 3, text="x", finish_reason="length")
     (item,) = score_items([a], Generated([[1]], [[sample]], 3, "sha"))

@@ -14,7 +14,6 @@ import json
 import re
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,12 +22,10 @@ import grpc
 import pytest
 import redis
 
-from grpo.common.net import free_port
 from grpo.common.queue import GROUPS_GROUP, stream_keys
 from grpo.common.registry import ReplicaRegistry
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.common.weights.codec import weights_checksum
-from grpo.local.procs import spawn
 from grpo.trainer.accounting import DROP_REASONS
 from grpo.trainer.data import DataCursor, take
 from grpo.trainer.ledger import read_ledger
@@ -36,6 +33,7 @@ from grpo.v1 import queue_pb2, trainer_pb2, trainer_pb2_grpc
 from tests.support.rollout_proc import start_rollout_service, update_bytes
 from tests.support.trainer_proc import (
     ROLLOUT_ENV,
+    colocated,
     read_metrics,
     run_failing_trainer,
     run_trainer,
@@ -413,11 +411,17 @@ def lost_lineage_group(redis_url: str, run: str, out: Path, last_step: int) -> b
     return any(v > state["learner"]["version"] for v in versions)
 
 
-def test_resume_after_sigkill_loses_nothing(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
-    """One step off-policy, so groups made by the lost lineage's weights are in Redis when the trainer returns."""
-    rollout_for("resume")
+@pytest.mark.parametrize("mode", ["separate", "colocated"])
+def test_resume_after_sigkill_loses_nothing(
+    tmp_path: Path, redis_url: str, rollout_for: Any, live_reward: Any, mode: str
+) -> None:
+    """One step off-policy, so groups made by the lost lineage's weights are in Redis when the trainer returns.
+    Colocated (grpo.trainer.colocated), the SIGKILL takes the replica too, with the tasks it held."""
+    extra = {"colocate": colocated(live_reward.grpc_addr)} if mode == "colocated" else {}
+    if mode == "separate":
+        rollout_for("resume")
     steps, per_step = 12, 3
-    config = trainer_config(tmp_path, "resume", redis_url, steps=steps, checkpoint_every=4, max_staleness=1)
+    config = trainer_config(tmp_path, "resume", redis_url, steps=steps, checkpoint_every=4, max_staleness=1, **extra)
     out = tmp_path / "out"
     log = tmp_path / "trainer.log"
     proc = start_trainer(config, log)
@@ -553,15 +557,7 @@ def test_zero2_two_ranks_rank0_drives(tmp_path: Path, redis_url: str, rollout_fo
     config = trainer_config(tmp_path, "zero", redis_url, steps=2, checkpoint_every=1, backend="deepspeed",
                             zero_stage=2, push_timeout_s=60)  # fmt: skip
     log = tmp_path / "trainer.log"
-    torchrun = Path(sys.executable).with_name("torchrun")
-    env = {"OMP_NUM_THREADS": "1", "GRPO_TRAINER_CONFIG": str(config), "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", "-m", "grpo.trainer"]
-    proc = spawn("torchrun", cmd, log, env=env).proc
-    try:
-        assert proc.wait(timeout=540) == 0, log.read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    run_trainer(config, log, 540, ranks=2)
     out_dir = tmp_path / "out"
     rows = read_metrics(out_dir)
     assert [r["step"] for r in rows] == [1, 2]  # one metrics writer: rank 0
@@ -660,8 +656,13 @@ def sft_data(path: Path, n: int) -> Path:
     return path
 
 
-def test_staged_run_resumes_within_and_between_stages(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
-    rollout_for("staged")
+@pytest.mark.parametrize("mode", ["separate", "colocated"])
+def test_staged_run_resumes_within_and_between_stages(
+    tmp_path: Path, redis_url: str, rollout_for: Any, live_reward: Any, mode: str
+) -> None:
+    extra = {"colocate": colocated(live_reward.grpc_addr)} if mode == "colocated" else {}
+    if mode == "separate":  # colocated: the GRPO stage hosts its replica on the SFT stage's final model
+        rollout_for("staged")
     stages = [
         {"mode": "sft", "train_data": str(sft_data(tmp_path / "sft.jsonl", 32)), "steps": 24, "prompts_per_step": 32,
          "micro_batch_size": 8, "lr": 2e-4, "checkpoint_every": 4},
@@ -669,7 +670,7 @@ def test_staged_run_resumes_within_and_between_stages(tmp_path: Path, redis_url:
     ]  # fmt: skip
     eval_data = write_data(tmp_path / "eval.jsonl", 2, offset=100)
     config = trainer_config(tmp_path, "staged", redis_url, steps=6, checkpoint_every=2, stages=stages,
-                            eval_data=str(eval_data), eval_every=3)  # fmt: skip
+                            eval_data=str(eval_data), eval_every=3, **extra)  # fmt: skip
     out, log = tmp_path / "out", tmp_path / "trainer.log"
     sft_dir, grpo_dir = out / "stage-1-sft", out / "stage-2-grpo"
 

@@ -7,6 +7,7 @@ warm-up and then flat, completions far under the budget, the trainer waiting for
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 
@@ -49,6 +50,16 @@ HEALTHY: dict[str, Shape] = {
     "time/wait_rollouts_s": const(2.0),
     "time/step_s": const(4.0),
 }
+# What the trainer logs since the doctor asked for it (a metrics file from before has none of these): the β in
+# effect, the reference's age (the demo refreshes it every 400 steps), and how rewards spread across groups (as
+# the policy learns, more groups all right; few ever all wrong).
+LOGGED: dict[str, Shape] = {
+    "train/beta": const(0.001),
+    "train/steps_since_ref_refresh": lambda step, t: float(step % 400),
+    "groups/all_solved_fraction": ramp(0.05, 0.45),
+    "groups/none_solved_fraction": const(0.05),
+    "groups/reward_mean_std": const(0.4),
+}
 DEMO = RunSettings(beta=0.001, ref_refresh_steps=400, group_size=8, max_staleness=1, refill_zero_variance=False)
 
 
@@ -56,3 +67,20 @@ def run(n: int = 40, /, **changes: Shape) -> list[dict[str, object]]:
     """n metrics rows of the healthy run, with some metrics' shapes changed (`/` written `__` in the names)."""
     shapes = {**HEALTHY, **{k.replace("__", "/"): v for k, v in changes.items()}}
     return [{"step": s, **{k: f(s, (s - 1) / (n - 1)) for k, f in shapes.items()}} for s in range(1, n + 1)]
+
+
+def paid_length(prompts: list[str], completions: list[str], **kwargs: object) -> list[float]:
+    """A reward plug-in that pays for length (a character is worth 0.05): the reward hack the doctor must catch in
+    a real run (tests/service/test_doctor_real_runs.py), as TRL's `fn(prompts, completions, **kwargs)`."""
+    return [0.05 * len(c) for c in completions]
+
+
+def paid_by_rank(prompts: list[str], completions: list[str], **kwargs: object) -> list[float]:
+    """A reward plug-in that pays 0…1 by each completion's rank in the call, ranked by a hash of its text: every
+    group has a spread (an advantage for each sample, so each update moves the policy) in no direction the policy
+    could learn, and the mean over a call is always ½, so the reward never rises (no reward hacking to see)."""
+    if len(completions) < 2:
+        return [0.5] * len(completions)
+    order = sorted(range(len(completions)), key=lambda i: (hashlib.sha256(completions[i].encode()).digest(), i))
+    rank = {i: r for r, i in enumerate(order)}
+    return [rank[i] / (len(completions) - 1) for i in range(len(completions))]

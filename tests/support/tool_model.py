@@ -16,16 +16,14 @@ segments are in the loss. The folder is cached under `cache_dir`, keyed by a has
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from grpo.common.tiny_model import ensure_tiny_model, recipe_hash
+from grpo.common.tiny_model import recipe_hash
 from grpo.common.tool_formats import QWEN_TOOL_MESSAGE, render_chat_result, render_tagged_result
+from tests.support.trained_model import fit, trained_once
 
 log = logging.getLogger(__name__)
 
@@ -88,20 +86,9 @@ def _train(source: Path, target: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     rows = _encoded(tokenizer)
-    width = max(len(ids) for ids, _ in rows)
-    pad = tokenizer.pad_token_id
-    ids = torch.tensor([r[0] + [pad] * (width - len(r[0])) for r in rows])
-    labels = torch.tensor([r[1] + [-100] * (width - len(r[1])) for r in rows])
-    mask = torch.tensor([[1] * len(r[0]) + [0] * (width - len(r[0])) for r in rows])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"], weight_decay=0.0)
-    model.train()
-    for _ in range(int(RECIPE["steps"])):
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    loss = fit(model, rows, tokenizer.pad_token_id, RECIPE["lr"], int(RECIPE["steps"]))
     torch.set_num_threads(threads)
-    log.info("tool model trained: final loss %.4f", loss.item())
+    log.info("tool model trained: final loss %.4f", loss)
     model.save_pretrained(target)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
         if (source / name).is_file():
@@ -111,19 +98,4 @@ def _train(source: Path, target: Path) -> None:
 def tool_model_path(cache_dir: Path) -> Path:
     """The tool model's folder (a standard Hugging Face folder, loadable by the hf and vLLM engines), trained
     once into `cache_dir` and reused while RECIPE is unchanged. Safe when several processes race."""
-    key = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:12]
-    target = Path(cache_dir) / f"tool-model-{key}"
-    if (target / "model.safetensors").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        _train(ensure_tiny_model(), tmp)
-        try:
-            tmp.rename(target)  # atomic: a reader sees nothing or the whole folder
-        except OSError:
-            if not (target / "model.safetensors").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return trained_once(cache_dir, "tool-model", RECIPE, _train)

@@ -21,6 +21,12 @@ ROLLOUT_ENV = {
 }
 
 
+def colocated(reward_addr: str) -> dict[str, Any]:
+    """The trainer's `colocate` setting for a replica in its own process, as quick as ROLLOUT_ENV's replicas."""
+    return {"reward_addr": reward_addr, "heartbeat_s": 0.3, "reclaim_idle_s": 5, "registry_ttl_s": 3,
+            "worker_block_ms": 200}  # fmt: skip
+
+
 def write_data(path: Path, n: int, offset: int = 0) -> Path:
     rows = [
         {"id": f"q{i}", "prompt": f"What is {i} + {i + 1}?", "gold": str(2 * i + 1)} for i in range(offset, offset + n)
@@ -66,9 +72,16 @@ def start_trainer(config: Path, log: Path, *extra: str) -> subprocess.Popen[byte
     return spawn("trainer", [sys.executable, "-m", "grpo.trainer", *extra], log, env=env).proc
 
 
-def run_trainer(config: Path, log: Path, timeout: float = 150) -> None:
-    """Run the trainer to its end; it must exit 0 within `timeout` (killed otherwise)."""
-    proc = start_trainer(config, log)
+def run_trainer(config: Path, log: Path, timeout: float = 150, *, ranks: int = 1) -> None:
+    """Run the trainer to its end; it must exit 0 within `timeout` (killed otherwise). ranks > 1: under torchrun, one
+    process per rank (DeepSpeed on CPU with gloo: the config sets backend deepspeed)."""
+    if ranks == 1:
+        proc = start_trainer(config, log)
+    else:
+        env = {"OMP_NUM_THREADS": "1", "GRPO_TRAINER_CONFIG": str(config), "TOKENIZERS_PARALLELISM": "false"}
+        torchrun = Path(sys.executable).with_name("torchrun")
+        cmd = [str(torchrun), f"--nproc-per-node={ranks}", f"--master-port={free_port()}", "-m", "grpo.trainer"]
+        proc = spawn("torchrun", cmd, log, env=env).proc
     try:
         assert proc.wait(timeout=timeout) == 0, log.read_text()[-4000:]
     finally:

@@ -9,7 +9,7 @@ import pytest
 
 from grpo.common.doctor import RULES, Finding, RunSettings, diagnose
 from grpo.common.doctor.series import MIN_TREND_STEPS, series
-from tests.support.doctor_runs import DEMO, const, ramp, run
+from tests.support.doctor_runs import DEMO, LOGGED, const, ramp, run
 
 
 def fired(rows: list[dict[str, object]], rule: str, settings: RunSettings = DEMO) -> Finding:
@@ -21,6 +21,8 @@ def fired(rows: list[dict[str, object]], rule: str, settings: RunSettings = DEMO
 
 def test_a_healthy_run_has_no_finding() -> None:
     assert diagnose(run(), DEMO) == []
+    assert diagnose(run(**LOGGED), DEMO) == []  # with the rows the trainer logs now
+    assert diagnose(run(**LOGGED), RunSettings()) == []
     assert diagnose(run(), RunSettings()) == []  # nor without its settings
     assert diagnose(run(200), DEMO) == []
 
@@ -41,6 +43,19 @@ def test_unbalanced_groups_at_middling_accuracy() -> None:
     # Groups of 2 are all-equal half the time at p = 0.5 anyway: no evidence of imbalance.
     assert RULES["unbalanced_groups"](rows, RunSettings(group_size=2)) is None
     assert RULES["unbalanced_groups"](rows, RunSettings()) is None  # unknown G errs towards silence
+
+
+def test_unbalanced_groups_from_the_logged_split() -> None:
+    split = {**LOGGED, "groups/all_solved_fraction": const(0.35), "groups/none_solved_fraction": const(0.3)}
+    f = fired(run(**split), "unbalanced_groups")
+    assert "groups/all_solved_fraction 0.35" in f.evidence and "none_solved_fraction 0.3 all wrong" in f.evidence
+    # The logged split outweighs the inference: the same zero-variance share at a middling accuracy is no finding
+    # when the all-equal groups are nearly all solved (a prompt set getting easy, not split in two).
+    easy = {**LOGGED, "groups/all_solved_fraction": const(0.55), "groups/none_solved_fraction": const(0.05)}
+    inferred = run(rollout__accuracy=const(0.5), groups__zero_variance_fraction=const(0.6))
+    assert RULES["unbalanced_groups"](inferred, DEMO) is not None
+    assert RULES["unbalanced_groups"](run(**easy, rollout__accuracy=const(0.5),
+                                          groups__zero_variance_fraction=const(0.6)), DEMO) is None  # fmt: skip
 
 
 def test_reward_rising_while_a_component_falls() -> None:
@@ -67,6 +82,21 @@ def test_kl_spike_names_beta_and_the_refresh() -> None:
     assert steady.settings == ("lr",)  # β is large and the reference refreshed: the steps are too large
     high = fired(run(train__kl=const(0.7)), "kl_spike")
     assert "stays high" in high.symptom
+
+
+def test_kl_spike_reads_beta_and_the_refresh_from_the_rows() -> None:
+    spike = {"train/kl": lambda step, t: 0.8 if step == 30 else 0.1}
+    # The settings say β is large and the reference refreshed; the rows say otherwise, and they win.
+    never = run(**{**LOGGED, **spike, "train/beta": const(0.0005), "train/steps_since_ref_refresh": const(-1.0)})
+    f = fired(never, "kl_spike", RunSettings(beta=0.1, ref_refresh_steps=5))
+    assert "beta 0.0005 (train/beta)" in f.evidence and "no reference refresh up to step 30" in f.evidence
+    assert f.settings == ("beta", "ref_refresh_steps")
+    refreshed = run(**{**LOGGED, **spike, "train/beta": const(0.1),
+                       "train/steps_since_ref_refresh": lambda step, t: float(step % 5)})  # fmt: skip
+    f = fired(refreshed, "kl_spike", RunSettings(beta=0.001, ref_refresh_steps=0))
+    assert f.settings == ("lr",) and "reference refreshed" in f.evidence
+    # Not refreshed yet by the spike (every 400): the reference is as old as the run.
+    assert fired(run(**{**LOGGED, **spike}), "kl_spike", RunSettings()).settings == ("beta", "ref_refresh_steps")
 
 
 def test_clip_fraction_and_ratio_out_of_range() -> None:

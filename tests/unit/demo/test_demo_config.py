@@ -27,6 +27,15 @@ def test_step_presets_get_the_scratchpad_rule() -> None:
     assert "step_check" not in DemoConfig(preset="grpo").trainer_settings(**ports)
 
 
+def test_a_colocated_demo_gives_its_trainer_the_replicas_thread() -> None:
+    """docs/colocated.md: `grpo demo --colocate` runs the trainer on 2 threads (it generates and trains in turn on
+    what a trainer and a replica had between them), one replica fewer outside it."""
+    ports = {"model": "m", "train_data": "t", "eval_data": "e", "redis_url": "r", "run_id": "x", "output_dir": "o",
+             "grpc_port": 1, "http_port": 2}  # fmt: skip
+    assert DemoConfig(colocate=True).trainer_settings(**ports)["torch_threads"] == 2
+    assert DemoConfig().trainer_settings(**ports)["torch_threads"] == 1
+
+
 @pytest.mark.parametrize(
     ("options", "line"),
     [

@@ -34,8 +34,16 @@ def test_config_sections_become_a_spec(tmp_path: Path) -> None:
         ("replicas: yes\n", "replicas: Input should be a valid integer"),  # YAML true is not 1 replica
         ("replicas: 1.5\n", "replicas: Input should be a valid integer"),
         ("replicas: -1\n", "replicas: must be >= 0 (got -1)"),
-        ("replicas: -1\ntrainer: {train_data: t.jsonl}\n", "replicas: must be >= 1 with a trainer section (got -1)"),
-        ("replicas: 0\ntrainer: {train_data: t.jsonl}\n", "replicas: must be >= 1 with a trainer section (got 0)"),
+        (
+            "replicas: -1\ntrainer: {train_data: t.jsonl}\n",
+            "replicas: must be >= 1 with a trainer section, unless colocate: true (got -1)",
+        ),
+        (
+            "replicas: 0\ntrainer: {train_data: t.jsonl}\n",
+            "replicas: must be >= 1 with a trainer section, unless colocate: true (got 0)",
+        ),
+        ("colocate: true\n", "colocate: true needs a trainer section"),
+        ("colocate: 1\ntrainer: {train_data: t.jsonl}\n", "colocate: Input should be a valid boolean"),
         ("start_timeout_s: soon\n", "start_timeout_s: Input should be a valid number"),
         ("start_timeout_s: 0\n", "start_timeout_s: Input should be greater than 0"),
         ("start_timeout_s: .inf\n", "start_timeout_s: Input should be a finite number"),
@@ -58,6 +66,26 @@ def test_every_bad_top_level_key_is_named_on_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(caught.value)
     assert "replicas: Input should be a valid integer" in str(caught.value)
     assert "start_timeout_s: Input should be a valid number" in str(caught.value)
+
+
+def test_a_colocated_stack_plans_no_rollout_process(tmp_path: Path) -> None:
+    """`colocate: true`: no replica process unless asked for; the trainer gets the rollout section as its replica's
+    settings, with the reward's address and without what is the trainer's own (model, run, Redis)."""
+    from grpo.local.stack import plan_services
+
+    path = tmp_path / "stack.yaml"
+    path.write_text("run_id: c\ncolocate: true\nrollout: {model: tiny, max_new_tokens_cap: 64}\n"
+                    "trainer: {train_data: t.jsonl}\n")  # fmt: skip
+    spec = spec_from_config(read_stack_config(path), tmp_path / "runs")
+    assert (spec.colocate, spec.replicas) == (True, 0)
+    planned = plan_services(spec, "redis://127.0.0.1:1/0")
+    assert [p.name for p in planned] == ["reward", "trainer"]
+    colocate = planned[1].values["colocate"]
+    assert colocate["reward_addr"] == f"127.0.0.1:{planned[0].values['grpc_port']}"
+    assert colocate["max_new_tokens_cap"] == 64 and "model" not in colocate and "run" not in colocate
+    path.write_text("colocate: true\nreplicas: 1\ntrainer: {train_data: t.jsonl}\n")  # and one replica more
+    spec = spec_from_config(read_stack_config(path), tmp_path / "runs")
+    assert [p.name for p in plan_services(spec, "redis://127.0.0.1:1/0")] == ["reward", "rollout-0", "trainer"]
 
 
 def test_top_level_defaults_and_a_stack_without_a_trainer_needs_no_replica(tmp_path: Path) -> None:
@@ -307,10 +335,11 @@ def test_a_sigkilled_launcher_leaves_no_child_behind(tmp_path: Path) -> None:
     try:
         assert proc.stdout is not None
         child = int(proc.stdout.readline())
-        assert psutil.Process(child).cmdline()[-2:] == [
-            "-c",
-            "import time; time.sleep(300)",
-        ]  # exec'd past the trampoline
+        # exec'd past the trampoline (the pid is known at fork: on a loaded machine the exec can come later)
+        wanted, deadline = ["-c", "import time; time.sleep(300)"], time.monotonic() + 10
+        while psutil.Process(child).cmdline()[-2:] != wanted and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert psutil.Process(child).cmdline()[-2:] == wanted
         proc.kill()
         proc.wait()
         deadline = time.monotonic() + 10

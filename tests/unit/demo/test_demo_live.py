@@ -38,3 +38,30 @@ def test_before_grpo_is_the_trainers_step_0_evaluation() -> None:
     view.update({"phase": "grpo", "step": 0, "total_steps": 40, "metrics": {},
                  "eval_history": [{"step": 0, "accuracy": 0.37}]})  # fmt: skip
     assert view.eval_before == 0.37 and "(before GRPO: 0.370)" in _text(view)
+
+
+def test_a_multi_task_run_gets_a_line_per_task_type_and_a_single_task_run_none() -> None:
+    view = ViewState()
+    view.update({"phase": "grpo", "step": 3, "total_steps": 10,
+                 "metrics": {"task/math/groups": 2, "task/math/reward_mean": 0.5, "task/math/accuracy": 0.25,
+                             "task/math/zero_variance_fraction": 0.5, "eval/math/accuracy": 0.4,
+                             "task/chat/groups": 2, "task/chat/reward_mean": 0.7, "eval/chat/reward_mean": 0.65,
+                             "task/chat/zero_variance_fraction": 0.0}})  # fmt: skip
+    text = _text(view)
+    assert "task math" in text and "reward 0.500, accuracy 0.250, zero-variance 0.50, eval 0.400" in text
+    assert "task chat" in text and "reward 0.700, accuracy –, zero-variance 0.00, eval 0.650" in text
+    single = ViewState()
+    single.update({"phase": "grpo", "step": 1, "total_steps": 10, "metrics": {"rollout/reward_mean": 0.5}})
+    assert "task " not in _text(single)
+
+
+def test_the_trainers_doctor_findings_get_a_line_each_while_they_last() -> None:
+    finding = {"rule": "truncation", "symptom": "completions cut by the length limit", "evidence": "0.9",
+               "remedy": "give a larger budget (max_new_tokens)"}  # fmt: skip
+    view = ViewState()
+    view.update({"phase": "grpo", "step": 10, "total_steps": 40, "metrics": {}, "doctor": [finding]})
+    text = _text(view)
+    assert "doctor: truncation" in text and "give a larger budget (max_new_tokens)" in text
+    assert plain_line(view).endswith(" | doctor: truncation")
+    view.update({"phase": "grpo", "step": 20, "total_steps": 40, "metrics": {}, "doctor": []})  # it went away
+    assert "doctor" not in _text(view) and "doctor" not in plain_line(view)

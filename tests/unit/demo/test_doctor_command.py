@@ -30,7 +30,8 @@ from tests.support.doctor_runs import const, ramp, run
 # What GrpoRun's loop adds to a step's row beside group_metrics, the Learner's train/* and the accounting's books
 # (grpo.trainer.run: _collect and run).
 LOOP_KEYS = {"groups/zero_variance_fraction", "groups/refills", "staleness/mean", "staleness/max",
-             "time/wait_rollouts_s", "time/push_s", "time/step_s", "policy_version"}  # fmt: skip
+             "time/wait_rollouts_s", "time/push_s", "time/step_s", "policy_version",
+             "train/beta", "train/steps_since_ref_refresh"}  # fmt: skip
 
 
 def write_run(folder: Path, rows: list[dict[str, Any]], trainer: dict[str, Any] | None = None) -> Path:
@@ -124,7 +125,7 @@ def trainer_keys() -> set[str]:
     """The keys a GRPO step's row holds, from the trainer's own code on two tiny groups and a tiny loss."""
     from grpo.algo import policy_loss
     from grpo.trainer.accounting import Accounting
-    from grpo.trainer.consumer import group_metrics
+    from grpo.trainer.consumer import group_metrics, group_spread
     from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
 
     samples = [
@@ -135,14 +136,17 @@ def trainer_keys() -> set[str]:
         )
         for finish, score in (("stop", 1.0), ("length", 0.0))
     ]
-    keys = set(group_metrics([queue_pb2.GroupRecord(group_id="g", samples=samples, status="ok")]))
+    groups = [queue_pb2.GroupRecord(group_id=g, samples=samples, status="ok") for g in ("g1", "g2")]
+    keys = set(group_metrics(groups)) | set(group_spread(groups))
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.7]])
     _, losses = policy_loss(
         logp, logp - 0.1, torch.tensor([1.0, -1.0]), torch.ones(2, 2), clip_low=0.2, clip_high=0.2, beta=0.001,
         kl_kind="k3", agg="token_mean", ratio_level="token", tis_cap=2.0, ref_logp=logp - 0.2, sampler_logp=logp,
     )  # fmt: skip
     keys |= {f"train/{k}" for k in losses} | {f"groups/{v}" for v in GROUP_VERDICTS} | LOOP_KEYS
-    return keys | set(Accounting().summary())
+    from grpo.trainer.run import NO_PUSHES  # the push/* counts every step logs
+
+    return keys | set(Accounting().summary()) | set(NO_PUSHES)
 
 
 def test_the_rules_read_only_metrics_the_trainer_logs() -> None:

@@ -136,7 +136,8 @@ def test_the_cold_start_pairs_are_the_trainers(tmp_path: Path, tokenizer: Any) -
 def test_the_example_configs_data_is_the_generators() -> None:
     """services/trainer/configs/tool.yaml trains on committed rows; regenerate them with
     `python -m grpo.demo.tool_task services/trainer/configs/data`."""
-    from grpo.demo.tool_task import data_files, jsonl
+    from grpo.demo.task import jsonl
+    from grpo.demo.tool_task import data_files
 
     folder = Path(__file__).resolve().parents[3] / "services" / "trainer" / "configs" / "data"
     for name, rows in data_files().items():
@@ -152,7 +153,7 @@ def test_the_tool_task_settings_leave_the_addition_demo_alone() -> None:
     addition, tool = DemoConfig(), DemoConfig(task="tool")
     assert "tools" not in addition.trainer_settings(**ports) and "task" not in addition.sft_settings()
     assert (addition.max_new_tokens, addition.steps, addition.sft_threshold) == (24, 200, 0.35)
-    assert DemoConfig.quick().steps == 40 and DemoConfig.quick(task="tool").steps == 30
+    assert DemoConfig.quick().steps == 40 and DemoConfig.quick(task="tool").steps == 40
     assert DemoConfig(task="tool", steps=7).steps == 7  # an option given beats the task's default
     settings = tool.trainer_settings(**ports)
     trainer = TrainerSettings.model_validate({**settings, "redis_url": "redis://127.0.0.1:1/0"})

@@ -44,6 +44,10 @@ CLI_SERVICE_MODULES = {
     "grpo.rollout.settings",
     "grpo.trainer.config",
 }
+# Colocated mode (docs/colocated.md): the trainer hosts a rollout replica where the rollout package is installed beside
+# it (`grpo up`, a pip install; not the trainer's image). These modules alone import it, only inside functions (or for
+# types), and the trainer says so in one line when it is missing.
+BESIDE = {"services/trainer": {"grpo.rollout": {"trainer/colocated.py", "trainer/colocated_settings.py"}}}
 # A service's API edge (proto or HTTP in, plain values to the core) and the one module that wires it up; any
 # other module importing the edge is the core depending on the transport (the rollout worker once took its
 # request checks from grpc_api, which now lives in grpo.rollout.request_checks for both).
@@ -118,8 +122,48 @@ def test_first_party_imports_stay_inside_the_service(service: str) -> None:
         if name.startswith("grpo.")
         and not any(name == a or name.startswith(a + ".") for a in allowed)
         and not (service == "cli" and name in CLI_SERVICE_MODULES)
+        and not beside_allowed(service, path, name)
     ]
     assert not wrong, f"{service} may import only {sorted(allowed)} of ours; found:\n" + "\n".join(wrong)
+
+
+def beside_allowed(service: str, path: Path, name: str) -> bool:
+    """Whether `path` is one of the few modules BESIDE lets import `name`'s package."""
+    where = str(path.relative_to(REPO / SERVICES[service][0]))
+    return any(
+        (name == package or name.startswith(package + ".")) and where in files
+        for package, files in BESIDE.get(service, {}).items()
+    )
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The modules a file imports at import time: outside functions and `if TYPE_CHECKING:`."""
+    names: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            return
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            return
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return names
+
+
+@pytest.mark.parametrize("service", sorted(BESIDE))
+def test_a_package_installed_beside_is_imported_only_when_used(service: str) -> None:
+    """Importing the modules BESIDE names must not need the package: only running them does."""
+    root = REPO / SERVICES[service][0]
+    for package, files in BESIDE[service].items():
+        for file in sorted(files):
+            eager = [n for n in top_level_imports(root / file) if n == package or n.startswith(package + ".")]
+            assert not eager, f"{file} imports {eager} at import time"
 
 
 def test_the_cli_imports_only_settings_modules_by_name() -> None:
@@ -187,3 +231,12 @@ def test_the_layering_check_catches_the_core_importing_the_edge(tmp_path: Path) 
     bad = tmp_path / "worker.py"
     bad.write_text("from grpo.rollout.grpc_api import sampling_params\nfrom grpo.rollout import http_api\n")
     assert edge_imports(bad, "grpo.rollout") == {"grpo.rollout.grpc_api", "grpo.rollout.http_api"}
+
+
+def test_the_laziness_check_sees_an_eager_import(tmp_path: Path) -> None:
+    bad = tmp_path / "colocated.py"
+    bad.write_text(
+        "from typing import TYPE_CHECKING\nimport grpo.rollout.service\nif TYPE_CHECKING:\n    import grpo.rollout.x\n"
+        "class C:\n    from grpo.rollout import settings\n    def f(self):\n        import grpo.rollout.y\n"
+    )
+    assert top_level_imports(bad) == {"typing", "grpo.rollout.service", "grpo.rollout"}

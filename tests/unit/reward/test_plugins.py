@@ -11,8 +11,9 @@ from fractions import Fraction
 import pytest
 from pydantic import ValidationError
 
+from grpo.common.plugins import import_function
 from grpo.reward.schemas import ScoreRequest
-from grpo.reward.verifiers.plugins import columns, load_function, run_plugin
+from grpo.reward.verifiers.plugins import columns, run_plugin
 
 
 def length_reward(prompts: list[str], completions: list[str], **kwargs: list[object]) -> list[float | None]:
@@ -74,15 +75,15 @@ def hangs(prompts: list[str], completions: list[str], **kwargs: object) -> list[
 HERE = __name__
 
 
-def test_load_function() -> None:
-    assert load_function(f"{HERE}:length_reward") is length_reward
+def test_import_function() -> None:
+    assert import_function(f"{HERE}:length_reward", "plugins") is length_reward
     for bad, message in [
-        ("no_colon", "package.module:function"),
-        ("not_a_module_xyz:fn", "cannot import"),
-        (f"{HERE}:missing", "no callable"),
+        ("no_colon", "^plugins: 'no_colon' must look like 'package.module:function'"),
+        ("not_a_module_xyz:fn", "^plugins: plug-in 'not_a_module_xyz:fn': cannot import module 'not_a_module_xyz'"),
+        (f"{HERE}:missing", "no callable 'missing'"),
     ]:
         with pytest.raises(ValueError, match=message):
-            load_function(bad)
+            import_function(bad, "plugins")
 
 
 def test_columns() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -43,3 +44,74 @@ def test_service_core_does_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize(
+    ("logit", "how", "shift", "scale", "expected"),
+    [
+        (0.0, "sigmoid", 0.0, 1.0, 0.5),
+        (2.0, "sigmoid", 0.0, 1.0, 1 / (1 + math.exp(-2.0))),
+        (-3.0, "sigmoid", 1.0, 2.0, 1 / (1 + math.exp(2.0))),  # sigmoid((-3 - 1) / 2)
+        (1e6, "sigmoid", 0.0, 1.0, 1.0),  # no overflow either way
+        (-1e6, "sigmoid", 0.0, 1.0, 0.0),
+        (2.5, "none", 0.0, 1.0, 2.5),  # the raw logit
+        (2.5, "none", 0.5, 4.0, 0.5),
+    ],
+)
+def test_normalized_maps_the_logit(logit: float, how: str, shift: float, scale: float, expected: float) -> None:
+    from grpo.reward.verifiers.reward_model import normalized
+
+    assert normalized(logit, how, shift, scale) == pytest.approx(expected, abs=1e-12)
+
+
+def test_normalized_keeps_a_broken_logit_broken_and_refuses_bad_settings() -> None:
+    from grpo.reward.verifiers.reward_model import normalized
+
+    assert math.isnan(normalized(float("nan"), "sigmoid"))  # the caller fails the item: never a score
+    assert normalized(float("inf"), "sigmoid") == float("inf")
+    with pytest.raises(ValueError, match=r"one of \['none', 'sigmoid'\]"):
+        normalized(1.0, "softmax")
+    with pytest.raises(ValueError, match="scale must be > 0"):
+        normalized(1.0, "sigmoid", scale=0.0)
+
+
+def test_model_judgement_normalises_and_fails_non_finite_logits() -> None:
+    from grpo.reward.components import _model_judgement
+    from grpo.reward.schemas import RewardModelCheck
+
+    j = _model_judgement(1.0, RewardModelCheck(normalize="sigmoid", shift=1.0))
+    assert (j.score, j.status, j.detail) == (0.5, "ok", "logit 1")
+    assert _model_judgement(-2.0, None).score == -2.0  # no options: the raw logit (the default)
+    broken = _model_judgement(float("nan"), RewardModelCheck(normalize="sigmoid"))
+    assert broken.score is None and broken.status == "error" and "nan" in broken.detail
+    overflow = _model_judgement(1.0, RewardModelCheck(scale=1e-320))
+    assert overflow.score is None and overflow.status == "error" and "scale" in overflow.detail
+
+
+@pytest.mark.parametrize(
+    ("check", "message"),
+    [({"normalize": "softmax"}, "'none' or 'sigmoid'"), ({"scale": 0}, "greater than 0"),
+     ({"shift": float("inf")}, "finite"), ({"scale": "NaN"}, "NaN is not a number"), ({"bias": 1}, "bias")],
+)  # fmt: skip
+def test_reward_model_check_validation_names_the_field(check: dict[str, object], message: str) -> None:
+    from pydantic import ValidationError
+
+    from grpo.reward.schemas import RewardModelCheck
+
+    with pytest.raises(ValidationError, match=message):
+        RewardModelCheck.model_validate(check)
+
+
+def test_reward_model_options_round_trip_through_protobuf() -> None:
+    from grpo.reward.convert import model_to_proto, parse_request
+    from grpo.reward.schemas import ScoreRequest
+    from grpo.v1 import reward_pb2
+
+    item = {"id": "a", "completion": "c", "checks": {"reward_model": {"normalize": "sigmoid", "shift": -1, "scale": 2}}}
+    req = ScoreRequest.model_validate({"items": [item]})
+    msg = model_to_proto(req, reward_pb2.ScoreRequest())
+    assert msg.items[0].checks.reward_model.normalize == "sigmoid"
+    assert parse_request(ScoreRequest, msg) == req
+    bare = reward_pb2.ScoreRequest()
+    bare.items.add(id="b", completion="c").checks.reward_model.SetInParent()  # unset options: the defaults
+    assert parse_request(ScoreRequest, bare).items[0].checks.reward_model.normalize == "none"

@@ -62,6 +62,9 @@ def test_a_resumed_run_writes_each_step_once(tmp_path: Path) -> None:
     with MetricsSink(**paths, start_step=-1) as sink:
         for step in range(0, 14):
             sink.log(step, {"loss": 1.0})
+    # TensorBoard reads a folder's event files in name order: the creation second first, last a per-process counter
+    # compared as text ("10" sorts before "9"). A resumed run starts in a later second; so does this one.
+    time.sleep(1.1)
     with MetricsSink(**paths, start_step=10) as sink:
         for step in range(11, 16):
             sink.log(step, {"loss": 2.0})
@@ -88,3 +91,18 @@ def test_a_row_cut_short_by_a_crash_is_dropped_on_resume(tmp_path: Path, caplog:
     with MetricsSink(jsonl_path=path, start_step=5) as sink:
         sink.log(6, {"x": 6.0})
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 6]
+
+
+def test_task_types_that_share_a_prometheus_name_do_not_stop_the_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """task/a-b/... and task/a_b/... are both grpo_trainer_task_a_b_...: the second is warned about and kept out of
+    Prometheus only; every step still logs both to the JSONL file."""
+    registry = CollectorRegistry()
+    with caplog.at_level("WARNING"), MetricsSink(jsonl_path=tmp_path / "m.jsonl", prometheus_registry=registry) as sink:
+        sink.log(1, {"task/a-b/groups": 1.0, "task/a_b/groups": 2.0})
+        sink.log(2, {"task/a-b/groups": 3.0, "task/a_b/groups": 4.0})
+    rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [(r["task/a-b/groups"], r["task/a_b/groups"]) for r in rows] == [(1.0, 2.0), (3.0, 4.0)]
+    assert "grpo_trainer_task_a_b_groups 3.0" in generate_latest(registry).decode()
+    assert caplog.text.count("is not exported to Prometheus") == 1 and "'task/a_b/groups'" in caplog.text

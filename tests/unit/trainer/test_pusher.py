@@ -6,6 +6,7 @@ import selectors
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -124,3 +125,25 @@ def test_direct_pushes_keep_to_their_stream_limit() -> None:
             listener.close()
     assert not any(r.ok for r in results) and len(results) == len(targets)
     assert peak == MAX_STREAMS, f"{peak} pushes at once"
+
+
+def test_a_stage_numbers_its_weights_above_every_earlier_stages(tmp_path: Path) -> None:
+    """A staged run's stages push to the same replicas. Stage 3 numbered its model above its own folder's pushes
+    and the replicas' heartbeats only; a heartbeat still saying v11 while the replica held stage 2's v13 gave stage 3
+    v12: the replica, above it, was never pushed, and every group came back from stage 2's weights under a future
+    version (compose CI: "trained on no group (tasks dropped: stale 64)")."""
+    from grpo.common.registry import ReplicaInfo
+    from grpo.trainer.config import parse_settings
+    from grpo.trainer.pusher import highest_pushed_in_run, record_pushed
+    from grpo.trainer.replica_sync import ReplicaSync
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1?", "gold": "2"}\n')
+    run = tmp_path / "run"
+    record_pushed(run / "stage-2-grpo", 13)
+    stage3 = run / "stage-3-rejection_sampling"
+    lagging = [ReplicaInfo("r1", "127.0.0.1:1", weight_version=11, weight_checksum="", heartbeat=0.0)]
+    for stage, expected in ((3, 14), (0, 12)):  # staged: above stage 2's 13; a run of its own: its folder only
+        settings = parse_settings(["--train-data", str(data), "--output-dir", str(stage3), "--stage", str(stage)])
+        assert ReplicaSync(settings, registry=None, retry=None).fresh_version(lagging, 0) == expected  # type: ignore[arg-type]
+    assert highest_pushed_in_run(stage3, staged=True) == 13 and highest_pushed_in_run(stage3, staged=False) == 0

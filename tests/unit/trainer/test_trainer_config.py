@@ -425,3 +425,35 @@ def test_the_settings_load_without_torch() -> None:
     code = "import sys, grpo.trainer.config; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_task_reward_weights_weight_each_task_type_by_its_own_checks(tmp_path: Path) -> None:
+    """A hybrid run: math rows weighted on math and format, reward-model rows on the model alone. reward_weights
+    cannot say it (every row must have every named check); task_reward_weights can, checked per type."""
+    from grpo.trainer.assemble import check_reward_weights
+    from grpo.trainer.data import DataError, load_rows
+    from grpo.trainer.publisher import build_task
+
+    path = tmp_path / "hybrid.jsonl"
+    path.write_text('{"prompt": "2+2=", "task_type": "add", "checks": {"math": {"gold": "4"}, "format": {}}}\n'
+                    '{"prompt": "say hi", "task_type": "chat", "checks": {"reward_model": {}}}\n')  # fmt: skip
+    rows = load_rows(path)
+
+    def spec_with(weights: dict[str, Any], per_task: dict[str, Any]) -> Any:
+        s = parse_settings(["--train-data", str(path), "--reward-weights", json.dumps(weights),
+                            "--task-reward-weights", json.dumps(per_task)])  # fmt: skip
+        return task_spec(s, resolve_algo(s))
+
+    spec = spec_with({}, {"add": {"math": 1.0, "format": 0.5}, "chat": {"reward_model": 2.0}})
+    check_reward_weights(spec, rows)
+    tasks = [build_task(row, f"t{i}", 0, spec) for i, row in enumerate(rows)]
+    assert [dict(t.weights) for t in tasks] == [{"math": 1.0, "format": 0.5}, {"reward_model": 2.0}]
+    check_reward_weights(spec_with({"math": 1.0}, {"chat": {"reward_model": 1.0}}), rows)  # add keeps reward_weights
+    with pytest.raises(DataError, match=r"^reward_weights names 'math', but .* line 2 .*1 of 2 rows lack it.*"
+                                        "task_reward_weights"):  # fmt: skip
+        check_reward_weights(spec_with({"math": 1.0}, {}), rows)
+    with pytest.raises(DataError, match=r"^task_reward_weights\[chat\] names 'format', but .* line 2 .*a typo"):
+        check_reward_weights(spec_with({}, {"chat": {"format": 1.0}}), rows)
+    with pytest.raises(DataError, match=r"task type\(s\) \['sub'\] that no row has; the rows' task types: "
+                                        r"\['add', 'chat'\]"):  # fmt: skip
+        check_reward_weights(spec_with({}, {"sub": {"math": 1.0}}), rows)

@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     d.add_argument("--steps", type=int, default=None, metavar="N", help="GRPO steps (default: the calibrated 200)")
     d.add_argument("--replicas", type=int, default=None, metavar="N", help="rollout replicas (default 1)")
+    d.add_argument("--colocate", action="store_true",
+                   help="the trainer hosts a replica on its own model: one model in memory (docs/colocated.md)")  # fmt: skip
     d.add_argument("--redis-url", default=None, metavar="URL", help="use this Redis instead of a private redis-server")
     d.add_argument("--seed", type=int, default=None, metavar="N")
     d.add_argument(
@@ -123,6 +125,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                    ("sft_max_steps", args.sft_max_steps)) if v is not None}  # fmt: skip
     if args.sync:
         overrides["max_staleness"] = 0
+    if args.colocate:
+        overrides["colocate"] = True
     if args.fresh_sft:
         overrides["reuse_sft"] = False
     try:

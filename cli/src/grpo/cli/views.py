@@ -72,6 +72,7 @@ def status_view(shown: dict[str, Any]) -> str:
     trainer = shown.get("trainer")
     if trainer is not None:
         rows += trainer_rows(trainer, shown.get("last_metrics") or {})
+        rows += doctor_rows(shown.get("doctor") or [], alive=bool(trainer.get("alive")))
     summary = shown.get("summary")
     if summary is not None:
         if has_accuracies(summary):
@@ -107,6 +108,14 @@ def trainer_rows(trainer: dict[str, Any], metrics: dict[str, Any]) -> list[tuple
         rows.append(("tasks", f"{trainer['tasks_published']} published, {trainer.get('groups_trained')} trained, "
                               f"{trainer.get('in_flight')} in flight; dropped: {drops}"))  # fmt: skip
     return rows
+
+
+def doctor_rows(findings: list[dict[str, str]], *, alive: bool) -> list[tuple[str, str]]:
+    """One line per symptom the trainer's live doctor reports: its rule, the symptom and the remedy (the evidence,
+    the metric and its numbers, is in `--json` and in `grpo doctor RUN_DIR`). Of a trainer that has exited, the
+    findings it last reported."""
+    last = "" if alive else "(last reported) "
+    return [("doctor", f"{last}{f.get('rule')}: {f.get('symptom')}; remedy: {f.get('remedy')}") for f in findings]
 
 
 def redis_rows(shown: dict[str, Any]) -> list[tuple[str, str]]:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
+import logging.handlers
+import multiprocessing
+import queue
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -91,6 +95,73 @@ def prepare(cfg: DemoConfig, run_dir: Path, view: live.ViewState, refresh: Any) 
     return sft_dir, result.accuracy, info
 
 
+def prepare_in_child(
+    cfg: DemoConfig, run_dir: Path, view: live.ViewState, refresh: Any
+) -> tuple[Path, float, dict[str, Any]]:
+    """prepare() in a process of its own, so that this one never imports torch nor holds a model: it did, and kept
+    ~590 MB RSS through the whole GRPO phase, the largest process of the demo's tree. The child's log records and
+    its progress (the view's cold-start fields) come back over a queue; ChildFailed when it fails or dies."""
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing of this one's state
+    messages = context.Queue()
+    child = context.Process(target=_prepare_child, args=(cfg, run_dir, messages), name="cold-start", daemon=True)
+    child.start()
+    try:
+        while True:
+            try:
+                kind, payload = messages.get(timeout=0.5)
+            except queue.Empty:
+                if not child.is_alive():
+                    raise ChildFailed(f"the cold start's process exited with code {child.exitcode}") from None
+                continue
+            if kind == "log":
+                logging.getLogger(payload.name).handle(payload)
+            elif kind == "view":
+                for key, value in payload.items():
+                    setattr(view, key, value)
+                refresh()
+            elif kind == "failed":
+                raise ChildFailed(f"the cold start failed: {payload}")
+            else:
+                sft_dir, accuracy, info = payload
+                return Path(sft_dir), accuracy, info
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+
+
+COLD_START_VIEW = ("phase", "note", "step", "eval_before")  # what prepare() shows
+
+
+class _ToQueue(logging.handlers.QueueHandler):
+    def enqueue(self, record: logging.LogRecord) -> None:
+        self.queue.put_nowait(("log", record))
+
+
+def _prepare_child(cfg: DemoConfig, run_dir: Path, messages: Any) -> None:
+    root = logging.getLogger()
+    root.handlers[:] = [_ToQueue(messages)]
+    root.setLevel(logging.INFO)
+    view = live.ViewState()
+
+    def refresh() -> None:
+        messages.put(("view", {key: getattr(view, key) for key in COLD_START_VIEW}))
+
+    try:
+        sft_dir, accuracy, info = prepare(cfg, run_dir, view, refresh)
+    except BaseException as exc:
+        messages.put(("failed", f"{type(exc).__name__}: {exc}"))
+        raise
+    messages.put(("done", (str(sft_dir), accuracy, info)))
+
+
+def in_child(function: Callable[..., Any], *args: Any) -> Any:
+    """function(*args) in a fresh process (spawn): what loads a model there leaves this one without it."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(function, *args).result()
+
+
 def watch(
     sup: Supervisor, port: int, view: live.ViewState, refresh: Any, stall_s: float = 300.0, poll_s: float = 1.0
 ) -> None:
@@ -126,7 +197,8 @@ def grpo_phase(
     view.eval_before = None
     refresh()
     spec = StackSpec(
-        run_id=run_id, run_dir=run_dir, redis_url=cfg.redis_url, replicas=cfg.replicas,
+        run_id=run_id, run_dir=run_dir, redis_url=cfg.redis_url, replicas=cfg.replicas - cfg.colocate,
+        colocate=cfg.colocate,
         rollout={"model": str(sft_dir), "worker_batch_tasks": cfg.worker_batch_tasks, "max_new_tokens_cap": 256},
         trainer=cfg.trainer_settings(
             model=str(sft_dir), train_data=str(run_dir / "data" / "train.jsonl"),
@@ -151,11 +223,12 @@ def run_demo(
     run_dir.mkdir(parents=True, exist_ok=True)
     view = live.ViewState(note="building the tiny model")
     with Supervisor(run_dir / "logs") as sup, live.progress(view, "grpo demo", log, live_view) as refresh:
-        sft_dir, _, sft_info = prepare(cfg, run_dir, view, refresh)
+        sft_dir, _, sft_info = prepare_in_child(cfg, run_dir, view, refresh)
         grpo_phase(sup, cfg, run_dir, run_id, sft_dir, view, refresh)
     extra = {"run_id": run_id, "config": cfg.model_dump(), **sft_info}
     if cfg.task == "tool":
-        extra["in_process"] = tool_measures(cfg, {"sft": sft_dir, "final": run_dir / "final"})
+        models = {"sft": sft_dir, "final": run_dir / "final"}
+        extra["in_process"] = log_tool_measures(in_child(tool_measures, cfg, models))
     return demo_report(run_dir, wall_seconds=time.monotonic() - started, extra=extra)
 
 
@@ -167,7 +240,10 @@ def tool_measures(cfg: DemoConfig, models: dict[str, Path]) -> dict[str, dict[st
 
     n_eval = max(cfg.eval_size, cfg.sft_eval_size)
     problems = make_splits(n_sft=cfg.n_sft, n_grpo=cfg.n_grpo, n_eval=n_eval, seed=cfg.seed).eval[: cfg.sft_eval_size]
-    found = {name: measure_folder(path, problems) for name, path in models.items() if path.is_dir()}
+    return {name: measure_folder(path, problems) for name, path in models.items() if path.is_dir()}
+
+
+def log_tool_measures(found: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     for name, m in found.items():
         log.info("%s model, in-process: %.3f with the tool (%.2f calls per episode, %.3f of them ran), %.3f without",
                  name, m["accuracy_with_tool"], m["calls_per_episode"], m["call_success"], m["accuracy_without_tool"])  # fmt: skip

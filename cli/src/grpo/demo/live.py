@@ -49,6 +49,8 @@ class ViewState:
     eval_before: float | None = None
     last: dict[str, float] = field(default_factory=dict)
     note: str = ""
+    # The trainer's current grpo doctor findings, (rule, remedy) each: replaced at each status, as they come and go.
+    doctor: list[tuple[str, str]] = field(default_factory=list)
 
     def update(self, status: dict[str, Any]) -> None:
         self.phase = str(status.get("phase", self.phase))
@@ -59,6 +61,7 @@ class ViewState:
         self.step, self.total = step, int(status.get("total_steps", self.total))
         for key, value in (status.get("metrics") or {}).items():
             self.last[key] = value
+        self.doctor = [(str(f.get("rule", "")), str(f.get("remedy", ""))) for f in status.get("doctor") or []]
         for point in status.get("eval_history") or []:
             if point.get("step") == 0:  # the trainer's baseline: the "before" the report compares with
                 self.eval_before = point.get("accuracy")
@@ -90,7 +93,21 @@ def rows(v: ViewState) -> list[tuple[str, str]]:
         ),
         ("staleness (mean)", _fmt(m.get("staleness/mean"), ".2f")),
         ("elapsed / ETA", f"{time.monotonic() - v.started:.0f} s / {_fmt(eta, '.0f')} s"),
+        *task_rows(m),
+        *[(f"doctor: {rule}", remedy) for rule, remedy in v.doctor],
     ]
+
+
+def task_rows(m: dict[str, float]) -> list[tuple[str, str]]:
+    """A multi-task run's line per task type (task/<type>/*, eval/<type>/*); none for a single-task run."""
+    types = sorted(k[len("task/") : -len("/groups")] for k in m if k.startswith("task/") and k.endswith("/groups"))
+    out = []
+    for t in types:
+        reward, accuracy = _fmt(m.get(f"task/{t}/reward_mean")), _fmt(m.get(f"task/{t}/accuracy"))
+        zero = _fmt(m.get(f"task/{t}/zero_variance_fraction"), ".2f")
+        held_out = _fmt(m.get(f"eval/{t}/accuracy", m.get(f"eval/{t}/reward_mean")))
+        out.append((f"task {t}", f"reward {reward}, accuracy {accuracy}, zero-variance {zero}, eval {held_out}"))
+    return out
 
 
 def render(v: ViewState, title: str = "grpo demo") -> Table:
@@ -103,7 +120,8 @@ def render(v: ViewState, title: str = "grpo demo") -> Table:
 
 
 def plain_line(v: ViewState) -> str:
-    return " | ".join(f"{k}: {val}" for k, val in rows(v)[:8])
+    line = " | ".join(f"{k}: {val}" for k, val in rows(v)[:8])
+    return line + (f" | doctor: {', '.join(rule for rule, _ in v.doctor)}" if v.doctor else "")
 
 
 __all__ = ["Live", "ViewState", "fetch_status", "make_console", "plain_line", "progress", "render"]

@@ -8,10 +8,13 @@ so the reward service's math verifier judges `<answer>N</answer>` against it.
 
 from __future__ import annotations
 
+import json
 import random
 import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 LOW, HIGH = 10, 999
@@ -144,3 +147,14 @@ def sft_rows(problems: list[Problem]) -> list[dict[str, object]]:
     return [
         {**row, "response": worked_answer(p)} for row, p in zip(prompt_rows(problems, "sft"), problems, strict=True)
     ]
+
+
+def jsonl(rows: list[dict[str, object]]) -> str:
+    """Rows as the checked-in data files hold them: one compact JSON object per line."""
+    return "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
+
+
+def write_data_files(files: dict[str, list[dict[str, object]]]) -> None:
+    """`python -m grpo.demo.<task> FOLDER`: each named file of rows into FOLDER."""
+    for name, rows in files.items():
+        (Path(sys.argv[1]) / name).write_text(jsonl(rows))

@@ -12,13 +12,12 @@ plain integer string, so the reward service's math verifier judges the last turn
 from __future__ import annotations
 
 import ast
-import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from grpo.common.tool_formats import TAGGED_STOP, parse_tagged, render_tagged_result
-from grpo.demo.task import draw_splits, is_correct
+from grpo.demo.task import draw_splits, is_correct, write_data_files
 
 A_RANGE = (1000, 99999)
 B_RANGE = (100, 9999)
@@ -170,13 +169,5 @@ def data_files(seed: int = 0) -> dict[str, list[dict[str, object]]]:
             "tool-eval.jsonl": prompt_rows(splits.eval, "eval")}  # fmt: skip
 
 
-def jsonl(rows: list[dict[str, object]]) -> str:
-    return "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
-
-
 if __name__ == "__main__":  # python -m grpo.demo.tool_task services/trainer/configs/data
-    import sys
-    from pathlib import Path
-
-    for name, rows in data_files().items():
-        (Path(sys.argv[1]) / name).write_text(jsonl(rows))
+    write_data_files(data_files())

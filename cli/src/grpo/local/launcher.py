@@ -4,7 +4,8 @@ The config file has one section per service, in that service's own field names:
 
     run_id: myrun            # namespaces Redis keys; the run folder is <runs_dir>/<run_id>
     redis_url: null          # null: start a private redis-server
-    replicas: 1              # rollout processes; >= 1 with a trainer section
+    replicas: 1              # rollout processes; >= 1 with a trainer section, unless colocated
+    colocate: false          # true: the trainer hosts a replica on its own model (docs/colocated.md)
     start_timeout_s: 180     # how long each service may take to become healthy
     reward: {workers: 2}
     rollout: {model: tiny, engine: hf}
@@ -47,8 +48,12 @@ class StackConfig(BaseModel):
     """Where the run folder goes; null: `--runs-dir`."""
     redis_url: str | None = None
     """A running Redis; null starts a private redis-server."""
-    replicas: int = Field(1, strict=True)  # strict: YAML reads `replicas: yes` as true, which is no count
-    """Rollout replicas, one process each; at least 1 when there is a trainer section."""
+    replicas: int | None = Field(None, strict=True)  # strict: YAML reads `replicas: yes` as true, which is no count
+    """Rollout replicas, one process each; at least 1 when there is a trainer section and no colocated replica.
+    Unset: 1, or 0 when colocated."""
+    colocate: bool = Field(False, strict=True)
+    """The trainer hosts a rollout replica in its own process, generating from the policy it trains (one model in
+    memory, no weight transfer; the `rollout` section configures it): for one box or one GPU (docs/colocated.md)."""
     start_timeout_s: float = Field(180.0, gt=0, strict=True, allow_inf_nan=False)
     """How long each service may take to become healthy."""
     reward: dict[str, Any] | None = None
@@ -76,8 +81,13 @@ class StackConfig(BaseModel):
     @model_validator(mode="after")
     def _replicas_value(self) -> StackConfig:
         # Without a replica the trainer would wait replica_wait_s (default 5 minutes) and only then fail.
-        if self.trainer and self.replicas < 1:
-            raise ValueError(f"replicas: must be >= 1 with a trainer section (got {self.replicas})")
+        if self.replicas is None:
+            self.replicas = 0 if self.colocate else 1
+        if self.trainer and self.replicas < 1 and not self.colocate:
+            raise ValueError(f"replicas: must be >= 1 with a trainer section, unless colocate: true (got "
+                             f"{self.replicas})")  # fmt: skip
+        if self.colocate and not self.trainer:
+            raise ValueError("colocate: true needs a trainer section: the trainer hosts the replica")
         if self.replicas < 0:
             raise ValueError(f"replicas: must be >= 0 (got {self.replicas})")
         return self
@@ -125,8 +135,8 @@ def spec_from_config(config: StackConfig, runs_dir: Path) -> StackSpec:
         trainer.setdefault("output_dir", str(run_dir))
     return StackSpec(
         run_id=run_id, run_dir=run_dir, redis_url=config.redis_url, reward=dict(config.reward or {}),
-        rollout=dict(config.rollout or {}), replicas=config.replicas, trainer=trainer,
-        start_timeout_s=config.start_timeout_s,
+        rollout=dict(config.rollout or {}), replicas=config.replicas or 0, trainer=trainer,
+        start_timeout_s=config.start_timeout_s, colocate=config.colocate,
     )  # fmt: skip
 
 

@@ -34,6 +34,17 @@ class ChildFailed(RuntimeError):
         self.exit_code = exit_code
 
 
+# How a child says a port was taken: our services' own line, or a bind error from deeper down (errno 98). A
+# launcher picks a free port before the child binds it, so another process may take it in between; the launchers
+# then start the child again on fresh ports, this many times in all.
+PORT_CLASH = ("is in use by another process", "Address already in use")
+PORT_ATTEMPTS = 3
+
+
+def port_clash(exc: ChildFailed) -> bool:
+    return any(clash in str(exc) for clash in PORT_CLASH)
+
+
 # PR_SET_PDEATHSIG is set by this trampoline, which then execs the command, not by a preexec_fn: subprocess
 # runs a preexec_fn in a fork() of the launcher, and grpcio (1.80 and later) restarts its poller in every
 # fork child, where it aborts on the epoll fd that close_fds has closed (grpc/grpc#43055: 17 of 500 such
@@ -264,7 +275,11 @@ class Supervisor:
     def stop_all(self, grace_s: float = 15.0) -> None:
         """The last started (the trainer: it checkpoints while Redis and the replicas are still up), then the rest
         at once, so Ctrl-C takes at most two grace periods whatever the number of replicas."""
-        newest_first = list(reversed(self.children))
+        self.stop_since(0, grace_s)
+
+    def stop_since(self, first: int, grace_s: float = 15.0) -> None:
+        """Stop the children started from index `first` on (stop_all's order) and forget them."""
+        newest_first = list(reversed(self.children[first:]))
         for batch in (newest_first[:1], newest_first[1:]):
             gone_list = stop_pids([c.pid for c in batch], grace_s, [c.proc for c in batch])
             for child, gone in zip(batch, gone_list, strict=True):
@@ -276,7 +291,7 @@ class Supervisor:
                     child.proc.wait(timeout=1)
                 except subprocess.TimeoutExpired:
                     pass
-        self.children.clear()
+        del self.children[first:]
 
     def __enter__(self) -> Supervisor:
         return self

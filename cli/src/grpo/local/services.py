@@ -17,7 +17,7 @@ from subprocess import Popen
 
 from grpo.common.net import free_port
 from grpo.common.readiness import grpc_health_check
-from grpo.local.procs import Child, ChildFailed, http_ok, launch, log_tail
+from grpo.local.procs import PORT_ATTEMPTS, Child, ChildFailed, http_ok, launch, log_tail, port_clash
 
 
 @dataclass
@@ -65,9 +65,6 @@ def _log_file(log_path: Path | None, prefix: str) -> Path:
 
 
 log = logging.getLogger(__name__)
-# How a child says a port was taken: our services' own line, or a bind error from deeper down (errno 98).
-PORT_CLASH = ("is in use by another process", "Address already in use")
-PORT_ATTEMPTS = 3
 
 
 def on_fresh_ports(start: Callable[[], ServiceProc], what: str) -> ServiceProc:
@@ -78,7 +75,7 @@ def on_fresh_ports(start: Callable[[], ServiceProc], what: str) -> ServiceProc:
         try:
             return start()
         except ChildFailed as exc:
-            if not any(clash in str(exc) for clash in PORT_CLASH) or attempt == PORT_ATTEMPTS:
+            if not port_clash(exc) or attempt == PORT_ATTEMPTS:
                 raise
             log.warning("%s: a port it was given was taken before it bound it; starting it on fresh ports", what)
     raise AssertionError("unreachable")

@@ -12,6 +12,7 @@ import functools
 import importlib
 import json
 import logging
+import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from pydantic import ValidationError
 from grpo.common.net import free_port
 from grpo.common.tiny_model import TINY_NAMES, ModelNotFound, check_model
 from grpo.local.preflight import hub_problem, redis_problem
-from grpo.local.procs import Child, Supervisor, http_ok, port_open
+from grpo.local.procs import PORT_ATTEMPTS, PORT_CLASH, Child, ChildFailed, Supervisor, http_ok, port_clash, port_open
 from grpo.local.redis_server import find_redis_server
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ SETTINGS = {
 
 # The sections whose service loads a model (`model`, and the trainer's stages); each checks it at start-up.
 MODEL_SECTIONS = ("rollout", "trainer")
+# A stage's `model: base` (the run's model) or `previous` (an earlier stage's final model): grpo.trainer.stages.
+STAGE_REFERENCES = ("base", "previous")
 
 
 class LaunchError(ValueError):
@@ -56,6 +59,7 @@ class StackSpec:
     replicas: int = 1
     trainer: dict[str, Any] | None = None
     start_timeout_s: float = 180.0
+    colocate: bool = False  # the trainer hosts a replica in its own process, with the rollout section's settings
 
 
 @dataclass
@@ -102,26 +106,36 @@ class Planned:
         return f"http://127.0.0.1:{self.values['http_port']}/healthz"
 
 
-def _ports(values: dict[str, Any]) -> dict[str, Any]:
+def _ports(values: dict[str, Any], taken: set[int]) -> dict[str, Any]:
+    """`values` with the ports not given filled in: free now, and none picked twice in one plan (`taken` grows)."""
     out = dict(values)
     for key in ("grpc_port", "http_port"):
-        if not out.get(key):
+        while not out.get(key) or (not values.get(key) and int(out[key]) in taken):
             out[key] = free_port()
+        taken.add(int(out[key]))
     return {k: str(v) if isinstance(v, Path) else v for k, v in out.items()}
 
 
-def plan_services(spec: StackSpec, redis_url: str, *, with_trainer: bool = True) -> list[Planned]:
-    """The settings each service will get (ports filled in, addresses tying them together)."""
-    reward = _ports({"host": "127.0.0.1", "workers": 1, **spec.reward})
+def plan_services(
+    spec: StackSpec, redis_url: str, *, with_trainer: bool = True, taken: set[int] | None = None
+) -> list[Planned]:
+    """The settings each service will get (ports filled in, none of `taken`, addresses tying them together)."""
+    taken = set(taken or ())
+    reward = _ports({"host": "127.0.0.1", "workers": 1, **spec.reward}, taken)
     planned = [Planned("reward", "reward", "grpo.reward", reward)]
     reward_addr = f"127.0.0.1:{reward['grpc_port']}"
     for i in range(spec.replicas):
         values = _ports({"engine": "hf", "torch_threads": 1, "host": "127.0.0.1", "advertise_host": "127.0.0.1",
                          "weights_data_port": 0, **spec.rollout, "redis_url": redis_url, "reward_addr": reward_addr, "run": spec.run_id,
-                         "replica_id": f"{spec.run_id}-rollout-{i}"})  # fmt: skip
+                         "replica_id": f"{spec.run_id}-rollout-{i}"}, taken)  # fmt: skip
         planned.append(Planned(f"rollout-{i}", "rollout", "grpo.rollout", values))
     if with_trainer and spec.trainer is not None:
-        values = _ports({"host": "127.0.0.1", **spec.trainer, "redis_url": redis_url, "run_id": spec.run_id})
+        trainer = {"host": "127.0.0.1", **spec.trainer, "redis_url": redis_url, "run_id": spec.run_id}
+        if spec.colocate:  # the rollout section without what the trainer sets (its model, run and Redis)
+            rollout = {k: v for k, v in spec.rollout.items() if k not in ("model", "run", "redis_url")}
+            trainer["colocate"] = {"host": "127.0.0.1", "advertise_host": "127.0.0.1", **rollout,
+                                   "reward_addr": reward_addr}  # fmt: skip
+        values = _ports(trainer, taken)
         planned.append(Planned("trainer", "trainer", "grpo.trainer", values))
     return planned
 
@@ -176,7 +190,8 @@ def models_to_load(values: dict[str, Any]) -> list[tuple[str, str]]:
     models = [("model", values["model"])] if isinstance(values.get("model"), str) else []
     stages = values.get("stages")
     for i, stage in enumerate(stages if isinstance(stages, list) else [], 1):  # 1-based, as the trainer names stages
-        if isinstance(stage, dict) and isinstance(stage.get("model"), str):
+        # `base` and `previous` name another model of the run (the trainer resolves them), not one to look for.
+        if isinstance(stage, dict) and isinstance(stage.get("model"), str) and stage["model"] not in STAGE_REFERENCES:
             models.append((f"stages[{i}].model", stage["model"]))
     return models
 
@@ -254,6 +269,17 @@ def start_redis(sup: Supervisor, run_dir: Path, port: int) -> Child:
     return sup.start("redis", cmd, port=port)
 
 
+def _retry_on_fresh_ports(exc: ChildFailed, spec: StackSpec) -> bool:
+    """Was a port we picked (not one the stack file gives, which a fresh plan would give again) taken before its
+    service bound it? Our services name the port; a bind error from deeper down does not, and is retried."""
+    if not port_clash(exc):
+        return False
+    named = re.search(r"port (\d+) \(", str(exc))
+    given = {int(v) for section in (spec.reward, spec.rollout, spec.trainer or {})
+             for k, v in section.items() if k.endswith("_port") and v}  # fmt: skip
+    return named is None or int(named.group(1)) not in given
+
+
 def start_services(sup: Supervisor, spec: StackSpec, *, with_trainer: bool = True) -> StackState:
     """Check that the Redis given answers, and every section's settings (LaunchError naming each problem, nothing
     started), then start everything in spec (Redis when no URL); returns when each is healthy. ChildFailed
@@ -265,7 +291,7 @@ def start_services(sup: Supervisor, spec: StackSpec, *, with_trainer: bool = Tru
     unreachable = redis_problem(spec.redis_url, spec.run_id) if spec.redis_url is not None else None
     if unreachable is not None:
         raise LaunchError(f"{unreachable}; nothing started")
-    planned = plan_services(spec, redis_url, with_trainer=with_trainer)
+    planned = plan_services(spec, redis_url, with_trainer=with_trainer, taken={redis_port})
     hub = Hub()
     problems = settings_problems(planned, hub)
     if problems:
@@ -276,9 +302,22 @@ def start_services(sup: Supervisor, spec: StackSpec, *, with_trainer: bool = Tru
     if spec.redis_url is None:
         redis = start_redis(sup, run_dir, redis_port)
         sup.wait_ready(redis, lambda: port_open(redis_port), 30.0)
-    children = [(_service(sup, run_dir, service, env), service) for service in planned]
-    for child, service in children:
-        sup.wait_ready(child, functools.partial(http_ok, service.health_url), timeout)
+    first = len(sup.children)
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            children = [(_service(sup, run_dir, service, env), service) for service in planned]
+            for child, service in children:
+                sup.wait_ready(child, functools.partial(http_ok, service.health_url), timeout)
+            break
+        except ChildFailed as exc:
+            if attempt == PORT_ATTEMPTS or not _retry_on_fresh_ports(exc, spec):
+                raise
+            # The ports tie the services together (the reward's address is in every other's settings): all of
+            # them start again, on a new plan. Nothing has trained yet; Redis keeps its port.
+            clash = next(line for line in str(exc).splitlines() if any(c in line for c in PORT_CLASH))
+            log.warning("%s: %s; starting the services again on fresh ports", str(exc).split(" ", 1)[0], clash)
+            sup.stop_since(first)
+            planned = plan_services(spec, redis_url, with_trainer=with_trainer, taken={redis_port})
     reward = planned[0].values
     trainer = next((s.values for s in planned if s.section == "trainer"), None)
     return StackState(

@@ -19,6 +19,9 @@ from grpo.local.stack import StackState
 
 TRAINER_FIELDS = ("phase", "stage", "step", "total_steps", "policy_version", "tasks_published", "groups_trained",
                   "dropped", "in_flight", "duplicates", "superseded", "error", "eval_history")  # fmt: skip
+# A finding of the trainer's live doctor, as /v1/status reports it (grpo.trainer.live_doctor): every 10 steps it runs
+# `grpo doctor`'s rules over the rows so far, and the list holds those that fire now (empty while the run looks healthy).
+DOCTOR_FIELDS = ("rule", "symptom", "evidence", "remedy")
 LAST_TRAINER_STATUS = "trainer_status.json"  # what `grpo status` last heard from the trainer, for after it exits
 SUMMARY_FIELDS = ("eval_accuracy_before", "eval_accuracy_after", "eval_after_evaluations", "grpo_steps",
                   "wall_seconds")  # fmt: skip
@@ -72,7 +75,8 @@ def trainer_status(state: StackState, live: dict[str, Any] | None, table: list[d
     last one heard, corrected by what the run folder says of how the run ended."""
     remembered = Path(state.run_dir) / LAST_TRAINER_STATUS
     if live is not None:
-        section = {"trainer": {k: live.get(k) for k in TRAINER_FIELDS}, "last_metrics": live.get("metrics", {})}
+        section = {"trainer": {k: live.get(k) for k in TRAINER_FIELDS}, "last_metrics": live.get("metrics", {}),
+                   "doctor": doctor_findings(live)}  # fmt: skip
         remembered.write_text(json.dumps(section))
         section["trainer"].update(alive=True, finished=live.get("phase") == "done")
         return section
@@ -91,6 +95,14 @@ def trainer_status(state: StackState, live: dict[str, Any] | None, table: list[d
     elif not trainer.get("phase"):
         trainer["phase"] = "not answering yet"  # alive, never heard: still loading its model, most likely
     return section
+
+
+def doctor_findings(live: dict[str, Any]) -> list[dict[str, str]]:
+    """The trainer's current doctor findings from its /v1/status (none from a trainer too old to report them)."""
+    found = live.get("doctor")
+    if not isinstance(found, list):
+        return []
+    return [{k: str(f.get(k, "")) for k in DOCTOR_FIELDS} for f in found if isinstance(f, dict)]
 
 
 def trainer_config(state: StackState) -> dict[str, Any]:
@@ -137,8 +149,10 @@ def stage_dir(output: Path, index: int, stage: dict[str, Any]) -> Path:
 
 
 def stage_done(folder: Path) -> bool:
-    """A stage is finished once its outcome and its whole final model are written (grpo.trainer.stages)."""
-    return (folder / "stage.json").is_file() and (folder / "final" / "config.json").is_file()
+    """A stage is finished once its outcome and what it makes are written (grpo.trainer.stages.read_outcome): its
+    whole final model, or a rejection-sampling stage's data."""
+    made = "data.jsonl" if folder.name.endswith("-rejection_sampling") else "final/config.json"
+    return (folder / "stage.json").is_file() and (folder / made).is_file()
 
 
 def ended(trainer: dict[str, Any], log_path: Path | None) -> None:

@@ -188,14 +188,30 @@ def read_config_file(path: Path) -> dict[str, Any]:
 PLAIN_METAVARS = {"int": "N", "float": "NUMBER", "str": "TEXT", "Path": "PATH", "bool": "{true,false}"}
 
 
+def _top_level_parts(metavar: str) -> list[str]:
+    """`Path,list[{str,dict}]` → [`Path`, `list[{str,dict}]`]: split at the commas outside brackets and braces."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(metavar):
+        depth += (ch in "[{") - (ch in "]}")
+        if ch == "," and depth == 0:
+            parts.append(metavar[start:i])
+            start = i + 1
+    return [*parts, metavar[start:]]
+
+
 def plain_metavar(metavar: str) -> str:
     """`{Path,None}` → PATH, `{{k1,k2},None}` → {k1,k2}, `list[str]` → LIST, `dict[str,float]` → MAPPING."""
     if metavar.startswith("{") and metavar.endswith(",None}"):  # optional: leaving the flag out is the None
         metavar = metavar[1 : -len(",None}")]
+    parts = _top_level_parts(metavar)
+    if len(parts) > 1 and not metavar.startswith("{"):  # a union, e.g. `Path,list[...]` → PATH|LIST
+        return "|".join(plain_metavar(part) for part in parts)
     if metavar.startswith(("list[", "tuple[", "set[")):
         return "LIST"
     if metavar.startswith("dict["):
         return "MAPPING"
+    if metavar.startswith("{bool,"):  # a switch with a third word, e.g. `{bool,auto}` → {true,false,auto}
+        return "{true,false," + metavar[len("{bool,") :]
     return PLAIN_METAVARS.get(metavar, metavar)
 
 

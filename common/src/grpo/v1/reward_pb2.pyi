@@ -267,8 +267,14 @@ class OverlongCheck(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., buffer_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class RewardModelCheck(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("normalize", "shift", "scale")
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    SHIFT_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    normalize: str
+    shift: float
+    scale: float
+    def __init__(self, normalize: _Optional[str] = ..., shift: _Optional[float] = ..., scale: _Optional[float] = ...) -> None: ...
 
 class PluginCheck(_message.Message):
     __slots__ = ("kwargs_json",)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15grpo/v1/trainer.proto\x12\x07grpo.v1\"\x15\n\x13GetRunStatusRequest\"\xd4\x04\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05phase\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x04 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x17\n\x0ftasks_published\x18\x06 \x01(\x03\x12\x16\n\x0egroups_trained\x18\x07 \x01(\x03\x12\x30\n\x07\x64ropped\x18\x08 \x03(\x0b\x32\x1f.grpo.v1.RunStatus.DroppedEntry\x12\x11\n\tin_flight\x18\t \x01(\x03\x12&\n\x08replicas\x18\n \x03(\x0b\x32\x14.grpo.v1.ReplicaInfo\x12\x30\n\x07metrics\x18\x0b \x03(\x0b\x32\x1f.grpo.v1.RunStatus.MetricsEntry\x12\x12\n\nduplicates\x18\x0c \x01(\x03\x12\x12\n\nsuperseded\x18\r \x01(\x03\x12\r\n\x05\x65rror\x18\x0e \x01(\t\x12(\n\x0c\x65val_history\x18\x0f \x03(\x0b\x32\x12.grpo.v1.EvalPoint\x12\r\n\x05stage\x18\x10 \x01(\t\x12%\n\x06stages\x18\x11 \x03(\x0b\x32\x15.grpo.v1.StageOutcome\x12&\n\tlast_eval\x18\x12 \x01(\x0b\x32\x13.grpo.v1.EvalResult\x1a.\n\x0c\x44roppedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"}\n\nEvalResult\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x31\n\x07metrics\x18\x02 \x03(\x0b\x32 .grpo.v1.EvalResult.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"+\n\tEvalPoint\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x10\n\x08\x61\x63\x63uracy\x18\x02 \x01(\x01\"l\n\x0cStageOutcome\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\r\n\x05steps\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x0e\n\x06\x66older\x18\x05 \x01(\t\x12\x0f\n\x07outcome\x18\x06 \x01(\t\"_\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x13\n\x0blast_seen_s\x18\x04 \x01(\x01\"\x17\n\x15SaveCheckpointRequest\"4\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"\r\n\x0bStopRequest\"\x1c\n\x0cStopResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x32\xda\x01\n\x0eTrainerService\x12@\n\x0cGetRunStatus\x12\x1c.grpo.v1.GetRunStatusRequest\x1a\x12.grpo.v1.RunStatus\x12Q\n\x0eSaveCheckpoint\x12\x1e.grpo.v1.SaveCheckpointRequest\x1a\x1f.grpo.v1.SaveCheckpointResponse\x12\x33\n\x04Stop\x12\x14.grpo.v1.StopRequest\x1a\x15.grpo.v1.StopResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15grpo/v1/trainer.proto\x12\x07grpo.v1\"\x15\n\x13GetRunStatusRequest\"\xfc\x04\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05phase\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x04 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x17\n\x0ftasks_published\x18\x06 \x01(\x03\x12\x16\n\x0egroups_trained\x18\x07 \x01(\x03\x12\x30\n\x07\x64ropped\x18\x08 \x03(\x0b\x32\x1f.grpo.v1.RunStatus.DroppedEntry\x12\x11\n\tin_flight\x18\t \x01(\x03\x12&\n\x08replicas\x18\n \x03(\x0b\x32\x14.grpo.v1.ReplicaInfo\x12\x30\n\x07metrics\x18\x0b \x03(\x0b\x32\x1f.grpo.v1.RunStatus.MetricsEntry\x12\x12\n\nduplicates\x18\x0c \x01(\x03\x12\x12\n\nsuperseded\x18\r \x01(\x03\x12\r\n\x05\x65rror\x18\x0e \x01(\t\x12(\n\x0c\x65val_history\x18\x0f \x03(\x0b\x32\x12.grpo.v1.EvalPoint\x12\r\n\x05stage\x18\x10 \x01(\t\x12%\n\x06stages\x18\x11 \x03(\x0b\x32\x15.grpo.v1.StageOutcome\x12&\n\tlast_eval\x18\x12 \x01(\x0b\x32\x13.grpo.v1.EvalResult\x12&\n\x06\x64octor\x18\x13 \x03(\x0b\x32\x16.grpo.v1.DoctorFinding\x1a.\n\x0c\x44roppedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"P\n\rDoctorFinding\x12\x0c\n\x04rule\x18\x01 \x01(\t\x12\x0f\n\x07symptom\x18\x02 \x01(\t\x12\x10\n\x08\x65vidence\x18\x03 \x01(\t\x12\x0e\n\x06remedy\x18\x04 \x01(\t\"}\n\nEvalResult\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x31\n\x07metrics\x18\x02 \x03(\x0b\x32 .grpo.v1.EvalResult.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"+\n\tEvalPoint\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x10\n\x08\x61\x63\x63uracy\x18\x02 \x01(\x01\"l\n\x0cStageOutcome\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\r\n\x05steps\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x0e\n\x06\x66older\x18\x05 \x01(\t\x12\x0f\n\x07outcome\x18\x06 \x01(\t\"_\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x13\n\x0blast_seen_s\x18\x04 \x01(\x01\"\x17\n\x15SaveCheckpointRequest\"4\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"\r\n\x0bStopRequest\"\x1c\n\x0cStopResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x32\xda\x01\n\x0eTrainerService\x12@\n\x0cGetRunStatus\x12\x1c.grpo.v1.GetRunStatusRequest\x1a\x12.grpo.v1.RunStatus\x12Q\n\x0eSaveCheckpoint\x12\x1e.grpo.v1.SaveCheckpointRequest\x1a\x1f.grpo.v1.SaveCheckpointResponse\x12\x33\n\x04Stop\x12\x14.grpo.v1.StopRequest\x1a\x15.grpo.v1.StopResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,29 +40,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETRUNSTATUSREQUEST']._serialized_start=34
   _globals['_GETRUNSTATUSREQUEST']._serialized_end=55
   _globals['_RUNSTATUS']._serialized_start=58
-  _globals['_RUNSTATUS']._serialized_end=654
-  _globals['_RUNSTATUS_DROPPEDENTRY']._serialized_start=560
-  _globals['_RUNSTATUS_DROPPEDENTRY']._serialized_end=606
-  _globals['_RUNSTATUS_METRICSENTRY']._serialized_start=608
-  _globals['_RUNSTATUS_METRICSENTRY']._serialized_end=654
-  _globals['_EVALRESULT']._serialized_start=656
-  _globals['_EVALRESULT']._serialized_end=781
-  _globals['_EVALRESULT_METRICSENTRY']._serialized_start=608
-  _globals['_EVALRESULT_METRICSENTRY']._serialized_end=654
-  _globals['_EVALPOINT']._serialized_start=783
-  _globals['_EVALPOINT']._serialized_end=826
-  _globals['_STAGEOUTCOME']._serialized_start=828
-  _globals['_STAGEOUTCOME']._serialized_end=936
-  _globals['_REPLICAINFO']._serialized_start=938
-  _globals['_REPLICAINFO']._serialized_end=1033
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=1035
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1058
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=1060
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1112
-  _globals['_STOPREQUEST']._serialized_start=1114
-  _globals['_STOPREQUEST']._serialized_end=1127
-  _globals['_STOPRESPONSE']._serialized_start=1129
-  _globals['_STOPRESPONSE']._serialized_end=1157
-  _globals['_TRAINERSERVICE']._serialized_start=1160
-  _globals['_TRAINERSERVICE']._serialized_end=1378
+  _globals['_RUNSTATUS']._serialized_end=694
+  _globals['_RUNSTATUS_DROPPEDENTRY']._serialized_start=600
+  _globals['_RUNSTATUS_DROPPEDENTRY']._serialized_end=646
+  _globals['_RUNSTATUS_METRICSENTRY']._serialized_start=648
+  _globals['_RUNSTATUS_METRICSENTRY']._serialized_end=694
+  _globals['_DOCTORFINDING']._serialized_start=696
+  _globals['_DOCTORFINDING']._serialized_end=776
+  _globals['_EVALRESULT']._serialized_start=778
+  _globals['_EVALRESULT']._serialized_end=903
+  _globals['_EVALRESULT_METRICSENTRY']._serialized_start=648
+  _globals['_EVALRESULT_METRICSENTRY']._serialized_end=694
+  _globals['_EVALPOINT']._serialized_start=905
+  _globals['_EVALPOINT']._serialized_end=948
+  _globals['_STAGEOUTCOME']._serialized_start=950
+  _globals['_STAGEOUTCOME']._serialized_end=1058
+  _globals['_REPLICAINFO']._serialized_start=1060
+  _globals['_REPLICAINFO']._serialized_end=1155
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=1157
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1180
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=1182
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1234
+  _globals['_STOPREQUEST']._serialized_start=1236
+  _globals['_STOPREQUEST']._serialized_end=1249
+  _globals['_STOPRESPONSE']._serialized_start=1251
+  _globals['_STOPRESPONSE']._serialized_end=1279
+  _globals['_TRAINERSERVICE']._serialized_start=1282
+  _globals['_TRAINERSERVICE']._serialized_end=1500
 # @@protoc_insertion_point(module_scope)

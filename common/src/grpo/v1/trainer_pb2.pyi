@@ -11,7 +11,7 @@ class GetRunStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RunStatus(_message.Message):
-    __slots__ = ("run_id", "phase", "step", "total_steps", "policy_version", "tasks_published", "groups_trained", "dropped", "in_flight", "replicas", "metrics", "duplicates", "superseded", "error", "eval_history", "stage", "stages", "last_eval")
+    __slots__ = ("run_id", "phase", "step", "total_steps", "policy_version", "tasks_published", "groups_trained", "dropped", "in_flight", "replicas", "metrics", "duplicates", "superseded", "error", "eval_history", "stage", "stages", "last_eval", "doctor")
     class DroppedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class RunStatus(_message.Message):
     STAGE_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
     LAST_EVAL_FIELD_NUMBER: _ClassVar[int]
+    DOCTOR_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     phase: str
     step: int
@@ -62,7 +63,20 @@ class RunStatus(_message.Message):
     stage: str
     stages: _containers.RepeatedCompositeFieldContainer[StageOutcome]
     last_eval: EvalResult
-    def __init__(self, run_id: _Optional[str] = ..., phase: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., tasks_published: _Optional[int] = ..., groups_trained: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., in_flight: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., duplicates: _Optional[int] = ..., superseded: _Optional[int] = ..., error: _Optional[str] = ..., eval_history: _Optional[_Iterable[_Union[EvalPoint, _Mapping]]] = ..., stage: _Optional[str] = ..., stages: _Optional[_Iterable[_Union[StageOutcome, _Mapping]]] = ..., last_eval: _Optional[_Union[EvalResult, _Mapping]] = ...) -> None: ...
+    doctor: _containers.RepeatedCompositeFieldContainer[DoctorFinding]
+    def __init__(self, run_id: _Optional[str] = ..., phase: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., tasks_published: _Optional[int] = ..., groups_trained: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., in_flight: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., duplicates: _Optional[int] = ..., superseded: _Optional[int] = ..., error: _Optional[str] = ..., eval_history: _Optional[_Iterable[_Union[EvalPoint, _Mapping]]] = ..., stage: _Optional[str] = ..., stages: _Optional[_Iterable[_Union[StageOutcome, _Mapping]]] = ..., last_eval: _Optional[_Union[EvalResult, _Mapping]] = ..., doctor: _Optional[_Iterable[_Union[DoctorFinding, _Mapping]]] = ...) -> None: ...
+
+class DoctorFinding(_message.Message):
+    __slots__ = ("rule", "symptom", "evidence", "remedy")
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    SYMPTOM_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    REMEDY_FIELD_NUMBER: _ClassVar[int]
+    rule: str
+    symptom: str
+    evidence: str
+    remedy: str
+    def __init__(self, rule: _Optional[str] = ..., symptom: _Optional[str] = ..., evidence: _Optional[str] = ..., remedy: _Optional[str] = ...) -> None: ...
 
 class EvalResult(_message.Message):
     __slots__ = ("step", "metrics")

@@ -34,6 +34,15 @@ TRUNCATION_RISE = 0.05
 # all-wrong (0.5^8·2 < 1 % at G = 8); when half the groups are, prompts are split into solved and unsolvable.
 IMBALANCE_ZERO_VARIANCE = 0.5
 IMBALANCE_EXCESS = 0.4  # how far the observed fraction must exceed what one shared difficulty would give
+# With direct evidence, each side (all-right groups, all-wrong groups) must hold a fifth of the groups: one side
+# alone is a prompt set too easy or too hard (zero_variance's symptom), not one split in two.
+SPLIT_SIDE_MIN = 0.2
+# unbalanced_groups' remedy: difficulty buckets (docs/algorithms.md), with refill for the flat groups that remain.
+BUCKETS_REMEDY = (
+    "difficulty buckets: skip_solved_after: 2 and set_aside_after: 4 pass over the prompts every sample solves or none "
+    "does (docs/algorithms.md); DAPO's dynamic sampling (refill_zero_variance: true) replaces the flat groups left"
+)
+BUCKETS_SETTINGS = ("skip_solved_after", "set_aside_after", "refill_zero_variance")
 MIDDLING_ACCURACY = (0.2, 0.8)  # outside it, all-right (or all-wrong) groups are expected of any prompt set
 # Without the run's settings, the smallest group there is: its expected all-equal fraction is the largest, so
 # the imbalance rule errs towards silence.
@@ -79,7 +88,13 @@ def zero_variance(rows: MetricRows, settings: RunSettings) -> Finding | None:
 
 
 def unbalanced_groups(rows: MetricRows, settings: RunSettings) -> Finding | None:
-    """Reward very unbalanced across groups: prompts split into always-solved and never-solved."""
+    """Reward very unbalanced across groups: prompts split into always-solved and never-solved. Judged on the
+    trainer's direct evidence (groups/all_solved_fraction, groups/none_solved_fraction) when it logged them, else
+    inferred from the zero-variance fraction at a middling accuracy (an older metrics file)."""
+    solved = first_and_last(series(rows, "groups/all_solved_fraction"))
+    unsolved = first_and_last(series(rows, "groups/none_solved_fraction"))
+    if solved is not None and unsolved is not None:
+        return _split_groups(solved[1], unsolved[1], settings)
     zv = first_and_last(series(rows, "groups/zero_variance_fraction"))
     acc = first_and_last(series(rows, "rollout/accuracy"))
     if zv is None or acc is None:
@@ -96,10 +111,31 @@ def unbalanced_groups(rows: MetricRows, settings: RunSettings) -> Finding | None
         evidence=f"{late_zv.describe()} at a batch accuracy of {p:.3g} ({acc[1].key}, same steps), where prompts of "
         f"one difficulty would give {expected:.2g} all-equal groups of {g}"
         + ("" if settings.group_size else " (group size unknown: assumed 2)"),
-        remedy="bucket the prompts by difficulty and sample groups per bucket; until then, DAPO's dynamic sampling "
-        "(refill_zero_variance: true) at least replaces the groups that teach nothing",
-        settings=("refill_zero_variance",),
+        remedy=BUCKETS_REMEDY,
+        settings=BUCKETS_SETTINGS,
         steps=late_zv.span,
+    )
+
+
+def _split_groups(solved: Series, unsolved: Series, settings: RunSettings) -> Finding | None:
+    """unbalanced_groups on the last window's all-right and all-wrong group shares: both sides well present, and
+    together far more than prompts of one difficulty at the same accuracy would give."""
+    a, n = solved.mean(), unsolved.mean()
+    g = settings.group_size or UNKNOWN_GROUP_SIZE
+    # The batch accuracy those shares imply at the least (the mixed groups' samples are not known): a/(a+n).
+    p = a / (a + n) if a + n > 0 else 0.5
+    expected = p**g + (1 - p) ** g
+    if min(a, n) < SPLIT_SIDE_MIN or a + n < max(IMBALANCE_ZERO_VARIANCE, expected + IMBALANCE_EXCESS):
+        return None
+    return Finding(
+        rule="unbalanced_groups",
+        symptom="reward very unbalanced across groups: prompts are either always solved or never",
+        evidence=f"{solved.describe()} all right and {unsolved.key} {n:.3g} all wrong (same steps): "
+        f"{a + n:.2g} of the groups teach nothing, where prompts of one difficulty would give {expected:.2g} "
+        f"all-equal groups of {g}" + ("" if settings.group_size else " (group size unknown: assumed 2)"),
+        remedy=BUCKETS_REMEDY,
+        settings=BUCKETS_SETTINGS,
+        steps=solved.span,
     )
 
 

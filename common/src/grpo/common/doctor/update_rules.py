@@ -8,6 +8,7 @@ Learner's metrics of a step's update (grpo.algo.loss's diagnostics), time/* and 
 from __future__ import annotations
 
 import statistics
+from itertools import pairwise
 
 from grpo.common.doctor.series import (
     MIN_TREND_STEPS,
@@ -72,13 +73,8 @@ def kl_spike(rows: MetricRows, settings: RunSettings) -> Finding | None:
     else:
         assert high is not None
         evidence, steps = high.describe(), high.span
-    small_beta = settings.beta is not None and settings.beta < BETA_SMALL
-    no_refresh = settings.ref_refresh_steps == 0 or (
-        settings.ref_refresh_steps is not None and settings.ref_refresh_steps > steps[1]
-    )
-    known = f"; beta {settings.beta:g}" if settings.beta is not None else "; beta unknown"
-    known += f", ref_refresh_steps {settings.ref_refresh_steps}" if settings.ref_refresh_steps is not None else ""
-    if small_beta or no_refresh or settings.beta is None:
+    beta, no_refresh, known = _reference_facts(rows, settings, steps[1])
+    if beta is None or beta < BETA_SMALL or no_refresh:
         remedy = (
             "raise beta (R1: 0.001 with a refresh; 0.01–0.04 without one), or turn the reference refresh on or make "
             "it more frequent (ref_refresh_steps)"
@@ -95,6 +91,36 @@ def kl_spike(rows: MetricRows, settings: RunSettings) -> Finding | None:
         settings=names,
         steps=steps,
     )
+
+
+def _until(s: Series, step: int) -> Series:
+    return s.at_steps([x for x in s.steps if x <= step])
+
+
+def _reference_facts(rows: MetricRows, settings: RunSettings, until: int) -> tuple[float | None, bool, str]:
+    """(β, whether the reference was never refreshed up to step `until`, how the evidence says so): from the
+    trainer's own rows (train/beta, train/steps_since_ref_refresh) when it logged them, else from the settings
+    (an older metrics file, whose rows hold neither)."""
+    logged_beta = _until(series(rows, "train/beta"), until)
+    age = _until(series(rows, "train/steps_since_ref_refresh"), until)
+    beta: float | None
+    if len(logged_beta):
+        beta = logged_beta.values[-1]
+        known = f"; beta {beta:g} (train/beta)"
+    else:
+        beta = settings.beta
+        known = f"; beta {beta:g}" if beta is not None else "; beta unknown"
+    if len(age):
+        # The reference's age drops (or is 0) right after a refresh; -1: the run never refreshes it.
+        ages = age.values
+        no_refresh = 0 not in ages and all(b >= a for a, b in pairwise(ages))
+        known += ", no reference refresh" if no_refresh else ", reference refreshed"
+        known += f" up to step {age.steps[-1]} (train/steps_since_ref_refresh)"
+        return beta, no_refresh, known
+    every = settings.ref_refresh_steps
+    no_refresh = every == 0 or (every is not None and every > until)
+    known += f", ref_refresh_steps {every}" if every is not None else ""
+    return beta, no_refresh, known
 
 
 def clip_ratio(rows: MetricRows, settings: RunSettings) -> Finding | None:
@@ -128,14 +154,22 @@ def logprob_mismatch(rows: MetricRows, settings: RunSettings) -> Finding | None:
         evidence.append(capped)
     if not evidence:
         return None
+    steps = (min(s.span[0] for s in evidence), max(s.span[1] for s in evidence))
+    # Without sampler_exact, π_old is the trainer's current policy: a group made by older weights moves the TIS
+    # weights as much as a sampler that computes the same weights differently does.
+    lag = series(rows, "staleness/mean").at_steps(range(steps[0], steps[1] + 1))
+    stale = len(lag) > 0 and lag.mean() > 0
     return Finding(
         rule="logprob_mismatch",
-        symptom="the sampler's log-probs disagree with the trainer's for the same weights",
-        evidence="; ".join(s.describe() for s in evidence),
+        symptom="the sampler's log-probs disagree with the trainer's: "
+        + ("older weights (the groups lag the policy) or " if stale else "")
+        + "the same weights computed differently",
+        evidence="; ".join(s.describe() for s in evidence)
+        + (f"; {lag.describe()}: the sampled weights are older than the trainer's" if stale else ""),
         remedy="check that weight pushes land (push/failed); sample in fp32 (rollout.dtype) and reuse its exact "
         "log-probs (sampler_exact: true, precision fp32); with vLLM or bf16 keep TIS on (tis_cap, 2 is usual)",
         settings=("sampler_exact", "tis_cap", "rollout.dtype"),
-        steps=(min(s.span[0] for s in evidence), max(s.span[1] for s in evidence)),
+        steps=steps,
     )
 
 
@@ -152,13 +186,20 @@ def stale_drops(rows: MetricRows, settings: RunSettings) -> Finding | None:
     allowed = f" (max_staleness {settings.max_staleness})" if settings.max_staleness is not None else ""
     steps = series(rows, "groups/stale")
     hit = [s for s, v in zip(steps.steps, steps.values, strict=True) if v > 0]
+    # The trainer publishes at most max_staleness + 1 batches ahead and a replica takes no task made under weights
+    # it lacks, so groups go stale mostly where a replica's pushes fail and it keeps generating from old weights.
+    failed = _total(rows, "push/failed")
+    pushes = f"; push/failed {failed:g}: weight pushes did not land" if failed else ""
     return Finding(
         rule="stale_drops",
         symptom="groups dropped as too stale" + allowed,
         evidence=f"groups/stale {stale:g} of {resolved:g} resolved groups ({stale / resolved:.0%}), at {len(hit)} "
-        f"step(s) from {hit[0]} to {hit[-1]}",
-        remedy="raise max_staleness (keep the off-policy correction: sampler_exact, or tis_cap), or keep fewer "
-        "groups in flight (fewer stack.replicas or a smaller prompts_per_step)",
+        f"step(s) from {hit[0]} to {hit[-1]}" + pushes,
+        remedy=(
+            "first make the weight pushes land (the trainer's log names the replica and why); then " if failed else ""
+        )
+        + "raise max_staleness (keep the off-policy correction: sampler_exact, or tis_cap), or keep "
+        "fewer groups in flight (fewer stack.replicas or a smaller prompts_per_step)",
         settings=("max_staleness", "prompts_per_step", "stack.replicas"),
         steps=(hit[0], hit[-1]),
     )

@@ -18,6 +18,7 @@ from typing import Any, cast
 from grpo.reward import metrics
 from grpo.reward.cancellation import request_sandbox
 from grpo.reward.errors import DeadlineExceeded
+from grpo.reward.math_tasks import check_gold, verify_math
 from grpo.reward.output import Returned, encode, returned_stderr, returned_stdout, share
 from grpo.reward.plugin_threads import PluginThreads, PluginTimeout, contained
 from grpo.reward.pool import DeadlinePassed, PoolFull, TaskTimeout, WorkerPool
@@ -27,6 +28,7 @@ from grpo.reward.schemas import (
     ExecStatus,
     ExecuteRequest,
     ExecuteResponse,
+    RewardModelCheck,
     ScoreItem,
     ScoreResult,
     Verdict,
@@ -37,10 +39,10 @@ from grpo.reward.scoring import code_judgement, combine, math_judgement
 from grpo.reward.settings import RewardSettings
 from grpo.reward.verifiers.format import format_reward
 from grpo.reward.verifiers.language import language_reward
-from grpo.reward.verifiers.math import check_gold, verify_math
 from grpo.reward.verifiers.overlong import overlong_reward
 from grpo.reward.verifiers.plugins import RewardFn, load_plugins, run_plugin
 from grpo.reward.verifiers.result import Judgement
+from grpo.reward.verifiers.reward_model import normalized
 from grpo.reward.verifiers.steps import STEP_RULES, StepJudgement, cut_at
 
 log = logging.getLogger(__name__)
@@ -350,7 +352,7 @@ class ScoreBatch:
 
         def run() -> list[Judgement]:
             scores = model.score([i.prompt for i in items], [i.completion for i in items])
-            return [_model_judgement(s) for s in scores]
+            return [_model_judgement(s, i.checks.reward_model) for s, i in zip(scores, items, strict=True)]
 
         timeout = self.deadline - time.monotonic()
         return await self._in_thread("reward_model", run, [i.id for i in items], timeout)
@@ -465,11 +467,16 @@ def _failed_test(why: str, keep: int) -> CodeTestResult:
     )
 
 
-def _model_judgement(score: float) -> Judgement:
-    """A reward model's score; nan or ±inf (a broken forward pass) fails that item, never reaches the sum."""
-    if not math.isfinite(score):
-        return Judgement(None, "error", f"reward model returned {score}")
-    return Judgement(score, "ok")
+def _model_judgement(logit: float, check: RewardModelCheck | None) -> Judgement:
+    """A reward model's logit, normalised as the item's check asks (the detail keeps the logit); nan or ±inf (a
+    broken forward pass) fails that item, never reaches the sum."""
+    if not math.isfinite(logit):
+        return Judgement(None, "error", f"reward model returned {logit}")
+    check = check or RewardModelCheck()
+    score = normalized(logit, check.normalize, check.shift, check.scale)
+    if not math.isfinite(score):  # a finite logit over a tiny scale: the item's settings, said as such
+        return Judgement(None, "error", f"(logit {logit:.9g} - shift) / scale {check.scale:g} is {score}")
+    return Judgement(score, "ok", f"logit {logit:.9g}")
 
 
 def prm_spans(item: ScoreItem) -> list[tuple[int, int]]:

@@ -201,7 +201,11 @@ class RewardCore:
                 self._check_language(f"items[{i}].checks.code.language", checks.code.language, checks.code.tests)
                 self._check_checker(f"items[{i}].checks.code.checker.language", checks.code.checker)
             if checks.reward_model is not None and self.components.reward_model is None:
-                raise InputError(f"items[{i}]: the reward_model component is not enabled on this server")
+                raise InputError(
+                    f"items[{i}]: the reward_model component is not enabled on this server: start it with "
+                    "reward_model_path (--reward-model-path, GRPO_REWARD_REWARD_MODEL_PATH), or drop reward_model "
+                    "from the checks"
+                )
             if checks.steps is not None and checks.steps.source == "prm" and self.components.prm is None:
                 raise InputError(f"items[{i}]: steps from a process reward model need the server's prm_path setting")
             unknown = sorted(set(checks.plugins) - set(self.components.plugins))

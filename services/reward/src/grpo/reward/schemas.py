@@ -77,7 +77,7 @@ class MathOptions(Model):
         return value
 
     def math_options(self) -> Any:
-        from grpo.reward.verifiers.math import MathOptions as Options
+        from grpo.reward.verifiers.math_types import MathOptions as Options
 
         return Options(tuple(self.extraction), self.precision, self.strict, self.allow_set_relation_comp)
 
@@ -320,7 +320,17 @@ class OverlongCheck(Model):
 
 
 class RewardModelCheck(Model):
-    pass
+    """How the reward model's first logit becomes the component's score (docs/reward.md "Hybrid reward")."""
+
+    normalize: Literal["none", "sigmoid"] = Field(
+        default="none",
+        description="none: (logit - shift) / scale, unbounded (the raw logit with the defaults); "
+        "sigmoid: sigmoid((logit - shift) / scale), in (0, 1) like the rule components.",
+    )
+    shift: Annotated[float, NotNan] = Field(default=0.0, allow_inf_nan=False, description="Subtracted from the logit.")
+    scale: Annotated[float, NotNan] = Field(
+        default=1.0, gt=0, allow_inf_nan=False, description="The shifted logit is divided by it; > 0."
+    )
 
 
 class PluginCheck(Model):

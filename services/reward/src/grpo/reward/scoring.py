@@ -18,7 +18,7 @@ Per component:
 | format | 1 / 0.5 (a block empty) / 0 | — | — |
 | language | share of target-language words (0 when the reasoning has none) | target auto with a prompt that has no words | — |
 | overlong | 0 … -1 | — | — |
-| reward_model | the model's first logit | — | the model raised, or returned nan / ±inf for the item |
+| reward_model | the model's first logit, normalised as the check asks: (logit - shift) / scale, through a sigmoid with normalize sigmoid | — | the model raised, or returned nan / ±inf for the item, or the scale made the score infinite |
 | plug-ins | the returned real number (bool as 1 / 0) | the plug-in returned None | it raised (SystemExit too), hung past plugin_timeout_s, returned a non-number (a string too), nan, ±inf, a number too large for a float, or the wrong count |
 
 Step scores (checks.steps) are reported beside the reward, never folded into it: 1 / 0 from a rule, a

@@ -107,8 +107,10 @@ def relayer(settings: RolloutSettings, service: RolloutService) -> Relayer:
                    rate=send_rate(settings.weights_send_rate_mb_s))  # fmt: skip
 
 
-def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutService]:
-    log.info("starting: loading %s with the %s engine", settings.model, settings.engine)
+def start(settings: RolloutSettings, engine: Engine | None = None) -> tuple[GrpcServer, HttpServer, RolloutService]:
+    """The servers up around `engine` (default: the one the settings name, loaded here)."""
+    if engine is None:
+        log.info("starting: loading %s with the %s engine", settings.model, settings.engine)
     if warning := exposure_warning(settings.host, settings.token, "GRPO_ROLLOUT_"):
         log.warning(warning)  # UpdateWeights would take a policy from anyone: said, not refused (no code runs)
     # Heavy imports (torch, transformers) only after the settings are known to be valid.
@@ -127,7 +129,7 @@ def start(settings: RolloutSettings) -> tuple[GrpcServer, HttpServer, RolloutSer
     check_ports(settings, "grpc_port", "http_port", *(["weights_data_port"] if settings.weights_data_port > 0 else []))
     model = resolve_model(settings.model)
     limits = Limits(settings.max_prompts, settings.max_n, settings.max_new_tokens_cap)
-    service = RolloutService(build_engine(settings, model), model, settings.replica_id, limits)
+    service = RolloutService(engine or build_engine(settings, model), model, settings.replica_id, limits)
     method_tokens: MethodTokens = {}
     if settings.weights_token:
         method_tokens[UPDATE_METHOD] = settings.weights_token

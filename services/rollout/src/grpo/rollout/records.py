@@ -165,8 +165,11 @@ def _step_token_ends(decode: Callable[[list[int]], str], c: Any, steps: Sequence
     return token_ends(decode, c.token_ids, c.text, ends)
 
 
-def batches(entries: Sequence[Entry[queue_pb2.PromptTask]], size: int) -> list[list[Entry[queue_pb2.PromptTask]]]:
-    """Tasks with identical sampling params (and episode rules), in arrival order, at most `size` per engine call."""
+def batches(
+    entries: Sequence[Entry[queue_pb2.PromptTask]], size: int, eval_size: int | None = None
+) -> list[list[Entry[queue_pb2.PromptTask]]]:
+    """Tasks with identical sampling params (and episode rules), in arrival order, at most `size` per engine call
+    (evaluation tasks: `eval_size`, by default `size`)."""
     by_params: dict[tuple[bytes, bytes | None], list[list[Entry[queue_pb2.PromptTask]]]] = {}
     for entry in entries:
         assert entry.message is not None
@@ -175,7 +178,7 @@ def batches(entries: Sequence[Entry[queue_pb2.PromptTask]], size: int) -> list[l
         episode = task.episode.SerializeToString(deterministic=True) if task.HasField("episode") else None
         key = (task.sampling.SerializeToString(deterministic=True), episode)
         groups = by_params.setdefault(key, [[]])
-        if len(groups[-1]) == size:
+        if len(groups[-1]) == (eval_size or size if task.eval else size):
             groups.append([])
         groups[-1].append(entry)
     return [b for groups in by_params.values() for b in groups]

@@ -9,10 +9,11 @@ says so through `on_whole` (__main__ sets the gRPC health status with it).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +121,13 @@ class RolloutService:
         tokens = sum(len(s.token_ids) for o in outputs for s in o.samples)
         self.stats.record(tokens, time.monotonic() - start, source)
         return outputs, version, checksum
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No generation while inside (a call in progress is waited for): a colocated trainer updates the weights
+        this engine reads in place (grpo.trainer.colocated), and tells the new version before leaving."""
+        with self._gen_lock:
+            yield
 
     def load_weights(self, version: int, checksum: str, tensors: dict[str, Any]) -> None:
         """Swap checked weights in between generation calls (WeightUpdates calls this, in version order).

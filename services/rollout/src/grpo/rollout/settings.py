@@ -90,6 +90,10 @@ class RolloutSettings(ServiceSettings):
     """PEM root certificates to verify the reward service's TLS certificate; plaintext when unset."""
     worker_batch_tasks: int = Field(4, ge=1)
     """Most tasks generated together in one engine call (the engine batches prompts × n)."""
+    worker_eval_batch_tasks: int = Field(64, ge=1)
+    """Most evaluation tasks generated together in one engine call. They ask for one greedy answer each, so
+    worker_batch_tasks of them would leave the engine's batch nearly empty (bench/bench_eval.py: 4 per call made a
+    500-problem evaluation 5.5× an in-process loop's time, 64 per call 1.5×)."""
     worker_block_ms: int = Field(1000, ge=1, le=5000)
     """How long one read waits for new tasks; bounds how fast a stop is noticed."""
     reclaim_idle_s: float = Field(30.0, gt=0)

@@ -106,6 +106,7 @@ class WeightUpdates:
         self._pending: list[int] = []  # versions received and waiting to apply
         self._pending_lock = threading.Lock()
         self.broadcast = BroadcastMember()  # the trainer's broadcast group, once an update invites us
+        self.refusal: str | None = None  # why this replica takes no update at all (a colocated one: its trainer's)
 
     def source(self, data_token: str | None, broadcast: str | None = None) -> WeightSource:
         """Where an UpdateWeights call's bytes come from: the broadcast its invitation names, the data port
@@ -136,6 +137,12 @@ class WeightUpdates:
         replica's own apply, and kept until they have all answered.
         """
         start = time.monotonic()
+        if self.refusal is not None:
+            source.abandon()
+            if relay is not None:
+                relay.join()
+            self.metrics.updates.labels("rejected").inc()
+            raise WeightUpdateError(self.refusal, precondition=True)
         if not self._slots.acquire(blocking=False):
             self.metrics.updates.labels("busy").inc()
             source.abandon()

@@ -296,7 +296,11 @@ class RolloutWorker:
             self.stats.add("reclaimed", len(reclaimed))
             log.info("reclaimed %d idle task(s)", len(reclaimed))
             return reclaimed
-        return self.queue.read_tasks(self.replica_id, n, self.options.worker_block_ms)
+        entries = self.queue.read_tasks(self.replica_id, n, self.options.worker_block_ms)
+        more = self.options.worker_eval_batch_tasks - n
+        if len(entries) == n and more > 0 and all(e.message is not None and e.message.eval for e in entries):
+            entries += self.queue.read_tasks(self.replica_id, more)  # an evaluation: fill its engine call now
+        return entries
 
     def _handle(self, entries: list[Entry[queue_pb2.PromptTask]], stop_event: threading.Event) -> None:
         valid = []
@@ -315,7 +319,7 @@ class RolloutWorker:
         self._lease(ids, hold=True)
         finished = False
         try:
-            for batch in batches(valid, self.options.worker_batch_tasks):
+            for batch in batches(valid, self.options.worker_batch_tasks, self.options.worker_eval_batch_tasks):
                 if stop_event.is_set():
                     return
                 self._process(batch)

@@ -13,9 +13,10 @@ import torch
 from torch import Tensor
 
 from grpo.algo.aggregation import AGGREGATIONS
-from grpo.algo.kl import KL_ESTIMATORS, MAX_LOG_RATIO, check_kl_loss, kl_estimate
+from grpo.algo.kl import KL_ESTIMATORS, MAX_LOG_RATIO, kl_estimate
 from grpo.algo.logprobs import entropy_from_logits
 from grpo.algo.masked import masked_mean, zero_masked
+from grpo.algo.presets import check_kl_loss
 
 
 def token_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:

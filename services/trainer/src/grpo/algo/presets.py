@@ -191,3 +191,17 @@ def get_preset(name: str) -> LossConfig:
         return PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown algorithm preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}") from None
+
+
+def check_kl_loss(kind: str, beta: float) -> None:
+    """Refuse an estimator whose gradient regularises nothing as a loss term.
+
+    On tokens sampled from π_θ, E[∇k1] = E[∇log π_θ] = 0: β·k1 in the loss only adds noise. k2's gradient
+    is the reverse KL(π_θ‖π_ref)'s; k3's is the forward KL(π_ref‖π_θ)'s (its value, not its gradient, is
+    the unbiased reverse-KL estimate). k1 remains available as a measurement (beta = 0).
+    """
+    if beta > 0 and kind == "k1":
+        raise ValueError(
+            "kl_kind='k1' with beta > 0 regularises nothing: its expected gradient is E[∇log π] = 0. "
+            "Use k3 (GRPO, DeepSeekMath) or k2 (the reverse-KL gradient) as the loss term, or beta=0 to only measure k1"
+        )

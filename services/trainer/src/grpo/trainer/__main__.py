@@ -9,7 +9,7 @@ from grpo.common.logs import setup_logging
 from grpo.common.net import exposure_warning
 from grpo.common.settings import InvalidSettings, exit_on_invalid_settings
 from grpo.common.tiny_model import check_model
-from grpo.trainer.config import TrainerSettings, parse_settings
+from grpo.trainer.config import MODEL_REFERENCES, TrainerSettings, parse_settings
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,10 +45,11 @@ def run_backends(settings: TrainerSettings) -> list[str]:
 
 
 def check_models(settings: TrainerSettings) -> None:
-    """Every model the run will load, before anything starts (a stage without one continues the last)."""
+    """Every model the run will load, before anything starts (a stage without one, or with `base` or `previous`,
+    continues the last or takes the run's)."""
     check_model(settings.model)
     for stage in settings.stages or []:
-        if stage.get("model"):
+        if stage.get("model") and stage["model"] not in MODEL_REFERENCES:
             check_model(stage["model"])
 
 

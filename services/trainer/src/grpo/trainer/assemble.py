@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from grpo.trainer.config import TrainerSettings
-from grpo.trainer.data import DataError, PromptRow, load_rows
+from grpo.trainer.config import TrainerSettings, data_sources
+from grpo.trainer.data import DataError, Mixture, PromptRow, load_rows, load_sources, mixture_of
 from grpo.trainer.publisher import TaskSpec
 from grpo.v1 import queue_pb2
 
@@ -82,6 +82,9 @@ def task_spec(settings: TrainerSettings, algo: LossConfig) -> TaskSpec:
         max_new_tokens=settings.max_new_tokens,
         stop=tuple(settings.stop),
         reward_weights=tuple(sorted(settings.reward_weights.items())),
+        task_reward_weights=tuple(
+            (task, tuple(sorted(weights.items()))) for task, weights in sorted(settings.task_reward_weights.items())
+        ),
         apply_chat_template=settings.apply_chat_template,
         overlong_buffer_tokens=overlong_buffer(settings, algo),
         steps_json=json.dumps(settings.step_check, sort_keys=True) if settings.step_check else "",
@@ -146,19 +149,37 @@ def fit_prompts(
 
 
 def check_reward_weights(spec: TaskSpec, rows: Sequence[PromptRow]) -> None:
-    """Every reward_weights name must be a component of every row's task: the reward service refuses an item whose
-    weights name a component its checks lack, so each such task would come back failed, on every epoch."""
+    """Every weight's name must be a component of every row it is sent with (reward_weights, or task_reward_weights
+    for the row's task_type): the reward service refuses an item whose weights name a component its checks lack, so
+    each such task would come back failed, on every epoch."""
+    present = sorted({row.task_type for row in rows})
+    unknown = sorted(task for task, _ in spec.task_reward_weights if task not in present)
+    if unknown:
+        raise DataError(f"task_reward_weights names task type(s) {unknown} that no row has; the rows' task types: "
+                        f"{present}")  # fmt: skip
     added = {"overlong"} if spec.overlong_buffer_tokens > 0 else set()  # build_task adds it to every task
-    for name, _ in spec.reward_weights:
-        lacking = [row for row in rows if name not in row.components() | added]
-        if not lacking:
-            continue
-        known = sorted(set().union(*(row.components() for row in rows)) | added)
-        hint = "a typo?" if len(lacking) == len(rows) else f"{len(lacking)} of {len(rows)} rows lack it"
-        raise DataError(
-            f"reward_weights names {name!r}, but {lacking[0].where} has no {name!r} check ({hint}): the reward "
-            f"service fails every task whose weights name a check it lacks. The rows' checks: {known}"
-        )
+    own = dict(spec.task_reward_weights)
+    by_setting: dict[str, list[PromptRow]] = {}  # task type with weights of its own ("": reward_weights) -> rows
+    for row in rows:
+        by_setting.setdefault(row.task_type if row.task_type in own else "", []).append(row)
+    for task, sent_with in by_setting.items():
+        setting = f"task_reward_weights[{task}]" if task else "reward_weights"
+        for name, _ in own.get(task, spec.reward_weights):
+            lacking = [row for row in sent_with if name not in row.components() | added]
+            if not lacking:
+                continue
+            known = sorted(set().union(*(row.components() for row in sent_with)) | added)
+            hint = "a typo?" if len(lacking) == len(sent_with) else f"{len(lacking)} of {len(sent_with)} rows lack it"
+            raise DataError(
+                f"{setting} names {name!r}, but {lacking[0].where} has no {name!r} check ({hint}): the reward "
+                f"service fails every task whose weights name a check it lacks. The rows' checks: {known}"
+                + (
+                    ""
+                    if own
+                    else "; a run whose task types have different checks can weight each type on its own "
+                    "with task_reward_weights"
+                )
+            )
 
 
 @dataclass(frozen=True)
@@ -169,6 +190,7 @@ class GrpoData:
     rows: list[PromptRow]
     eval_rows: list[PromptRow]
     longest_prompt: int
+    mixture: Mixture | None = None  # how `rows` are drawn (train_data's weights or task_weights); None: as they come
 
 
 def load_grpo_data(settings: TrainerSettings, algo: LossConfig, spec: TaskSpec, tokenizer_model: str) -> GrpoData:
@@ -181,7 +203,6 @@ def load_grpo_data(settings: TrainerSettings, algo: LossConfig, spec: TaskSpec, 
     from grpo.trainer.export import load_tokenizer
     from grpo.trainer.sft import encode_prompt
 
-    assert settings.train_data is not None
     tokenizer, context = load_tokenizer(tokenizer_model), model_context(tokenizer_model)
     if settings.tools and settings.tool_format == "chat" and not getattr(tokenizer, "chat_template", None):
         raise DataError(f"tool_format chat needs the model's chat template, and {tokenizer_model}'s tokenizer has "
@@ -190,17 +211,23 @@ def load_grpo_data(settings: TrainerSettings, algo: LossConfig, spec: TaskSpec, 
     def prompt_tokens(row: PromptRow) -> int:
         return len(encode_prompt(tokenizer, row, settings.apply_chat_template))
 
-    rows, longest = fit_prompts(load_rows(settings.train_data, tokenizer=tokenizer), prompt_tokens, settings, context)
+    sources = data_sources(settings)
+    loaded = load_sources([s.path for s in sources], tokenizer=tokenizer, default_checks=settings.default_checks)
+    rows, longest = fit_prompts(loaded, prompt_tokens, settings, context)
+    mixture = mixture_of(rows, sources, settings.task_weights)  # after fit_prompts: the rows that are drawn
     check_step_credit(settings, algo, rows)
     held_out: list[PromptRow] = []
     longest_held_out = 0
     if settings.eval_data:
         held_out, longest_held_out = fit_prompts(
-            load_rows(settings.eval_data, tokenizer=tokenizer), prompt_tokens, settings, context
+            load_rows(settings.eval_data, tokenizer=tokenizer, default_checks=settings.default_checks),
+            prompt_tokens,
+            settings,
+            context,
         )
     evaluated = eval_rows(held_out, settings.eval_size)
     check_reward_weights(spec, [*rows, *evaluated])  # eval tasks carry the weights too
-    return GrpoData(rows, evaluated, max(longest, longest_held_out))
+    return GrpoData(rows, evaluated, max(longest, longest_held_out), mixture)
 
 
 def learner_config(settings: TrainerSettings, algo: LossConfig) -> LearnerConfig:
@@ -219,6 +246,7 @@ def learner_config(settings: TrainerSettings, algo: LossConfig) -> LearnerConfig
         total_steps=settings.steps * per_step,
         max_grad_norm=settings.grad_clip,
         micro_batch_size=settings.micro_batch_size,
+        packing=settings.packing,
         ppo_epochs=settings.ppo_epochs,
         # Greedy sampling still defines log-probs at T = 1 (the rollout's convention).
         temperature=settings.temperature if settings.temperature > 0 else 1.0,

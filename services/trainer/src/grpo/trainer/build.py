@@ -2,14 +2,15 @@
 (run.py) runs on, made before it starts, so the loop can be handed parts a caller chose (a test's credit, ...).
 
 What a resume restores, and where: the learner's weights and version (the checkpoint), the data cursor and the
-tasks in flight (accounting.py), the ledger segment of the checkpoint's step (ledger.py), and whether that step
-still owes its evaluation (a stop or a crash took it; metrics.jsonl says).
+tasks in flight (accounting.py), the difficulty buckets (difficulty.py), the ledger segment of the checkpoint's step
+(ledger.py), and whether that step still owes its evaluation (a stop or a crash took it; metrics.jsonl says).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from grpo.trainer.consumer import GroupReader
 from grpo.trainer.control import RunControl
 from grpo.trainer.credit import Credit, CreditParts, make_credit
 from grpo.trainer.data import DataCursor, PromptRow
+from grpo.trainer.difficulty import BucketRules, DifficultyTracker
 from grpo.trainer.ledger import read_segment
 from grpo.trainer.metrics import MetricsSink
 from grpo.trainer.publisher import Publisher, TaskSpec
@@ -52,6 +54,7 @@ class Resumed:
     eval_owed: bool = False  # the start step's evaluation is still to do (the baseline, or one cut short)
     row: dict[str, Any] | None = None  # that step's logged row, when its evaluation is owed
     last_checkpoint_step: int = -1
+    difficulty: dict[str, Any] | None = None  # the difficulty buckets' records the checkpoint kept
 
 
 @dataclass
@@ -79,11 +82,16 @@ class RunParts:
 
 
 def build_run(
-    settings: TrainerSettings, control: RunControl, prometheus_registry: CollectorRegistry | None = None
+    settings: TrainerSettings,
+    control: RunControl,
+    prometheus_registry: CollectorRegistry | None = None,
+    *,
+    make_learner: Callable[[TrainerSettings, LossConfig], RankDriver] | None = None,
 ) -> RunParts:
     """Load the data and the model, connect to Redis (waiting out an outage), resume from the checkpoint
     `settings.resume` names, and open the metrics files; `control` gets the readiness check and the evaluations
-    a resumed run already did."""
+    a resumed run already did. `make_learner`: what holds the weights instead of a trainable learner (a
+    rejection-sampling stage's, which only pushes them: rejection_run.py)."""
     s = settings
     algo = resolve_algo(s)
     zero_variance_on = algo.zero_variance_basis()  # resolved (and checked) once, before anything loads
@@ -104,9 +112,14 @@ def build_run(
     replicas = ReplicaSync(s, registry, retry, broadcaster)
     waiting = WaitReporter(queue, registry, s.redis_url)  # says what a long wait is for
     reader = GroupReader(queue, CONSUMER)
-    learner = RankDriver(build_learner(s, algo), s.model)
+    learner = RankDriver(build_learner(s, algo), s.model) if make_learner is None else make_learner(s, algo)
     acct, cursor, resumed = resume(s, learner)
-    publisher = Publisher(queue, data.rows, spec, s.run_id, cursor)
+    if s.colocate is not None and make_learner is None:  # after the resume: the replica joins with those weights
+        from grpo.trainer.colocated import colocate
+
+        learner = replicas.colocated = colocate(s, learner)
+    publisher = Publisher(queue, data.rows, spec, s.run_id, cursor, mixture=data.mixture, stage=s.stage,
+                          difficulty=difficulty_tracker(s, resumed.difficulty))  # fmt: skip
     s.output_dir.mkdir(parents=True, exist_ok=True)
     sink = open_metrics(s, control, resumed, bool(data.eval_rows), prometheus_registry)
     value_books = ValueBooks()
@@ -138,8 +151,25 @@ def resume(s: TrainerSettings, learner: RankDriver) -> tuple[Accounting, DataCur
     log.info("resumed at step %d, version %d, %d task(s) in flight", info.step, learner.version,
              acct.n_in_flight)  # fmt: skip
     resumed = Resumed(step=info.step, version=learner.version, segment=(info.step, outcomes),
-                      last_checkpoint_step=info.step)  # fmt: skip
+                      last_checkpoint_step=info.step, difficulty=info.difficulty)  # fmt: skip
     return acct, DataCursor.from_state(info.data_cursor), resumed
+
+
+def difficulty_tracker(s: TrainerSettings, state: dict[str, Any] | None) -> DifficultyTracker | None:
+    """The difficulty buckets of a run that sets aside easy or hard prompts (or weighs buckets), with the records a
+    checkpoint kept; None when no rule is on (no records are kept, none are written)."""
+    rules = BucketRules(s.skip_solved_after, s.set_aside_after, s.revisit_after_epochs,
+                        tuple(sorted(s.bucket_weights.items())))  # fmt: skip
+    if not rules.active:
+        if state and state.get("records"):
+            log.warning("the checkpoint holds difficulty buckets, but skip_solved_after, set_aside_after and "
+                        "bucket_weights are unset: no prompt is skipped, and the records are not kept")  # fmt: skip
+        return None
+    tracker = DifficultyTracker.from_state(rules, state, s.seed)
+    log.info("difficulty buckets: skip after %d all-solved group(s), set aside after %d unsolved, back after %d "
+             "epoch(s), weights %s; %d row(s) on record", rules.skip_solved_after, rules.set_aside_after,
+             rules.revisit_after_epochs, dict(rules.weights) or "none", len(tracker.records))  # fmt: skip
+    return tracker
 
 
 def open_metrics(

@@ -1,10 +1,10 @@
 """Atomic, rotating checkpoints: model, optimizer, scheduler, step, data cursor, RNG, in-flight accounting.
 
 Layout: <root>/step-00000042/{model/ (HF save_pretrained), optimizer.pt, scheduler.pt, rng_rank<r>.pt,
-trainer_state.json}. A checkpoint is written under <root>/.tmp-step-…, fsynced, then renamed: a crash
-leaves either the previous checkpoints or a temp dir that `latest_checkpoint` never picks. Re-saving a step
-first renames the old copy to .old-step-…, which stands for the step until the new copy has its name, so a
-crash never leaves a step without a complete copy. The checkpoint also carries its step's ledger segment,
+trainer_state.json (step, data cursor, in-flight books, ledger segment, difficulty buckets)}. A checkpoint is
+written under <root>/.tmp-step-…, fsynced, then renamed: a crash leaves either the previous checkpoints or a temp
+dir that `latest_checkpoint` never picks. Re-saving a step first renames the old copy to .old-step-…, which stands
+for the step until the new copy has its name, so a crash never leaves a step without a complete copy. The checkpoint also carries its step's ledger segment,
 written to the ledger only after the rename, so the ledger never runs ahead of the checkpoints (`rewind`).
 """
 
@@ -51,6 +51,7 @@ class CheckpointInfo:
     data_cursor: Any
     inflight: dict[str, Any]
     outcomes: Outcomes | None = None  # the step's ledger segment (None: a checkpoint from before it was kept)
+    difficulty: dict[str, Any] | None = None  # the difficulty buckets' records (difficulty.py); None: none kept
 
 
 def checkpoint_name(step: int) -> str:
@@ -98,6 +99,7 @@ def save_checkpoint(
     keep_last: int = 3,
     outcomes: Outcomes | None = None,
     ledger_root: Path | None = None,
+    difficulty: dict[str, Any] | None = None,
 ) -> Path:
     """Write a checkpoint of `learner` for `step` atomically and prune all but the newest `keep_last`.
 
@@ -105,6 +107,7 @@ def save_checkpoint(
     `data_cursor` and `inflight` must be JSON-able: they come back unchanged from `load_checkpoint`.
     `outcomes` is the whole ledger segment of `step`: it goes into the checkpoint and, once the checkpoint
     is in place, to `ledger_root`; a crash in between is repaired by `rewind` from the checkpoint.
+    `difficulty`: the difficulty buckets' state (JSON-able), saved beside the cursor it goes with.
     """
     root = Path(root)
     rank, backend = learner.backend.rank, learner.backend
@@ -128,6 +131,8 @@ def save_checkpoint(
         }
         if outcomes is not None:
             state["outcomes"] = outcomes
+        if difficulty is not None:
+            state["difficulty"] = difficulty
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
         _fsync_tree(tmp)
         _publish(tmp, final)
@@ -157,7 +162,7 @@ def load_checkpoint(path: Path | str, learner: Checkpointable) -> CheckpointInfo
     outcomes = state.get("outcomes")
     return CheckpointInfo(
         path=path, step=int(state["step"]), data_cursor=state["data_cursor"], inflight=state["inflight"],
-        outcomes=None if outcomes is None else [(t, o) for t, o in outcomes],
+        outcomes=None if outcomes is None else [(t, o) for t, o in outcomes], difficulty=state.get("difficulty"),
     )  # fmt: skip
 
 

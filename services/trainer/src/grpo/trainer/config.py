@@ -9,6 +9,8 @@ therefore defined in one place, `grpo.algo.presets` (LossConfig's field defaults
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,19 +31,61 @@ class TrainerSettings(ServiceSettings):
 
     model_config = service_config("GRPO_TRAINER_", "grpo-trainer")
 
-    mode: Literal["grpo", "sft"] = "grpo"
-    """`grpo`: the RL loop through Redis and the rollout service; `sft`: cold-start SFT on (prompt, response) pairs."""
+    mode: Literal["grpo", "sft", "rejection_sampling"] = "grpo"
+    """`grpo`: the RL loop through Redis and the rollout service; `sft`: cold-start SFT on (prompt, response) pairs;
+    `rejection_sampling` (a stage of a staged run, R1's stage 3): the stage's model samples rs_samples answers per
+    prompt through the rollout replicas, the reward service scores them, and the verified ones (the rs_* filters)
+    are written as SFT rows to the stage folder's data.jsonl, which a later stage trains on (`train_data: previous`)."""
     stages: list[dict[str, Any]] = Field(default_factory=list)
     """A staged run, e.g. R1's `[{mode: sft, train_data: sft.jsonl, steps: 300}, {mode: grpo}]`: each stage is these
-    settings overridden by its own; a stage without `model` starts from the previous stage's final model. Stage i
-    writes to output_dir/stage-<i>-<mode>; a restart skips finished stages and resumes the current one."""
+    settings overridden by its own. A stage's `model` may be `base` (the run's `model`) or `previous` (the final model
+    of the latest earlier sft or grpo stage; the default), and its `train_data` may refer to what an earlier
+    rejection_sampling stage wrote: `previous` or `stage:<N>`. Stage i writes to output_dir/stage-<i>-<mode>; a
+    restart skips finished stages and resumes the current one."""
+    stage: int = Field(0, ge=0)
+    """Set by the run, not by you: the stage's 1-based index in a staged run (0: not a staged run). It goes into the
+    stage's task ids, so that two stages of one run never share one."""
     preset: Literal["grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "prm", "vineppo"] = "grpo"
     """Named algorithm preset (grpo.algo); its values are defaults that explicit settings override."""
     model: str = "tiny"
-    """Model: a local Hugging Face folder, a hub id, or `tiny` for the built-in tiny Qwen2 model."""
-    train_data: Path | None = None
+    """Model: a local Hugging Face folder, a hub id, or `tiny` for the built-in tiny Qwen2 model. Inside `stages`
+    also `base` (the run's own `model`) or `previous` (the final model of the latest earlier sft or grpo stage)."""
+    train_data: Path | list[str | dict[str, Any]] | None = None
     """Training prompts (JSONL or Parquet: prompt, task_type, checks, optional id). Required in grpo mode;
-    in sft mode rows need `response` too."""
+    in sft mode rows need `response` too. A list is a mixture of sources: each item a path, or
+    `{data: <path>, weight: <number > 0>}` (a bare item weighs 1). Without any `weight` the sources' rows are simply
+    joined; with one, source s gets weight_s / sum(weights) of each epoch's draws, however many rows it holds. Inside
+    `stages` an item (or the whole value) may be `previous` (the data the latest earlier rejection_sampling stage
+    wrote) or `stage:<N>` (the data stage N, an earlier rejection_sampling stage, wrote)."""
+    task_weights: dict[str, float] = Field(default_factory=dict)
+    """Sampling shares by the rows' `task_type`, e.g. {math: 2, chat: 1}: each epoch's draws are split between the
+    task types in these proportions (a type present in the data without a weight weighs 1). Empty: rows are drawn as
+    they come. Not together with a weighted train_data list (set one)."""
+    default_checks: dict[str, Any] | None = None
+    """The reward checks of a GRPO row that has no `checks` (or `gold`), e.g. {reward_model: {}}: a hybrid reward,
+    rules where a row has them and the reward model for the rest. Unset: such a row is refused."""
+    rs_samples: int = Field(8, ge=1)
+    """rejection_sampling: answers sampled per prompt (k; the stage's group size, group_size is not used)."""
+    rs_prompts: int = Field(0, ge=0)
+    """rejection_sampling: prompts sampled (0: every train_data row once); the stage runs ceil(rs_prompts /
+    prompts_per_step) steps (`steps` is not used)."""
+    rs_keep_per_prompt: int = Field(1, ge=1)
+    """rejection_sampling: answers kept per prompt at most (m)."""
+    rs_require: list[str] | None = None
+    """rejection_sampling: the reward components an answer must pass (score >= rs_pass_score), e.g. [math, format].
+    None: every component the row's checks ask for except overlong and reward_model (which are not pass/fail)."""
+    rs_pass_score: float = Field(1.0, allow_inf_nan=False)
+    """rejection_sampling: the score at which a required component passes."""
+    rs_shortest_first: bool = False
+    """rejection_sampling: keep a prompt's shortest passing answers (in tokens) first; false: in sample order."""
+    rs_filters: list[str] = Field(default_factory=list)
+    """rejection_sampling: readability filters applied after the pass check (R1's): `mixed_language` (letters of more
+    than one script), `truncated` (hit the length limit), `overlong` (more than rs_max_tokens tokens), or a plug-in
+    `package.module:function` that takes one candidate (a dict: prompt, response, row_id, task_type, components,
+    tokens, truncated) and returns True to keep it, False or a reason to reject it. Equal answers to one prompt
+    (whitespace aside) are always kept once."""
+    rs_max_tokens: int = Field(0, ge=0)
+    """rejection_sampling: the `overlong` filter's limit in tokens (that filter needs it set)."""
     eval_data: Path | None = None
     """Held-out prompts for periodic evaluation (same format); no evaluation when unset."""
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -61,6 +105,22 @@ class TrainerSettings(ServiceSettings):
     """Policy versions a group may lag; at most max_staleness+1 batches in flight. 0: strictly on-policy."""
     max_refill_per_step: int | None = Field(None, ge=0)
     """Dynamic sampling: extra tasks a step may publish to replace zero-variance groups (None = 2 × prompts_per_step)."""
+    # ---- difficulty buckets (difficulty.py) ----
+    skip_solved_after: int = Field(0, ge=0)
+    """Difficulty buckets: a prompt every sample of which solved it (correctness 1, math or code) in this many groups
+    in a row is `easy`, and the sampler passes it over (no task is published; the cursor moves on) for
+    revisit_after_epochs epochs. Spends no rollouts on groups that would be zero-variance. 0: off."""
+    set_aside_after: int = Field(0, ge=0)
+    """Difficulty buckets: a prompt no sample solved in this many groups in a row is `hard`, and is set aside (passed
+    over) for revisit_after_epochs epochs. 0: off. Rows without a correctness check (reward model) are never skipped."""
+    revisit_after_epochs: int = Field(1, ge=1)
+    """Difficulty buckets: epochs a prompt set aside as easy or hard is passed over before it is drawn again (set
+    aside in epoch e, it comes back in e + revisit_after_epochs + 1); that group decides its bucket anew."""
+    bucket_weights: dict[Literal["easy", "medium", "hard", "unseen"], float] = Field(default_factory=dict)
+    """Difficulty buckets, curriculum: the share in [0, 1] of each bucket's draws that are taken (an unnamed bucket:
+    1), e.g. {easy: 0.25, hard: 0.5} after their set-aside epochs; the coin is a hash of the draw's position, so a
+    resumed run takes the same draws. easy needs skip_solved_after, hard set_aside_after. Empty: no weighing."""
+    # ---- end difficulty buckets ----
     redis_outage_s: float = Field(120.0, gt=0)
     """How long the run rides out an unreachable Redis (retrying) before it fails with an error."""
     group_timeout_s: float = Field(600.0, gt=0)
@@ -180,6 +240,15 @@ class TrainerSettings(ServiceSettings):
     """Max global grad norm."""
     micro_batch_size: int = Field(8, ge=1)
     """Sequences per forward/backward (gradient accumulation over the batch)."""
+    packing: bool | Literal["auto"] = "auto"
+    """Pack several samples into each row instead of padding each to its micro-batch's longest: rows as long as
+    the batch's longest sample, micro_batch_size rows per forward, attention kept inside each sample. The same
+    loss, gradients and metrics as padding up to float rounding, fewer token positions through the model
+    (bench/bench_packing.py: 2.0× tokens/s at 52 % padding). auto (default): a batch is packed when that cuts its
+    token positions by 30 % or more (train/packed says which were); a model that fails the start-up check (it
+    must keep packed samples apart) pads. On the quick demos auto packed 0 of 80 addition steps and 3 of 80 tool
+    steps, learning as padded runs do (docs/algorithms.md, bench/bench_packing_demo.py). true: always, and such a
+    model refuses to start. false: never."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each batch (>1: old log-probs from before the first pass)."""
     sampler_exact: bool = False
@@ -233,6 +302,11 @@ class TrainerSettings(ServiceSettings):
 
     reward_weights: dict[str, float] = Field(default_factory=dict)
     """Reward component weights sent with every task (e.g. {"math": 1.0, "format": 0.2}); unset = 1."""
+    task_reward_weights: dict[str, dict[str, float]] = Field(default_factory=dict)
+    """Reward component weights per task_type, for a run whose task types are scored by different components (the
+    hybrid reward, docs/reward.md): e.g. {add: {math: 1.0, format: 0.5}, chat: {reward_model: 1.0}}. A row of a listed
+    type is sent its type's weights instead of reward_weights. As with reward_weights, each name must be a check of
+    every row of that type (refused at start-up naming the row), and a type must be one the data hold."""
 
     push_timeout_s: float = Field(120.0, gt=0)
     """Deadline of one weight push to one replica."""
@@ -265,6 +339,11 @@ class TrainerSettings(ServiceSettings):
     """Bound on forming the broadcast group and on each piece; a round that misses it falls back to the data port."""
     rollout_tls_ca_file: str | None = None
     """PEM root certificates to verify the rollout replicas' TLS certificates; plaintext when unset."""
+    colocate: dict[str, Any] | None = None
+    """Host a rollout replica in this process (colocated mode, docs/colocated.md): it generates from the policy
+    being trained (one model in memory, no weight transfer), taking turns with the updates. The mapping holds
+    that replica's rollout settings (grpo-rollout's names: reward_addr is required; engine hf only, model and
+    run are the trainer's); {} where the defaults do. null: separate replicas only. Torch backend, one process."""
     min_replicas: int = Field(1, ge=0)
     """Wait (up to replica_wait_s) for this many live rollout replicas before publishing."""
     replica_wait_s: float = Field(300.0, gt=0)
@@ -362,7 +441,7 @@ class TrainerSettings(ServiceSettings):
             raise ValueError(f"clip_low={self.clip_low} must be < 1 (the ratio is clipped to [1 - clip_low, ...])")
         if self.mode == "grpo":
             from grpo.algo import get_preset
-            from grpo.algo.kl import check_kl_loss
+            from grpo.algo.presets import check_kl_loss
 
             algo = get_preset(self.preset).with_overrides(**self.algo_overrides())
             check_kl_loss(algo.kl_kind, algo.beta)
@@ -379,9 +458,77 @@ class TrainerSettings(ServiceSettings):
                     "the skip drops, and kept groups are never replaced; set skip_zero_variance true, or "
                     "refill_zero_variance false"
                 )
-        for i, stage in enumerate(self.stages, 1):
-            stage_settings(self, stage, i)  # a bad stage fails at start-up, naming it
+        self._check_data_settings()
+        self._check_rejection_sampling()
+        self._check_buckets()
+        self._check_colocate()
+        if self.stages:
+            from grpo.trainer.stages import plan_stages
+
+            plan_stages(self)  # a bad stage (or a reference to a stage) fails at start-up, naming it
         return self
+
+    def _check_buckets(self) -> None:
+        """Difficulty buckets: GRPO only, weights in [0, 1], and each weighed bucket one a rule can fill."""
+        if self.mode != "grpo" and (self.skip_solved_after or self.set_aside_after or self.bucket_weights):
+            raise ValueError(f"skip_solved_after / set_aside_after / bucket_weights (difficulty buckets) choose GRPO "
+                             f"prompts by their groups' pass rate; mode {self.mode} samples no groups to judge: "
+                             "leave them unset")  # fmt: skip
+        for bucket, weight in self.bucket_weights.items():
+            if not 0.0 <= weight <= 1.0:
+                raise ValueError(f"bucket_weights {{{bucket}: {weight}}}: a weight is the share of the bucket's draws "
+                                 "taken, in [0, 1]")  # fmt: skip
+        for bucket, rule in (("easy", "skip_solved_after"), ("hard", "set_aside_after")):
+            if bucket in self.bucket_weights and not getattr(self, rule):
+                raise ValueError(f"bucket_weights names {bucket}, but {rule} is 0, so no row is ever {bucket}: set "
+                                 f"{rule} (> 0) or leave {bucket} out")  # fmt: skip
+        if self.bucket_weights.get("unseen", 1.0) == 0:
+            raise ValueError("bucket_weights gives unseen rows weight 0: every row starts unseen, so none would ever "
+                             "be drawn and judged; give unseen a weight > 0")  # fmt: skip
+
+    def _check_data_settings(self) -> None:
+        """train_data's list form, model and data references, task_weights and default_checks."""
+        if self.model in MODEL_REFERENCES:
+            raise ValueError(f"model: {self.model} names a stage's model; it is only known inside `stages` (a stage's "
+                             "`model`), not for the whole run")  # fmt: skip
+        sources = check_train_data(self.train_data)
+        if any(source.weight is not None for source in sources) and self.task_weights:
+            raise ValueError("task_weights and a weighted train_data list both set the sampling shares: set one "
+                             "(weights on the train_data items, or task_weights by task_type)")  # fmt: skip
+        for task_type, weight in self.task_weights.items():
+            if not task_type or not weight > 0 or weight == float("inf"):
+                raise ValueError(f"task_weights {{{task_type!r}: {weight}}}: each must name a task_type and weigh a "
+                                 "finite number > 0")  # fmt: skip
+        if self.default_checks is not None:
+            check_default_checks(self.default_checks)
+
+    def _check_colocate(self) -> None:
+        """Colocated mode's limits, and its replica's settings, at start-up."""
+        if self.colocate is None:
+            return
+        modes = [str(stage.get("mode", self.mode)) for stage in self.stages] or [self.mode]
+        backends = [str(stage.get("backend", self.backend)) for stage in self.stages] or [self.backend]
+        if "deepspeed" in backends:
+            raise ValueError("colocate: the replica generates from the learner's own module, which DeepSpeed "
+                             "partitions or wraps; use backend torch, or separate replicas")  # fmt: skip
+        if "rejection_sampling" in modes:
+            raise ValueError("colocate: a rejection_sampling run holds no trainable policy to share; run it with "
+                             "separate replicas")  # fmt: skip
+        from grpo.trainer.colocated_settings import replica_settings
+
+        replica_settings(self, self.model)  # ValueError naming the bad rollout setting
+
+    def _check_rejection_sampling(self) -> None:
+        for name in self.rs_filters:
+            if name not in RS_FILTERS and not PLUGIN_NAME.fullmatch(name):
+                raise ValueError(f"rs_filters: {name!r} is neither a built-in filter {list(RS_FILTERS)} nor a plug-in "
+                                 "`package.module:function`")  # fmt: skip
+        if "overlong" in self.rs_filters and self.rs_max_tokens == 0:
+            raise ValueError("rs_filters names overlong, which rejects answers longer than rs_max_tokens: set "
+                             "rs_max_tokens (> 0)")  # fmt: skip
+        if self.rs_require is not None and (not self.rs_require or not all(c.strip() for c in self.rs_require)):
+            raise ValueError(f"rs_require {self.rs_require}: name the components an answer must pass, e.g. [math, "
+                             "format], or leave it unset (every pass/fail component of the row's checks)")  # fmt: skip
 
     def _check_tools(self, credit: str) -> None:
         """What an episode run cannot do, said at start-up."""
@@ -440,17 +587,104 @@ def _check_algo_fields() -> None:
 _check_algo_fields()
 
 STAGE_FIXED = ("stages", "output_dir", "run_id", "resume", "when_done", "host", "grpc_port", "http_port")
+STAGE_MODES = ("sft", "grpo", "rejection_sampling")
+MODEL_REFERENCES = ("base", "previous")  # a stage's `model`: the run's model, the latest trained stage's final/
+RS_FILTERS = ("mixed_language", "truncated", "overlong")
+PLUGIN_NAME = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One training data file and its mixing weight (None: a bare item of a list that weighs nothing explicitly, or
+    a single file: its rows are simply drawn with the others')."""
+
+    path: Path
+    weight: float | None = None
+
+
+def is_reference(value: str | Path) -> bool:
+    """Whether a train_data item names an earlier stage's data (`previous`, `stage:<N>`) rather than a file."""
+    text = str(value)
+    return text == "previous" or text.startswith("stage:")
+
+
+def item_data(item: str | dict[str, Any]) -> str:
+    """The path or reference of one train_data list item."""
+    return item if isinstance(item, str) else str(item["data"])
+
+
+def check_train_data(value: Path | list[str | dict[str, Any]] | None) -> list[Source]:
+    """The sources of a train_data value; ValueError naming the item that is not a path, reference or {data,
+    weight}. A reference left here was not resolved by plan_stages: it is outside `stages`."""
+    if value is None:
+        return []
+    items: list[str | dict[str, Any]] = [str(value)] if isinstance(value, Path) else list(value)
+    if not items:
+        raise ValueError("train_data is an empty list: give at least one file")
+    sources = []
+    for n, item in enumerate(items, 1):
+        if isinstance(item, dict):
+            unknown = sorted(set(item) - {"data", "weight"})
+            if unknown or not isinstance(item.get("data"), str | Path) or not str(item["data"]).strip():
+                raise ValueError(f"train_data item {n} {item!r}: must be a path, or {{data: <path>, weight: <number "
+                                 f"> 0>}}{f' (unknown keys {unknown})' if unknown else ''}")  # fmt: skip
+            weight = item.get("weight")
+            if weight is not None and (
+                isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < float("inf")
+            ):
+                raise ValueError(f"train_data item {n} ({item['data']}): weight {weight!r} must be a number > 0")
+        elif not item.strip():
+            raise ValueError(f"train_data item {n} is empty: give a file")
+        data = item_data(item)
+        if is_reference(data):
+            raise ValueError(f"train_data {data!r} refers to an earlier stage's data: only a stage's train_data may "
+                             "(inside `stages`, after a rejection_sampling stage)")  # fmt: skip
+        weight = item.get("weight") if isinstance(item, dict) else None
+        sources.append(Source(Path(data), None if weight is None else float(weight)))
+    if any(source.weight is not None for source in sources):  # a weighted list: a bare item weighs 1
+        sources = [Source(s.path, 1.0 if s.weight is None else s.weight) for s in sources]
+    return sources
+
+
+def data_sources(settings: TrainerSettings) -> list[Source]:
+    """The run's (or stage's) training data files with their weights (each None unless the list is weighted)."""
+    return check_train_data(settings.train_data)
+
+
+def check_default_checks(checks: dict[str, Any]) -> None:
+    """default_checks must be checks the reward service can score (its Checks shape, each with its required
+    fields), as a row's own checks must."""
+    from google.protobuf import json_format
+
+    from grpo.trainer.data import DataError, check_required
+    from grpo.v1 import reward_pb2
+
+    if not checks:
+        raise ValueError("default_checks is empty: give the checks that score rows without their own, e.g. "
+                         "{reward_model: {}}, or leave it unset")  # fmt: skip
+    try:
+        json_format.ParseDict(checks, reward_pb2.Checks())
+        check_required(checks, "default_checks")
+    except json_format.ParseError as exc:
+        raise ValueError(f"default_checks: {exc} (the reward service's Checks: math, code, format, reward_model, "
+                         "...)") from None  # fmt: skip
+    except DataError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def stage_settings(base: TrainerSettings, stage: dict[str, Any], index: int) -> TrainerSettings:
-    """Stage `index` (1-based): `base` overridden by the stage's own values, writing to its own folder."""
-    if stage.get("mode") not in ("sft", "grpo"):
-        raise ValueError(f"stages[{index}]: needs mode: sft or grpo (got {stage.get('mode')!r})")
+    """Stage `index` (1-based): `base` overridden by the stage's own values, writing to its own folder. Its model and
+    data references (`base`, `previous`, `stage:<N>`) must have been resolved (stages.plan_stages does)."""
+    if stage.get("mode") not in STAGE_MODES:
+        raise ValueError(f"stages[{index}]: needs mode: sft, grpo or rejection_sampling (got {stage.get('mode')!r})")
     fixed = sorted(set(stage) & set(STAGE_FIXED))
     if fixed:
         raise ValueError(f"stages[{index}]: {fixed} are set for the whole run, not per stage")
+    if "stage" in stage:
+        raise ValueError(f"stages[{index}]: `stage` is set by the run (the stage's index), not by you")
     values = {**base.model_dump(exclude={"stages"}), **stage}
     values["output_dir"] = base.output_dir / f"stage-{index}-{stage['mode']}"
+    values["stage"] = index
     try:
         return TrainerSettings.model_validate(values)
     except ValidationError as exc:

@@ -213,6 +213,70 @@ def group_metrics(records: Sequence[queue_pb2.GroupRecord], prefix: str = "rollo
     return out
 
 
+def group_spread(records: Sequence[queue_pb2.GroupRecord]) -> dict[str, float]:
+    """How the reward spreads across the step's groups (grpo doctor's direct evidence of unbalanced prompts):
+    `groups/all_solved_fraction` and `groups/none_solved_fraction`, the shares of groups with a correctness score on
+    every sample whose samples are all right or all wrong; `groups/reward_mean_std`, the std of the groups' mean
+    rewards (two groups at least, every sample rewarded). A key is absent when no group measures it."""
+    records = [r for r in records if r.samples and mask_problem(r) is None]
+    out: dict[str, float] = {}
+    scored = [[correctness(s) for s in r.samples] for r in records]
+    judged = [[c >= 1.0 - 1e-9 for c in cs if c is not None] for cs in scored if all(c is not None for c in cs)]
+    if judged:
+        out["groups/all_solved_fraction"] = sum(all(g) for g in judged) / len(judged)
+        out["groups/none_solved_fraction"] = sum(not any(g) for g in judged) / len(judged)
+    means = [sum(s.reward for s in r.samples) / len(r.samples) for r in records
+             if all(s.HasField("reward") for s in r.samples)]  # fmt: skip
+    if len(means) >= 2:
+        out["groups/reward_mean_std"] = _mean_std(means)[1]
+    return out
+
+
+# (task type, triage verdict, the group; None when no group came: a timeout) of each task a step settled.
+Settled = tuple[str, str, queue_pb2.GroupRecord | None]
+
+
+def task_metrics(
+    task_types: Sequence[str],
+    settled: Sequence[Settled],
+    *,
+    zero_variance_on: str = "reward",
+    reward_clip: tuple[float, float] | None = None,
+    steps: bool = False,
+) -> dict[str, float]:
+    """task/<type>/* of one step, for a run whose data hold several task types (the rows' `task_type`).
+
+    Each type gets, every step: `groups`, the tasks of that type the step settled (trained or dropped, as the
+    groups/* counts; 0 when none); `zero_variance_fraction`, the share of its complete groups (status ok, every
+    sample scored) whose signal has no spread, measured as triage measures it (zero_variance_on, reward_clip, step
+    scores) whether or not the preset drops such groups (0 when it had none). When its groups came with samples:
+    `reward_mean` over their samples' rewards, and `accuracy` (as rollout/accuracy: the share of samples whose
+    correctness component, math or code, is 1) when they have such a component. A group with a malformed episode
+    mask is counted, not described (as group_metrics)."""
+    out: dict[str, float] = {}
+    for task_type in task_types:
+        mine = [(verdict, record) for t, verdict, record in settled if t == task_type]
+        ok = [r for _, r in mine if r is not None and r.status == "ok" and mask_problem(r) is None]
+        complete = [r for r in ok if r.samples and all(x is not None for x in rewards_of(r, steps))]
+        flat = [r for r in complete if _no_spread(facts_of(r, zero_variance_on, reward_clip, steps).signal)]
+        prefix = f"task/{task_type}"
+        out[f"{prefix}/groups"] = float(len(mine))
+        out[f"{prefix}/zero_variance_fraction"] = len(flat) / len(complete) if complete else 0.0
+        samples = [s for r in ok for s in r.samples]
+        rewards = [s.reward for s in samples if s.HasField("reward")]
+        if rewards:
+            out[f"{prefix}/reward_mean"] = sum(rewards) / len(rewards)
+        correct = [c for c in (correctness(s) for s in samples) if c is not None]
+        if correct:
+            out[f"{prefix}/accuracy"] = sum(1.0 for c in correct if c >= 1.0 - 1e-9) / len(correct)
+    return out
+
+
+def _no_spread(signal: Sequence[float]) -> bool:
+    """As triage's zero-variance test: every value equal (within 1e-12)."""
+    return bool(signal) and max(signal) - min(signal) <= 1e-12
+
+
 def episode_metrics(episodes: Sequence[queue_pb2.SampleRecord], prefix: str) -> dict[str, float]:
     """Turns and tool calls per episode, the calls' success rate (the rollout counts every failed call in
     tool_errors, a timeout and a malformed call included), the step's timeouts and malformed calls, the share of each

@@ -44,6 +44,8 @@ class StatusSnapshot:
     # The latest finished evaluation (step, its eval/* metrics), kept between evaluations: `metrics` is the last
     # step's, so a monitor polling between evaluation steps would otherwise never see a held-out accuracy.
     last_eval: tuple[int, dict[str, float]] | None = None
+    # grpo doctor's findings on the run so far (live_doctor.LiveDoctor): {rule, symptom, evidence, remedy} each.
+    doctor: tuple[dict[str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The snapshot as /v1/status says it; GetRunStatus is the same document as a RunStatus (grpc_api)."""
@@ -51,6 +53,7 @@ class StatusSnapshot:
         out["replicas"] = list(out["replicas"])
         out["eval_history"] = [{"step": s, "accuracy": a} for s, a in self.eval_history]
         out["stages"] = list(self.stages)
+        out["doctor"] = [dict(f) for f in self.doctor]
         out["last_eval"] = None if self.last_eval is None else {"step": self.last_eval[0],
                                                                  "metrics": dict(self.last_eval[1])}  # fmt: skip
         return out

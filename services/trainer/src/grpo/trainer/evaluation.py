@@ -37,6 +37,7 @@ def evaluate(
     timeout_s: float,
     should_stop: Callable[[], bool] = lambda: False,
     sync_replicas: Callable[[], object] = lambda: None,
+    per_task: bool = False,
 ) -> dict[str, float]:
     """Publish one eval task per row, wait (≤ timeout_s) for their groups, return eval/* metrics.
 
@@ -45,7 +46,7 @@ def evaluate(
     wrong model under this version's name. Such a row is asked again, after `sync_replicas` (the
     trainer pushes its weights to replicas that lack them), which is also called while no group comes
     (replicas take no task published under weights they lack). Training groups that arrive meanwhile are
-    handed back to the reader untouched.
+    handed back to the reader untouched. `per_task` (a multi-task run): eval/<type>/* as well (eval_task_metrics).
     """
     ids = [f"{run_id}-eval{round_id}-{i}" for i in range(len(rows))]
 
@@ -84,7 +85,10 @@ def evaluate(
         got[row] = record
     reader.buffer.extendleft(reversed(others))
     stopped = bool(pending) and should_stop()
-    metrics = eval_metrics([got.get(i) for i in range(len(ids))], stopped=stopped)
+    groups = [got.get(i) for i in range(len(ids))]
+    metrics = eval_metrics(groups, stopped=stopped)
+    if per_task:
+        metrics.update(eval_task_metrics([row.task_type for row in rows], groups, stopped=stopped))
     metrics["eval/wrong_weights"] = float(wrong)
     metrics["eval/wall_s"] = time.monotonic() - start
     log.info(
@@ -120,3 +124,32 @@ def eval_metrics(groups: Sequence[queue_pb2.GroupRecord | None], *, stopped: boo
     metrics["eval/missing"] = float(len(groups) - came)
     metrics["eval/stopped"] = float(stopped)
     return metrics
+
+
+def eval_task_metrics(
+    task_types: Sequence[str], groups: Sequence[queue_pb2.GroupRecord | None], *, stopped: bool
+) -> dict[str, float]:
+    """eval/<type>/* of one evaluation: `task_types[i]` is problem i's row's task type, `groups[i]` its group.
+
+    Per type: `problems` (asked), `judged`: the problems with a verdict, that is a correctness component (math or
+    code) on every sample, or, for a problem whose samples have none (a reward-model row), a reward on every sample;
+    `accuracy` as eval/accuracy over the type's problems with a correctness component, and `reward_mean` over its
+    problems without one (only the values that exist). A stopped evaluation keeps the counts, not the values."""
+    out: dict[str, float] = {}
+    for task_type in sorted(set(task_types)):
+        mine = [g for t, g in zip(task_types, groups, strict=True) if t == task_type]
+        ok = [g for g in mine if g is not None and g.status == "ok" and g.samples]
+        ruled = [g for g in ok if all(correctness(s) is not None for s in g.samples)]
+        unruled = [g for g in ok if all(correctness(s) is None and s.HasField("reward") for s in g.samples)]
+        prefix = f"eval/{task_type}"
+        out[f"{prefix}/problems"] = float(len(mine))
+        out[f"{prefix}/judged"] = float(len(ruled) + len(unruled))
+        if stopped:
+            continue
+        scores = [c for g in ruled for c in (correctness(s) for s in g.samples) if c is not None]
+        if scores:
+            out[f"{prefix}/accuracy"] = sum(1.0 for c in scores if c >= 1.0 - 1e-9) / len(scores)
+        rewards = [s.reward for g in unruled for s in g.samples]
+        if rewards:
+            out[f"{prefix}/reward_mean"] = sum(rewards) / len(rewards)
+    return out

@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 from grpo.common.http_server import Response, Routes, json_response, metrics_response
 from grpo.trainer.control import RunControl
 
-WORKING_PHASES = ("sft", "grpo", "eval", "done")
+WORKING_PHASES = ("sft", "grpo", "rejection_sampling", "eval", "done")
 
 
 def http_routes(control: RunControl, registry: CollectorRegistry) -> Routes:

@@ -17,6 +17,11 @@ EVERY_STEPS = 10  # the trend rules need ten steps anyway; a check costs millise
 KEEP_ROWS = 2000  # the rules compare a run's first and last fifth: enough rows to see a long run's trend
 
 
+def finding_view(f: Finding) -> dict[str, str]:
+    """A finding as the status reports it (/v1/status `doctor`, RunStatus.doctor): what a person reads."""
+    return {"rule": f.rule, "symptom": f.symptom, "evidence": f.evidence, "remedy": f.remedy}
+
+
 class LiveDoctor:
     """Runs the rules every EVERY_STEPS steps and warns of each symptom when it appears: a rule still firing at the
     next check is not said again, one that went quiet and comes back is."""
@@ -44,3 +49,7 @@ class LiveDoctor:
             if f.rule not in before:
                 log.warning("doctor: %s: %s (%s); %s", f.rule, f.symptom, f.evidence, f.remedy)
         return self.findings
+
+    def view(self) -> tuple[dict[str, str], ...]:
+        """The current findings as the status reports them."""
+        return tuple(finding_view(f) for f in self.findings)

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 _PROM_BAD = re.compile(r"[^a-zA-Z0-9_]")
 # Gauges per registry, not per sink: the stages of one run log through successive sinks into one /metrics.
-_GAUGES: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, Gauge]] = weakref.WeakKeyDictionary()
+_GAUGES: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, Gauge | None]] = weakref.WeakKeyDictionary()
 
 
 def prometheus_name(key: str, prefix: str = "grpo_trainer_") -> str:
@@ -78,15 +78,26 @@ class MetricsSink:
             self._tb.flush()
         if self._registry is not None:
             for key, value in finite.items():
-                self._gauge(key).set(value)
+                gauge = self._gauge(key)
+                if gauge is not None:
+                    gauge.set(value)
         if self._wandb is not None:
             self._wandb.log(finite, step=step)
 
-    def _gauge(self, key: str) -> Gauge:
+    def _gauge(self, key: str) -> Gauge | None:
+        """The key's gauge; None (warned once) when its Prometheus name is another key's: keys made of task types
+        (task/<type>/...) may differ only in characters Prometheus does not allow ("a-b" and "a_b")."""
         assert self._registry is not None
         gauges = _GAUGES.setdefault(self._registry, {})
         if key not in gauges:
-            gauges[key] = Gauge(prometheus_name(key), f"trainer metric {key}", registry=self._registry)
+            name = prometheus_name(key)
+            taken = next((k for k, g in gauges.items() if g is not None and prometheus_name(k) == name), None)
+            if taken is not None:
+                log.warning("metric %r is not exported to Prometheus: its name %s is %r's (it stays in metrics.jsonl "
+                            "and TensorBoard); rename the task type", key, name, taken)  # fmt: skip
+                gauges[key] = None
+            else:
+                gauges[key] = Gauge(name, f"trainer metric {key}", registry=self._registry)
         return gauges[key]
 
     def close(self) -> None:

@@ -12,7 +12,8 @@ from google.protobuf import json_format
 
 from grpo.common.queue import RunQueue
 from grpo.trainer.accounting import Accounting
-from grpo.trainer.data import DataCursor, PromptRow, epoch_order, take
+from grpo.trainer.data import DataCursor, Mixture, PromptRow, draw_order, take_eligible
+from grpo.trainer.difficulty import DifficultyTracker
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
 
 log = logging.getLogger(__name__)
@@ -29,10 +30,15 @@ class TaskSpec:
     max_new_tokens: int
     stop: tuple[str, ...] = ()
     reward_weights: tuple[tuple[str, float], ...] = ()
+    task_reward_weights: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()  # by task_type, over the above
     apply_chat_template: bool = True
     overlong_buffer_tokens: int = 0
     steps_json: str = ""  # the step check (reward.StepsCheck as JSON) for rows without one: step credit
     episode: queue_pb2.EpisodeSpec | None = None  # set: every task (training and evaluation) is a multi-turn episode
+
+    def weights_for(self, task_type: str) -> tuple[tuple[str, float], ...]:
+        """The component weights a row of `task_type` is scored with: its type's own, else reward_weights."""
+        return dict(self.task_reward_weights).get(task_type, self.reward_weights)
 
     @property
     def length_budget(self) -> int:
@@ -53,20 +59,28 @@ class TaskSpec:
 _POSITION = re.compile(r"-e(\d+)-(\d+)$")
 
 
-def task_id(run_id: str, position_key: str) -> str:
-    """Unique per run and the same after a resume (the position comes from the data cursor)."""
-    return f"{run_id}-{position_key}"
+def task_id(run_id: str, position_key: str, stage: int = 0) -> str:
+    """Unique per run and the same after a resume (the position comes from the data cursor). A staged run's stage i
+    names its tasks `<run_id>-s<i>-…`: its stages share the run's Redis streams, and a late group of one stage must
+    never be taken for a task of another."""
+    return f"{run_id}-s{stage}-{position_key}" if stage else f"{run_id}-{position_key}"
 
 
-def row_of(tid: str, n_rows: int, seed: int) -> int:
-    """The dataset row a task id was made from (the inverse of `take` + `task_id`)."""
+def position_of(tid: str) -> tuple[int, int]:
+    """(epoch, index): the cursor position a task id was made at."""
     m = _POSITION.search(tid)
     if m is None:
         raise ValueError(f"task id {tid!r} has no cursor position (…-e<epoch>-<index>)")
-    epoch, index = int(m.group(1)), int(m.group(2))
+    return int(m.group(1)), int(m.group(2))
+
+
+def row_of(tid: str, n_rows: int, seed: int, mixture: Mixture | None = None) -> int:
+    """The dataset row a task id was made from (the inverse of `take` + `task_id`; `mixture`: the run's, if it mixes
+    its data)."""
+    epoch, index = position_of(tid)
     if index >= n_rows:
         raise ValueError(f"task id {tid!r}: position {index} is past the dataset's {n_rows} rows")
-    return epoch_order(n_rows, seed, epoch)[index]
+    return draw_order(n_rows, seed, epoch, mixture)[index]
 
 
 def build_task(
@@ -92,7 +106,7 @@ def build_task(
         policy_version=policy_version,
         prompt=row.prompt_proto(spec.apply_chat_template),
         checks=checks,
-        weights=dict(spec.reward_weights),
+        weights=dict(spec.weights_for(row.task_type)),
         sampling=sampling,
         task_type=row.task_type,
         attempt=0,
@@ -105,13 +119,40 @@ class Publisher:
     """Takes rows at the cursor, publishes them as tasks, records them in the accounting."""
 
     def __init__(
-        self, queue: RunQueue, rows: Sequence[PromptRow], spec: TaskSpec, run_id: str, cursor: DataCursor
+        self,
+        queue: RunQueue,
+        rows: Sequence[PromptRow],
+        spec: TaskSpec,
+        run_id: str,
+        cursor: DataCursor,
+        *,
+        mixture: Mixture | None = None,
+        stage: int = 0,
+        difficulty: DifficultyTracker | None = None,
     ) -> None:
         self.queue = queue
         self.rows = rows
         self.spec = spec
         self.run_id = run_id
         self.cursor = cursor
+        self.mixture = mixture  # how the rows are drawn (None: a plain shuffle per epoch)
+        self.stage = stage  # a staged run's stage index, in the task ids (0: not staged)
+        self.difficulty = difficulty  # difficulty buckets: rows it sets aside are passed over (None: none are)
+        self.skipped = 0  # draws passed over since the last `take_skipped`
+        self._exhausted_epoch = -1  # the last epoch "every row is set aside" was logged for
+
+    def row_index(self, tid: str) -> int:
+        """The index (in the run's rows) of the row a training task id (or a group id) was made from."""
+        return row_of(tid, len(self.rows), self.cursor.seed, self.mixture)
+
+    def take_skipped(self) -> int:
+        """Draws passed over since the last call (buckets/skipped of a step)."""
+        skipped, self.skipped = self.skipped, 0
+        return skipped
+
+    def row(self, tid: str) -> PromptRow:
+        """The row a training task id (or a group id) of this run was made from."""
+        return self.rows[self.row_index(tid)]
 
     def publish(self, k: int, policy_version: int, batch: int, acct: Accounting) -> list[str]:
         """Publish the next `k` rows under `policy_version`; returns their task ids.
@@ -119,13 +160,24 @@ class Publisher:
         The accounting is updated only after Redis accepted the whole batch, and the cursor
         advances with it: a failed XADD publishes nothing and loses nothing.
         """
-        picks, next_cursor = take(self.cursor, len(self.rows), k)
-        tasks = [build_task(self.rows[i], task_id(self.run_id, key), policy_version, self.spec) for key, i in picks]
+        tracker = self.difficulty
+        skip = tracker.skips if tracker is not None and tracker.rules.active else None
+        taken = take_eligible(self.cursor, len(self.rows), k, self.mixture, skip)
+        tasks = [
+            build_task(self.rows[i], task_id(self.run_id, key, self.stage), policy_version, self.spec)
+            for key, i in taken.picks
+        ]
         self.queue.publish_tasks(tasks)
         now = time.monotonic()
         for task in tasks:
             acct.publish(task.task_id, policy_version, batch, now)
-        self.cursor = next_cursor
+        self.cursor, self.skipped = taken.cursor, self.skipped + taken.skipped
+        if taken.exhausted and taken.cursor.epoch != self._exhausted_epoch:
+            self._exhausted_epoch = taken.cursor.epoch
+            log.warning("a whole epoch's worth of draws (%d) came up passed over: every row is set aside as easy or "
+                        "hard (difficulty buckets: skip_solved_after, set_aside_after, bucket_weights), so they are "
+                        "drawn anyway; lower revisit_after_epochs, raise those settings or add rows",
+                        len(self.rows))  # fmt: skip
         log.debug("published %d task(s) under version %d (batch %d)", len(tasks), policy_version, batch)
         return [t.task_id for t in tasks]
 
@@ -136,7 +188,7 @@ class Publisher:
         scored as the group's task is (without its steps). The continuation gets the task's whole max_new_tokens,
         not what the prefix left of it: identical sampling settings let the rollout batch every value task of a
         step into one engine call (per-prompt budgets in the engines would make it exact)."""
-        task = build_task(self.rows[row_of(group_id, len(self.rows), self.cursor.seed)], tid, policy_version, self.spec)
+        task = build_task(self.row(group_id), tid, policy_version, self.spec)
         task.kind = "value"
         task.prompt.prefix_token_ids.extend(prefix)
         task.checks.ClearField("steps")
@@ -145,7 +197,7 @@ class Publisher:
 
     def republish(self, tid: str, policy_version: int, acct: Accounting) -> None:
         """Publish an in-flight task again under the same id (its group came from discarded weights)."""
-        task = build_task(self.rows[row_of(tid, len(self.rows), self.cursor.seed)], tid, policy_version, self.spec)
+        task = build_task(self.row(tid), tid, policy_version, self.spec)
         task.attempt = acct.in_flight[tid].regenerations + 1
         self.queue.publish_tasks([task])
         acct.republish(tid, policy_version, time.monotonic())

@@ -46,6 +46,14 @@ def highest_pushed(output_dir: Path) -> int:
         return 0
 
 
+def highest_pushed_in_run(output_dir: Path, staged: bool) -> int:
+    """highest_pushed over the whole run: a staged run's stages (output_dir/../stage-<i>-<mode>) push to the same
+    replicas, so each must number its weights above every earlier stage's, or a replica still holding the last
+    stage's weights under a higher version counts as holding this stage's and is never pushed."""
+    folders = [output_dir, *(output_dir.parent.glob("stage-*") if staged else ())]
+    return max(highest_pushed(folder) for folder in folders)
+
+
 def record_pushed(output_dir: Path, version: int) -> None:
     """Durably raise the high-water mark to `version` before it is pushed (temp file, fsync, rename)."""
     if version <= highest_pushed(output_dir):
@@ -139,6 +147,7 @@ __all__ = [
     "PushResult",
     "ReplicaTarget",
     "highest_pushed",
+    "highest_pushed_in_run",
     "push_mode",
     "push_to_replicas",
     "record_pushed",

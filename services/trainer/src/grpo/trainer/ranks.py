@@ -83,6 +83,11 @@ class RankDriver:
     def version(self) -> int:
         return int(self.learner.version)
 
+    @property
+    def updates(self) -> int:
+        """Optimizer updates made (the reference refresh's pace; unlike `version`, never jumps)."""
+        return int(self.learner.updates)
+
     def set_version(self, version: int) -> None:
         self._announce("version", version)
         self.learner.version = version

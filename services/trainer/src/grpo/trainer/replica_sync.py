@@ -17,12 +17,14 @@ from grpo.common.weights.broadcast import WeightBroadcaster
 from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
 from grpo.trainer.errors import RunError
-from grpo.trainer.pusher import ReplicaTarget, highest_pushed, push_mode, push_to_replicas, record_pushed
+from grpo.trainer.pusher import ReplicaTarget, highest_pushed_in_run, push_mode, push_to_replicas, record_pushed
 from grpo.trainer.redis_retry import Retry
 from grpo.trainer.waiting import WaitReporter
 
 if TYPE_CHECKING:
     import torch
+
+    from grpo.trainer.colocated import ColocatedDriver
 
 log = logging.getLogger(__name__)
 RESYNC_S = 2.0  # while groups are awaited, how often the registry is read for replicas that lack the weights
@@ -48,6 +50,7 @@ class ReplicaSync:
         self.confirmed_by: dict[str, str] = {}
         self.synced_at = 0.0  # when the last resync looked for replicas that lack the current weights
         self.push_stats: dict[str, float] = {}  # this step's push/* counts, summed over its pushes
+        self.colocated: ColocatedDriver | None = None  # this process's own replica (colocated.py), never pushed to
 
     def live(self) -> list[ReplicaInfo]:
         return self.retry(self.registry.live_replicas, "reading the replica registry")
@@ -74,14 +77,18 @@ class ReplicaSync:
         return live
 
     def fresh_version(self, live: list[ReplicaInfo], version: int) -> int:
-        """A version above every one ever pushed from this output dir, not only the live replicas': restarted with
-        the trainer, they report 0, and the lost lineage's first version would be reused, its groups trained as
-        on-policy."""
+        """A version above every one ever pushed in this run (every stage's output dir), not only the live
+        replicas': restarted with the trainer, they report 0, and the lost lineage's first version would be reused,
+        its groups trained as on-policy; and a heartbeat can lag the last stage's final push, whose version would
+        then be reused for this stage's other weights (the replica, holding it, never pushed)."""
         newest = max([r.weight_version for r in live], default=0)
-        return max(version, newest, highest_pushed(self.s.output_dir)) + 1
+        return max(version, newest, highest_pushed_in_run(self.s.output_dir, self.s.stage > 0)) + 1
 
     def holds(self, replica: ReplicaInfo, version: int) -> bool:
-        """Whether `replica` holds `version`: by its heartbeat, or by this incarnation's push reply."""
+        """Whether `replica` holds `version`: by its heartbeat, or by this incarnation's push reply (a colocated
+        replica: by its own word, it shares the learner's weights)."""
+        if self.colocated is not None and replica.replica_id == self.colocated.rollout.replica_id:
+            return self.colocated.rollout.version >= version
         if replica.weight_version >= version:
             return True
         confirmed = self.confirmed.get(replica.replica_id) == version

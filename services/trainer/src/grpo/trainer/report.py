@@ -5,6 +5,10 @@ the problems it judged (pooled correct / judged); `eval_accuracy_before` is the 
 (e.g. after SFT) before the first GRPO update: the trainer's own step-0 evaluation (`eval_before_train`), or given
 by the caller. Each says how many problems were judged out of how many were asked (`eval_*_judged`,
 `eval_*_problems`): accuracy is correct / judged, and failed, missing or unjudged problems are not in it.
+
+A multi-task run (its data hold several task types) also logs task/<type>/* every step and eval/<type>/* at each
+evaluation; `per_task` in summary.json gives, per type, the last step's values and the held-out numbers before and
+after (pooled the same way), and report.md a table of them.
 """
 
 from __future__ import annotations
@@ -136,8 +140,80 @@ def summarize(
         "reward_window_steps": window,
         "eval_history": history,
     }
+    tasks = per_task(rows)
+    if tasks:
+        summary["per_task"] = tasks
     summary.update(extra or {})
     return summary
+
+
+TASK_KEYS = ("groups", "reward_mean", "accuracy", "zero_variance_fraction")  # task/<type>/<key>, every step
+EVAL_TASK_KEYS = ("accuracy", "reward_mean")  # eval/<type>/<key>, with eval/<type>/judged and /problems
+
+
+def task_plots(types: Sequence[str]) -> tuple[tuple[str, str, str, tuple[tuple[str, str], ...]], ...]:
+    """A multi-task run's plots, as PLOTS: each type's training reward, and its held-out accuracy or reward."""
+    if not types:
+        return ()
+    return (
+        ("task_reward", "Training reward per task", "reward (mean over the step's samples)",
+         tuple((f"task/{t}/reward_mean", t) for t in types)),
+        ("task_eval", "Held-out per task", "accuracy, or reward mean (rows without a correctness component)",
+         tuple((f"eval/{t}/{k}", f"{t} ({k.replace('_', ' ')})") for t in types for k in EVAL_TASK_KEYS)),
+    )  # fmt: skip
+
+
+def task_types(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The task types a multi-task run logged (task/<type>/groups each step, eval/<type>/problems each evaluation)."""
+    found = set()
+    for row in rows:
+        for key in row:
+            if key.startswith("task/") and key.endswith("/groups"):
+                found.add(key[len("task/") : -len("/groups")])
+            elif key.startswith("eval/") and key.endswith("/problems"):
+                found.add(key[len("eval/") : -len("/problems")])
+    return sorted(found)
+
+
+def pooled(rows: Sequence[dict[str, Any]], key: str, judged_key: str) -> float | None:
+    """`key` over the rows that have it, each weighted by its `judged_key` count (as pooled_accuracy)."""
+    pairs = [(float(r[key]), float(r.get(judged_key) or 0)) for r in rows if isinstance(r.get(key), int | float)]
+    total = sum(j for _, j in pairs)
+    return sum(v * j for v, j in pairs) / total if total else None
+
+
+def per_task(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per task type: the last logged task/<type>/* values and the groups settled over the run; the held-out
+    accuracy (rows with a correctness component) and reward mean (rows without one) of the step-0 evaluation
+    ("before") and of the last three evaluations after it pooled by problems judged ("after", as the overall
+    accuracy), with their judged counts. An evaluation a stop cut short (eval/stopped) counts for neither."""
+    finished = [r for r in rows if r.get("eval/stopped") == 0]
+    before = next((r for r in finished if int(r["step"]) == 0), None)
+    last_evals = [r for r in finished if int(r["step"]) > 0][-3:]
+    out: dict[str, dict[str, Any]] = {}
+    for task_type in task_types(rows):
+        task, ev = f"task/{task_type}", f"eval/{task_type}"
+        entry: dict[str, Any] = {f"last_{k}": last_value(rows, f"{task}/{k}") for k in TASK_KEYS}
+        entry["groups_total"] = int(sum(v for _, v in series(rows, f"{task}/groups")))
+        for k in EVAL_TASK_KEYS:
+            entry[f"eval_{k}_before"] = pooled([before], f"{ev}/{k}", f"{ev}/judged") if before else None
+            entry[f"eval_{k}_after"] = pooled(last_evals, f"{ev}/{k}", f"{ev}/judged")
+        entry["eval_before_judged"] = _count(before, f"{ev}/judged") if before else None
+        entry["eval_after_judged"] = _sum([_count(r, f"{ev}/judged") for r in last_evals])
+        entry["eval_problems"] = _count(last_evals[-1] if last_evals else before, f"{ev}/problems")
+        out[task_type] = entry
+    return out
+
+
+def last_value(rows: Sequence[dict[str, Any]], key: str) -> float | None:
+    """The value of the last row that has a finite `key`, None when none has."""
+    points = series(rows, key)
+    return points[-1][1] if points else None
+
+
+def _count(row: dict[str, Any] | None, key: str) -> int | None:
+    value = (row or {}).get(key)
+    return int(value) if isinstance(value, int | float) else None
 
 
 def plot_all(rows: Sequence[dict[str, Any]], out_dir: Path, eval_before: float | None = None) -> list[Path]:
@@ -148,7 +224,7 @@ def plot_all(rows: Sequence[dict[str, Any]], out_dir: Path, eval_before: float |
     import matplotlib.pyplot as plt
 
     written = []
-    for name, title, ylabel, keys in PLOTS:
+    for name, title, ylabel, keys in (*PLOTS, *task_plots(task_types(rows))):
         lines = [(label, series(rows, key)) for key, label in keys]
         if name == "accuracy" and eval_before is not None:
             lines[0] = (lines[0][0], [(0, eval_before), *[pt for pt in lines[0][1] if pt[0] > 0]])
@@ -208,6 +284,8 @@ def report_markdown(summary: dict[str, Any], plots: Sequence[Path]) -> str:
         "of it (an infrastructure fault, not a wrong answer), and the counts above say how many were.",
         "",
     ]
+    if summary.get("per_task"):
+        lines += task_table(summary["per_task"])
     if summary.get("stages"):
         lines += ["## Stages", "", "| stage | mode | steps | seconds | outcome |", "|---|---|---|---|---|"]
         for st in summary["stages"]:
@@ -216,6 +294,36 @@ def report_markdown(summary: dict[str, Any], plots: Sequence[Path]) -> str:
     for path in plots:
         lines += [f"## {path.stem.replace('_', ' ')}", "", f"![{path.stem}]({path.name})", ""]
     return "\n".join(lines)
+
+
+def task_table(tasks: dict[str, dict[str, Any]]) -> list[str]:
+    """report.md's per-task section: the last step's training numbers and held-out before → after per task type."""
+    lines = [
+        "## Per task", "",
+        "| task type | groups (all steps) | reward (last step) | accuracy (last step) | zero-variance (last step) "
+        "| held-out before → after |",
+        "|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for task_type, t in tasks.items():
+        held_out = []
+        if t["eval_accuracy_before"] is not None or t["eval_accuracy_after"] is not None:
+            held_out.append(f"accuracy {_pct(t['eval_accuracy_before'])} → {_pct(t['eval_accuracy_after'])}")
+        if t["eval_reward_mean_before"] is not None or t["eval_reward_mean_after"] is not None:
+            held_out.append(f"reward {_num(t['eval_reward_mean_before'])} → {_num(t['eval_reward_mean_after'])}")
+        judged = f" ({t['eval_after_judged']} judged)" if held_out and t["eval_after_judged"] is not None else ""
+        zero = t["last_zero_variance_fraction"]
+        lines.append(
+            f"| {task_type} | {t['groups_total']} | {_num(t['last_reward_mean'])} | {_pct(t['last_accuracy'])} "
+            f"| {_pct(zero)} | {'; '.join(held_out) or 'n/a'}{judged} |"
+        )
+    lines += [
+        "",
+        "Accuracy is the share of samples whose correctness component (math or code) is 1; rows without one (e.g.",
+        "scored by a reward model) have the held-out reward mean instead. Zero-variance: the share of the step's",
+        "groups of that type whose samples all got the same reward (no learning signal).",
+        "",
+    ]
+    return lines
 
 
 def write_report(

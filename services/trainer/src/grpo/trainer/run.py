@@ -35,11 +35,22 @@ from grpo.trainer.accounting import (
 )
 from grpo.trainer.build import RunParts, build_run, eval_result, evaluation_due
 from grpo.trainer.config import TrainerSettings
-from grpo.trainer.consumer import facts_of, failure_reason, group_metrics, to_samples
+from grpo.trainer.consumer import (
+    Settled,
+    correctness,
+    facts_of,
+    failure_reason,
+    group_metrics,
+    group_spread,
+    task_metrics,
+    to_samples,
+)
 from grpo.trainer.control import ReplicaView, RunControl
+from grpo.trainer.difficulty import SOLVED, bucket_metrics
 from grpo.trainer.errors import RunError
 from grpo.trainer.evaluation import evaluate
 from grpo.trainer.live_doctor import LiveDoctor
+from grpo.trainer.publisher import position_of
 from grpo.trainer.replica_sync import check_replica_caps
 from grpo.trainer.vine import VALUE_KIND
 from grpo.v1 import queue_pb2
@@ -52,6 +63,8 @@ NO_PUSHES = {"push/ok": 0.0, "push/failed": 0.0, "push/bytes_sent": 0.0}
 
 class GrpoRun:
     """One GRPO run; `run()` blocks until the last step, a stop request or a fatal error."""
+
+    phase = "grpo"  # what the status says the run is doing between evaluations
 
     def __init__(
         self,
@@ -68,6 +81,9 @@ class GrpoRun:
         self.algo = p.algo
         self.zero_variance_on = p.zero_variance_on
         self.spec, self.rows, self.eval_rows, self.longest_prompt = p.spec, p.rows, p.eval_rows, p.longest_prompt
+        # The task types of a multi-task run (task/<type>/* and eval/<type>/* metrics); () when the data hold one.
+        types = sorted({row.task_type for row in self.rows})
+        self.task_types: tuple[str, ...] = tuple(types) if len(types) > 1 else ()
         self.queue, self._retry, self.replicas, self.waiting = p.queue, p.retry, p.replicas, p.waiting
         self.reader, self.learner, self.acct, self.publisher = p.reader, p.learner, p.acct, p.publisher
         self.value_books, self.credit, self.sink = p.value_books, p.credit, p.sink
@@ -90,7 +106,7 @@ class GrpoRun:
     # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
         s = self.s
-        self.control.update(phase="grpo", total_steps=s.steps, step=self.step, policy_version=self.version)
+        self.control.update(phase=self.phase, total_steps=s.steps, step=self.step, policy_version=self.version)
         if self.step < s.steps or self.eval_owed:
             self._start_replicas()
         if self.step < s.steps:
@@ -214,6 +230,8 @@ class GrpoRun:
         outcomes: Counter[str] = Counter()
         self.outcomes, self.failures = outcomes, Counter()
         staleness: list[int] = []
+        settled: list[tuple[str, str, queue_pb2.GroupRecord | None]] = []  # (task id, verdict, group): task/<type>/*
+        judged: list[tuple[str, float, float | None]] = []  # difficulty buckets: (bucket, reward, accuracy) per group
         while not quota.done:
             if self.control.stopping:
                 return None, {}
@@ -226,6 +244,7 @@ class GrpoRun:
                     log.warning("task %s: no group after %.0fs; dropped (timeout)", tid, s.group_timeout_s)
                     self.acct.resolve(tid, "timeout")
                     outcomes["timeout"] = outcomes.get("timeout", 0) + 1
+                    settled.append((tid, "timeout", None))
                     self._on_resolved(quota, "timeout")
             entry = self._retry(lambda: self.reader.next(block_ms=500), "reading groups")
             if entry is None:
@@ -268,10 +287,13 @@ class GrpoRun:
                     self.failures[failure_reason(record, self.algo.group_size)] += 1
                 self.acct.resolve(record.group_id, verdict)
                 self.reader.defer_ack(entry.entry_id)
+            settled.append((record.group_id, verdict, record))
+            if verdict in ("train", "zero_variance"):
+                judged += self._judge_difficulty(record)
             self._on_resolved(quota, verdict)
         resolved = sum(v for k, v in outcomes.items() if k not in ("duplicate", "superseded", "regenerate"))
         # rollout/* describe what the policy sampled this step, not the subset the filters kept for the update.
-        metrics = group_metrics(sampled)
+        metrics = {**group_metrics(sampled), **group_spread(sampled)}
         # Every verdict every step (0 when none): a Prometheus gauge keeps its last value, and a count from an
         # earlier step would read as this step's.
         metrics.update({f"groups/{k}": float(outcomes.get(k, 0)) for k in GROUP_VERDICTS})
@@ -280,7 +302,31 @@ class GrpoRun:
         if staleness:
             metrics["staleness/mean"] = sum(staleness) / len(staleness)
             metrics["staleness/max"] = float(max(staleness))
+        if self.task_types:
+            metrics.update(self._task_metrics(settled))
+        if self.publisher.difficulty is not None:
+            tracker, n_rows = self.publisher.difficulty, len(self.rows)
+            metrics.update(bucket_metrics(tracker, n_rows, self.publisher.take_skipped(), judged))
         return kept, metrics
+
+    def _judge_difficulty(self, record: queue_pb2.GroupRecord) -> list[tuple[str, float, float | None]]:
+        """Record a sampled group in the difficulty buckets (none kept: []); its (bucket before, mean reward, mean
+        correctness or None) for the step's buckets/<bucket>/* metrics."""
+        tracker = self.publisher.difficulty
+        if tracker is None or not record.samples:
+            return []
+        scores = [correctness(sample) for sample in record.samples]
+        bucket = tracker.observe(self.publisher.row_index(record.group_id), position_of(record.group_id)[0],
+                                 self.step, scores)  # fmt: skip
+        judged = [c for c in scores if c is not None]  # solved as rollout/accuracy counts it: a correctness of 1
+        accuracy = sum(c >= SOLVED for c in judged) / len(judged) if len(judged) == len(scores) else None
+        return [(bucket, sum(sample.reward for sample in record.samples) / len(record.samples), accuracy)]
+
+    def _task_metrics(self, settled: list[tuple[str, str, queue_pb2.GroupRecord | None]]) -> dict[str, float]:
+        """task/<type>/* of the step's settled tasks, each typed by the row its task id was made from."""
+        typed: list[Settled] = [(self.publisher.row(tid).task_type, verdict, rec) for tid, verdict, rec in settled]
+        return task_metrics(self.task_types, typed, zero_variance_on=self.zero_variance_on,
+                            reward_clip=self.algo.reward_clip, steps=self.credit.steps)  # fmt: skip
 
     def _judge_failures(self) -> None:
         """Say why the step's groups failed (the rollout's reasons); end the run when every group keeps failing."""
@@ -314,6 +360,11 @@ class GrpoRun:
             samples += to_samples(record, group_outcome, tokens)
         metrics = {**self.learner.step(samples), **self.credit.train_metrics(records)}
         out = {f"train/{k}": v for k, v in metrics.items()}
+        # What grpo doctor's KL rule weighs a KL against: the β in effect and how old the reference is.
+        out["train/beta"] = self.algo.beta
+        out["train/steps_since_ref_refresh"] = float(
+            steps_since_ref_refresh(self.learner.updates, self.algo.ref_refresh_steps or 0, self.algo.beta)
+        )
         out.update(self.credit.metrics(records))  # e.g. VinePPO's value rollouts: their books and cost
         for entry_id, record in kept:
             self.acct.resolve(record.group_id, "trained")
@@ -330,6 +381,7 @@ class GrpoRun:
             self.ckpt_root, step=self.step, data_cursor=self.publisher.cursor.to_state(),
             inflight=self.acct.to_state(time.monotonic()), keep_last=self.s.keep_checkpoints,
             outcomes=outcomes, ledger_root=self.ledger_root,
+            difficulty=None if self.publisher.difficulty is None else self.publisher.difficulty.to_state(),
         )  # fmt: skip
         self.segment, self.acct.recent = (self.step, outcomes), []
         self.last_checkpoint_step = self.step
@@ -357,10 +409,10 @@ class GrpoRun:
                 self.reader, self.eval_rows, self.spec, run_id=self.s.run_id,
                 round_id=f"{self.step}x{uuid.uuid4().hex[:6]}", policy_version=self.version,
                 temperature=self.s.eval_temperature, timeout_s=self.s.eval_timeout_s,
-                should_stop=lambda: self.control.stopping, sync_replicas=self._resync,
+                should_stop=lambda: self.control.stopping, sync_replicas=self._resync, per_task=bool(self.task_types),
             )  # fmt: skip
         finally:
-            self.control.update(phase="grpo")
+            self.control.update(phase=self.phase)
         self.eval_owed = metrics.get("eval/stopped", 0.0) > 0
         if "eval/accuracy" in metrics:  # finished (one a stop cut short keeps the previous last_eval)
             history = (*self.control.status().eval_history, (self.step, metrics["eval/accuracy"]))
@@ -397,7 +449,7 @@ class GrpoRun:
         )
         self.control.update(
             step=self.step, policy_version=self.version, replicas=replicas, **self._books(),
-            metrics={k: float(v) for k, v in metrics.items() if isinstance(v, int | float)},
+            metrics={k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}, doctor=self.doctor.view(),
         )  # fmt: skip
 
     def _books(self) -> dict[str, Any]:
@@ -406,6 +458,12 @@ class GrpoRun:
         a = self.acct
         return {"tasks_published": a.published, "groups_trained": a.trained, "dropped": dict(a.dropped),
                 "in_flight": a.n_in_flight, "duplicates": a.duplicates, "superseded": a.superseded}  # fmt: skip
+
+
+def steps_since_ref_refresh(updates: int, every: int, beta: float) -> int:
+    """Updates since the reference model was last set to the policy (Learner._after_update refreshes it every
+    `every` updates, and at the start); -1 when it is never refreshed (every 0) or there is none (β 0)."""
+    return updates % every if every > 0 and beta > 0 else -1
 
 
 def nothing_trained(steps: int, dropped: dict[str, int]) -> str:

@@ -22,7 +22,7 @@ from grpo.trainer.errors import RunError
 from grpo.trainer.export import final_model_saved
 from grpo.trainer.grpc_api import register
 from grpo.trainer.http_api import http_routes
-from grpo.trainer.ranks import env_rank, leave_process_group
+from grpo.trainer.ranks import env_rank, env_world_size, leave_process_group
 from grpo.trainer.report import evaluated, last_row_at
 
 log = logging.getLogger(__name__)
@@ -105,11 +105,13 @@ def lead(settings: TrainerSettings, control: RunControl | None) -> int:
 
 def run_description(settings: TrainerSettings) -> str:
     """What the run does, for its start-up line: each stage's own mode (a staged run's top-level mode is only the
-    default its stages override), and a preset only where GRPO uses one (SFT has none)."""
+    default its stages override), and a preset only where GRPO uses one (SFT and rejection sampling have none)."""
 
     def mode(values: dict[str, Any]) -> str:
         name = values.get("mode", settings.mode)
-        return str(name) if name == "sft" else f"{name}, preset {values.get('preset', settings.preset)}"
+        if name in ("sft", "rejection_sampling"):  # no update, or none a preset shapes
+            return str(name)
+        return f"{name}, preset {values.get('preset', settings.preset)}"
 
     if settings.stages:
         parts = "; ".join(f"{i}: {mode(stage)}" for i, stage in enumerate(settings.stages, 1))
@@ -132,8 +134,12 @@ def run_mode(settings: TrainerSettings, control: RunControl, registry: Collector
 
 
 def run_single(settings: TrainerSettings, control: RunControl, registry: CollectorRegistry) -> None:
-    """One sft or grpo run (or stage): resumed, finished from its last checkpoint, or found finished."""
+    """One sft, grpo or rejection_sampling run (or stage): resumed, finished from its last checkpoint, or found
+    finished."""
     make_output_dir(settings.output_dir)  # a stage's own folder too, before its model loads
+    if settings.mode == "rejection_sampling":
+        run_rejection_sampling(settings, control, registry)
+        return
     finished = finished_run(settings)
     if finished:
         log.warning("%s", finished)
@@ -155,6 +161,21 @@ def run_single(settings: TrainerSettings, control: RunControl, registry: Collect
         run.run()
     finally:
         run.close()
+
+
+def run_rejection_sampling(settings: TrainerSettings, control: RunControl, registry: CollectorRegistry) -> None:
+    """Rank 0 samples alone (there is no update to share); on several ranks it then releases the followers, which
+    wait for it (follow_rank), telling them whether the stage finished."""
+    from grpo.trainer import rejection_run
+
+    if env_world_size() <= 1:
+        rejection_run.run_rejection_sampling(settings, control, registry)
+        return
+    rejection_run.rank_store()  # the followers form the process group here if no earlier stage did
+    try:
+        rejection_run.run_rejection_sampling(settings, control, registry)
+    finally:
+        rejection_run.tell_followers(settings.stage, control.status().phase == "done")
 
 
 def make_output_dir(path: Path) -> None:
@@ -226,14 +247,22 @@ def follow_rank(settings: TrainerSettings) -> int:
     """A DeepSpeed rank > 0: build the same learner, then mirror rank 0's collective operations."""
     from grpo.trainer.assemble import build_learner
     from grpo.trainer.ranks import follow
+    from grpo.trainer.rejection_run import await_rank0
     from grpo.trainer.stages import plan_stages, read_outcome
 
     if settings.stages:  # rank 0 runs the unfinished stages in order; so do we
         for stage in plan_stages(settings):
             if read_outcome(stage) is None:
+                if stage.mode == "rejection_sampling":  # rank 0 samples alone; we wait for it
+                    if not await_rank0(stage.settings.stage):
+                        return 0  # rank 0 stopped inside the stage
+                    continue
                 follow_rank(stage.settings)
                 if not final_model_saved(stage.folder / "final"):
                     return 0  # rank 0 stopped inside the stage (it writes final/ before releasing us)
+        return 0
+    if settings.mode == "rejection_sampling":
+        await_rank0(settings.stage)
         return 0
     if finished_run(settings):  # rank 0 says so and returns without a collective call
         return 0

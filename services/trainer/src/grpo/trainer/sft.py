@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry
 from grpo.common import prompts
 from grpo.trainer.assemble import build_learner
 from grpo.trainer.checkpoint import latest_checkpoint, set_aside_after
-from grpo.trainer.config import TrainerSettings
+from grpo.trainer.config import TrainerSettings, data_sources
 from grpo.trainer.control import RunControl
-from grpo.trainer.data import DataCursor, PromptRow, load_rows, take
+from grpo.trainer.data import DataCursor, Mixture, PromptRow, load_sources, mixture_of, take
 from grpo.trainer.export import load_tokenizer
 from grpo.trainer.learner import SftPair
 from grpo.trainer.metrics import MetricsSink
@@ -49,13 +49,14 @@ def run_sft(
     settings: TrainerSettings, control: RunControl, prometheus_registry: CollectorRegistry | None = None
 ) -> None:
     """`steps` SFT updates of `prompts_per_step` pairs each; checkpoints and resume as in GRPO."""
-    assert settings.train_data is not None
     tokenizer = load_tokenizer(settings.model)
-    rows = load_rows(settings.train_data, need_response=True, tokenizer=tokenizer)
+    sources = data_sources(settings)
+    rows = load_sources([s.path for s in sources], need_response=True, tokenizer=tokenizer)
+    mixture = mixture_of(rows, sources, settings.task_weights)
     learner = RankDriver(build_learner(settings), settings.model)
     try:
         _train(settings, control, learner, [to_pair(tokenizer, r, settings.apply_chat_template) for r in rows],
-               prometheus_registry)  # fmt: skip
+               mixture, prometheus_registry)  # fmt: skip
     finally:
         learner.close()  # releases the follower ranks, also after a failure
 
@@ -65,6 +66,7 @@ def _train(
     control: RunControl,
     learner: RankDriver,
     pairs: list[SftPair],
+    mixture: Mixture | None,
     registry: CollectorRegistry | None,
 ) -> None:
     root = s.output_dir / "checkpoints"
@@ -88,7 +90,7 @@ def _train(
         while step < s.steps and not control.stopping:
             for fut in control.take_checkpoint_requests():
                 fut.set_result((checkpoint(), step))
-            picks, cursor = take(cursor, len(pairs), s.prompts_per_step)
+            picks, cursor = take(cursor, len(pairs), s.prompts_per_step, mixture)
             metrics = {f"sft/{k}": v for k, v in learner.sft_step([pairs[i] for _, i in picks]).items()}
             step += 1
             sink.log(step, metrics)

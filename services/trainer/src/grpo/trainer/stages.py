@@ -1,9 +1,10 @@
 """A staged run (R1: cold-start SFT, then GRPO) in one trainer process, resumable between and within stages.
 
-Stage i runs as an ordinary sft or grpo run in output_dir/stage-<i>-<mode>, on the previous stage's
-final model unless it names its own. A finished stage leaves stage.json (its outcome) beside its
-final/ model; a restarted trainer skips those stages and resumes the current one from its
-checkpoints. The run's summary.json and report.md (with plots) go to output_dir after every stage; a run without
+Stage i runs as an ordinary sft or grpo run (or a rejection_sampling stage, which writes SFT rows instead of a model)
+in output_dir/stage-<i>-<mode>, on the previous stage's final model unless it names its own (`base`: the run's
+model). A finished stage leaves stage.json (its outcome) beside its final/ model (a rejection_sampling stage: beside
+its data.jsonl, which later stages name as `previous` or `stage:<N>`); a restarted trainer skips those stages and
+resumes the current one from its checkpoints. The run's summary.json and report.md (with plots) go to output_dir after every stage; a run without
 stages writes the same files at its end, as a run of one stage (`write_single_report`).
 """
 
@@ -17,12 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo.trainer.config import TrainerSettings, stage_settings
+from grpo.trainer.config import TrainerSettings, is_reference, stage_settings
 from grpo.trainer.control import RunControl
 from grpo.trainer.report import read_metrics, summarize, write_report
 
 log = logging.getLogger(__name__)
 OUTCOME_FILE = "stage.json"
+RS_DATA_FILE = "data.jsonl"  # what a rejection_sampling stage writes into its folder (SFT rows)
 
 
 @dataclass(frozen=True)
@@ -40,20 +42,84 @@ class Stage:
 
 
 def plan_stages(settings: TrainerSettings) -> list[Stage]:
-    """Each stage's settings; a stage without `model` starts from the previous stage's final model."""
+    """Each stage's settings, its model and data references resolved: `model` base (the run's model) or previous
+    (the default: the final model of the latest earlier sft or grpo stage; the run's model when there is none), and
+    train_data items `previous` or `stage:<N>` (the data.jsonl an earlier rejection_sampling stage writes)."""
     stages: list[Stage] = []
     for i, raw in enumerate(settings.stages, 1):
         values = dict(raw)
-        if i > 1 and "model" not in values:
-            values["model"] = str(stages[-1].folder / "final")
+        values["model"] = stage_model(settings, stages, values.get("model"), i)
+        if "train_data" in values:
+            values["train_data"] = stage_data(stages, values["train_data"], i)
         stages.append(Stage(i, stage_settings(settings, values, i)))
     return stages
 
 
+def stage_model(settings: TrainerSettings, earlier: list[Stage], model: Any, index: int) -> Any:
+    """A stage's model with `base` and `previous` resolved (a rejection_sampling stage trains none: the stage after
+    it continues from the model before it)."""
+    if model == "base":
+        return settings.model
+    if model is not None and model != "previous":
+        return model  # a path, hub id or tiny (or a wrong type, which the stage's validation names)
+    if index == 1 and model == "previous":
+        raise ValueError("stages[1]: model: previous, but stage 1 has no earlier stage; use base (the run's model), "
+                         "or leave model out")  # fmt: skip
+    trained = [stage for stage in earlier if stage.mode in ("sft", "grpo")]
+    return str(trained[-1].folder / "final") if trained else settings.model
+
+
+def stage_data(earlier: list[Stage], value: Any, index: int) -> Any:
+    """A stage's train_data with its references to earlier rejection_sampling stages' data resolved to their files;
+    ValueError naming the stage for a reference to no such stage."""
+    if isinstance(value, str | Path):
+        return resolve_reference(earlier, str(value), index) if is_reference(value) else value
+    if not isinstance(value, list):
+        return value  # the stage's validation names what is wrong with it
+    out: list[Any] = []
+    for item in value:
+        if isinstance(item, str | Path) and is_reference(item):
+            out.append(resolve_reference(earlier, str(item), index))
+        elif isinstance(item, dict) and isinstance(item.get("data"), str | Path) and is_reference(item["data"]):
+            out.append({**item, "data": resolve_reference(earlier, str(item["data"]), index)})
+        else:
+            out.append(item)
+    return out
+
+
+def resolve_reference(earlier: list[Stage], reference: str, index: int) -> str:
+    """`previous` or `stage:<N>` → the producing rejection_sampling stage's <folder>/data.jsonl."""
+    producers = [stage for stage in earlier if stage.mode == "rejection_sampling"]
+    if reference == "previous":
+        if not producers:
+            raise ValueError(f"stages[{index}]: train_data previous names the data of the latest earlier "
+                             "rejection_sampling stage, and no stage before it is one")  # fmt: skip
+        return str(producers[-1].folder / RS_DATA_FILE)
+    number = reference.removeprefix("stage:").strip()
+    if not number.isdigit() or int(number) < 1:
+        raise ValueError(f"stages[{index}]: train_data {reference!r}: write stage:<N>, N an earlier stage's number "
+                         "(from 1)")  # fmt: skip
+    n = int(number)
+    if n >= index:
+        raise ValueError(f"stages[{index}]: train_data {reference!r}: stage {n} is not earlier than stage {index}; "
+                         "a stage can only train on data an earlier stage wrote")  # fmt: skip
+    if earlier[n - 1].mode != "rejection_sampling":
+        raise ValueError(f"stages[{index}]: train_data {reference!r}: stage {n} is a {earlier[n - 1].mode} stage, "
+                         "which writes no data; only a rejection_sampling stage does")  # fmt: skip
+    return str(earlier[n - 1].folder / RS_DATA_FILE)
+
+
+def produced_by(stages: list[Stage], path: Path) -> Stage | None:
+    """The rejection_sampling stage of this run whose output `path` is, if any."""
+    return next((s for s in stages if s.mode == "rejection_sampling" and s.folder / RS_DATA_FILE == path), None)
+
+
 def read_outcome(stage: Stage) -> dict[str, Any] | None:
-    """The finished stage's outcome, or None while it is not finished (no final model or no stage.json)."""
+    """The finished stage's outcome, or None while it is not finished: no stage.json, or no final model (sft, grpo)
+    or no data.jsonl (rejection_sampling, which trains no model)."""
     path = stage.folder / OUTCOME_FILE
-    if not (path.is_file() and (stage.folder / "final" / "config.json").is_file()):
+    product = RS_DATA_FILE if stage.mode == "rejection_sampling" else "final/config.json"
+    if not (path.is_file() and (stage.folder / product).is_file()):
         return None
     return json.loads(path.read_text())  # type: ignore[no-any-return]
 
@@ -66,6 +132,10 @@ def stage_outcome(stage: Stage, seconds: float) -> dict[str, Any]:
         seconds = max(seconds, times[-1] - times[0])
     out: dict[str, Any] = {"index": stage.index, "mode": stage.mode, "steps": stage.settings.steps,
                            "seconds": round(seconds, 1), "folder": str(stage.folder)}  # fmt: skip
+    if stage.mode == "rejection_sampling":
+        from grpo.trainer.rejection import rs_outcome
+
+        return {**out, **rs_outcome(stage.folder, seconds)}
     if stage.mode == "sft":
         losses = [r["sft/sft_loss"] for r in rows if isinstance(r.get("sft/sft_loss"), int | float)]
         out["sft_loss_first"], out["sft_loss_last"] = (losses[0], losses[-1]) if losses else (None, None)

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+from grpo.reward.verifiers.math_types import MathOptions, MathVerdict
 
 log = logging.getLogger(__name__)
 # We enforce deadlines by killing workers, so math-verify's "timeout is disabled" warning is noise.
@@ -73,26 +74,6 @@ _TRAILING_POINT = re.compile(r"(?<=\d)\.(?=\s*\})")  # \boxed{72.}: the sentence
 _DIGIT_GROUP_SPACE = re.compile(r"(?<=\d)\\[, ](?=\d{3}(?!\d))")  # 1\,000 and 1\ 000: thousands, not 1·000
 _WORDS_ONLY = re.compile(r"[^\W\d_]+(?:[\s'-]+[^\W\d_]+)*")  # "Yes", "Evelyn", "not possible": no digits
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|boxed|fbox)\s*\{([^{}]*)\}")
-
-
-@dataclass(frozen=True)
-class MathOptions:
-    """math-verify's comparison settings, per request (the defaults are math-verify's own)."""
-
-    extraction: tuple[str, ...] = ("latex", "expr")  # parsers for both sides: LaTeX, plain expressions
-    precision: int = 6  # decimal places numbers are rounded to before comparing
-    strict: bool = True  # False: variable and function names may differ (f(x) equals f(y))
-    allow_set_relation_comp: bool = False  # a gold set/interval may equal a relation (x ∈ [a, b] vs a ≤ x ≤ b)
-
-
-@dataclass(frozen=True)
-class MathVerdict:
-    """The outcome of one verification; `correct` is None when the verifier cannot judge."""
-
-    status: str
-    correct: bool | None
-    extracted_answer: str = ""
-    detail: str = ""
 
 
 def answer_region(completion: str) -> str:

@@ -9,36 +9,21 @@ where an item did not give that key). None means the plug-in cannot judge that i
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from grpo.common.plugins import import_function
 from grpo.reward.verifiers.result import Judgement
 
 RewardFn = Callable[..., Sequence[float | None]]
 RESERVED_KWARGS = frozenset({"prompts", "completions"})
 
 
-def load_function(path: str) -> RewardFn:
-    """Import `pkg.mod:fn`; raises ValueError with a message that names the path."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"plug-in path {path!r} must look like 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import plug-in module {module_name!r}: {exc}") from exc
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"{module_name!r} has no callable {attr!r}")
-    return fn  # type: ignore[no-any-return]
-
-
 def load_plugins(paths: Mapping[str, str]) -> dict[str, RewardFn]:
     """Load every configured plug-in by name."""
-    return {name: load_function(path) for name, path in paths.items()}
+    return {name: import_function(path, "plugins") for name, path in paths.items()}
 
 
 def columns(kwargs_per_item: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:

@@ -1,16 +1,36 @@
 """Optional reward model: a local HF sequence-classification checkpoint scoring (prompt, completion) pairs.
 
 torch and transformers are imported only when a model is loaded (the `reward-model`
-extra); the service runs without them otherwise. The score is the first logit.
+extra); the service runs without them otherwise. The model's output is its first logit; `normalized` maps it
+into the component's score as the item's RewardModelCheck asks (docs/reward.md "Hybrid reward").
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import Any
 
 log = logging.getLogger(__name__)
+NORMALIZE = ("none", "sigmoid")
+
+
+def normalized(logit: float, normalize: str = "none", shift: float = 0.0, scale: float = 1.0) -> float:
+    """The component's score from the model's logit: (logit - shift) / scale, squashed into (0, 1) by `sigmoid`.
+
+    A non-finite logit stays non-finite (the caller fails that item: a broken forward pass is never a score)."""
+    if normalize not in NORMALIZE:
+        raise ValueError(f"unknown normalize {normalize!r}; one of {list(NORMALIZE)}")
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
+    if not math.isfinite(logit):
+        return logit
+    x = (logit - shift) / scale
+    if normalize == "none":
+        return x
+    # The two branches keep exp() from overflowing for a large |x| (and map ±inf to 1 and 0).
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
 
 class RewardModel:

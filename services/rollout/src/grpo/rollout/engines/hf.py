@@ -57,15 +57,21 @@ class HFEngine(Engine):
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model)
-        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, DTYPES[dtype]))
+        loaded = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, DTYPES[dtype]))
         # transformers wraps `to` with functools.wraps, which mypy does not bind as a method
-        self.model.to(self.device).eval()  # type: ignore[arg-type]
+        loaded.to(self.device).eval()  # type: ignore[arg-type]
         if self.device.type == "cpu":
             # from_pretrained maps the checkpoint file: the first weight update would pay a copy-on-write
             # fault per page (6x a later update, measured at 190 MB). Private memory now, at start-up.
             with torch.no_grad():
-                for param in self.model.parameters():  # tied parameters are listed once
+                for param in loaded.parameters():  # tied parameters are listed once
                     param.data = param.data.clone()
+        self._attach(loaded)
+        log.info("hf engine: %s on %s (%s), %d tensors", model, self.device, dtype, len(self._weights))
+
+    def _attach(self, model: Any) -> None:
+        """Generate from `model` (on self.device, with self.tokenizer set)."""
+        self.model = model
         config = self.model.config
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or self.tokenizer.model_max_length)
         self.eos_ids = self._eos_ids()
@@ -76,7 +82,6 @@ class HFEngine(Engine):
         self.forward_kwargs: dict[str, Any] = (
             {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(self.model.forward).parameters else {}
         )
-        log.info("hf engine: %s on %s (%s), %d tensors", model, self.device, dtype, len(self._weights))
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()

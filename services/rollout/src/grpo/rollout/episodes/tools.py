@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from grpo.common.plugins import import_function
 from grpo.common.reward_client import RewardServiceError
 from grpo.common.tool_formats import error_text, result_text
 from grpo.v1 import reward_pb2
@@ -90,28 +91,13 @@ class PluginTool:
         return ToolResult(value if isinstance(value, str) else str(value))
 
 
-def load_function(path: str) -> Callable[[dict[str, Any]], Any]:
-    """Import `pkg.mod:fn`; ValueError naming the path when it cannot be loaded."""
-    import importlib
-
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"tool_plugins: {path!r} must look like 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"tool_plugins: cannot import module {module_name!r}: {exc}") from exc
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"tool_plugins: {module_name!r} has no callable {attr!r}")
-    return fn  # type: ignore[no-any-return]
-
-
 def load_tools(plugins: Mapping[str, str], execute: Execute | None) -> dict[str, Tool]:
     """The built-in `python` (when `execute` is given) and every plug-in, by name."""
     if PYTHON in plugins:
         raise ValueError(f"tool_plugins: {PYTHON!r} is the built-in sandbox tool; give the plug-in another name")
-    tools: dict[str, Tool] = {name: PluginTool(name, load_function(path)) for name, path in plugins.items()}
+    tools: dict[str, Tool] = {
+        name: PluginTool(name, import_function(path, "tool_plugins")) for name, path in plugins.items()
+    }
     if execute is not None:
         tools[PYTHON] = PythonTool(execute)
     return tools

@@ -6,6 +6,7 @@ Its loss settings default to the loss settings' one definition, grpo.algo.preset
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from grpo.algo.presets import DEFAULTS
 from grpo.trainer.learner.policy import LoraOptions
@@ -40,6 +41,18 @@ class LearnerConfig:
     """Rows per forward/backward; gradients accumulate over micro-batches into one optimizer step."""
     max_tokens_per_micro_batch: int | None = None
     """Optional cap on padded tokens per micro-batch (long rows get smaller micro-batches)."""
+    packing: bool | Literal["auto"] = False
+    """Pack several samples into each row (first-fit decreasing, no sample split) instead of padding each to the
+    micro-batch's longest: true, false (the library's default; the trainer's `packing` setting, "auto" by default, is
+    always passed), or "auto" (a batch is packed when that cuts its token
+    positions by 30 % or more, batch.packing_pays; never on a model that fails the start-up check, which then
+    pads). Without max_tokens_per_micro_batch: rows as long as the batch's longest sample,
+    micro_batch_size rows per micro-batch (the padded path's largest micro-batch). With it: as many rows of the
+    longest sample's length as fit in it (at most micro_batch_size, at least one), stretched to fill it. Rows stay
+    about as long as the longest sample because eager attention holds each row's T×T weights. Attention stays
+    inside each sample (position ids restart per sample, no attention mask); loss, gradients and every metric
+    equal the padded path's up to float rounding. At start-up the Learner checks that the model keeps packed
+    samples apart (packing.check_packed_attention) and, with packing true, refuses to start otherwise."""
     ppo_epochs: int = 1
     """Optimizer steps per batch (one per pass); > 1 forces an old-log-prob recomputation."""
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
 
 from grpo.algo.logprobs import sft_loss
 from grpo.algo.loss import policy_loss
+from grpo.algo.masked import masked_mean
 from grpo.trainer.learner.backends.base import Backend
 from grpo.trainer.learner.batch import (
     MicroBatch,
@@ -26,6 +27,7 @@ from grpo.trainer.learner.batch import (
     sft_to_samples,
 )
 from grpo.trainer.learner.config import LearnerConfig, resolve_precision
+from grpo.trainer.learner.packing import check_packed_attention, collate_packed
 from grpo.trainer.learner.policy import add_lora, forward_logprobs, load_causal_lm, prepare_model
 from grpo.trainer.learner.update import (
     MetricPart,
@@ -72,6 +74,7 @@ class Learner:
             pad_token_id if pad_token_id is not None else int(getattr(hf_config, "pad_token_id", 0) or 0)
         )
         log.info("forward passes (policy, π_old, reference) in %s on %s", self.backend.precision, self.backend.device)
+        self.packing = self._packing(config.packing)
         # The reference exists only when the loss uses it: beta = 0 allocates nothing.
         self.ref_model: torch.nn.Module | None = None
         if config.beta > 0:
@@ -95,7 +98,7 @@ class Learner:
                         self.version)  # fmt: skip
             return {**batch_stats(samples), "tokens": 0.0, "skipped": 1.0, "version": float(self.version)}
         start = time.perf_counter()
-        source, mbs, old, ref = self._prepare(samples)
+        source, mbs, old, ref, packed = self._prepare(samples)
         grad_norms: list[float] = []
         for _ in range(cfg.ppo_epochs):
             out = self._accumulate(mbs, source, old, ref)
@@ -111,17 +114,19 @@ class Learner:
             tokens_per_s=seen / elapsed,
             train_s=elapsed,
             old_logp_from_sampler=float(source is OldLogprobSource.SAMPLER),
+            packed=float(packed),  # packing auto decides per batch: how often it packs, next to train_s
             version=float(self.version),
         )
         return out
 
     def accumulate_gradients(self, samples: list[TrainableSample]) -> dict[str, float]:
         """One pass of forward/backward over `samples` without the optimizer step (gradients stay in .grad)."""
-        source, mbs, old, ref = self._prepare(samples)
+        source, mbs, old, ref, _ = self._prepare(samples)
         return self._accumulate(mbs, source, old, ref)
 
-    def _shard(self, samples: list[TrainableSample], *, mask_truncated: bool, agg: str) -> list[Weighted]:
-        """This rank's micro-batches, each with its share of the whole batch's loss (padding passes: 0)."""
+    def _shard(self, samples: list[TrainableSample], *, mask_truncated: bool, agg: str) -> tuple[list[Weighted], bool]:
+        """This rank's micro-batches, each with its share of the whole batch's loss (padding passes: 0), and
+        whether the batch was packed (the same on every rank)."""
         b, cfg = self.backend, self.config
         plan = plan_rank(
             samples,
@@ -130,24 +135,30 @@ class Learner:
             micro_batch_size=cfg.micro_batch_size,
             max_tokens=cfg.max_tokens_per_micro_batch,
             mask_truncated=mask_truncated,
+            packing=self.packing,
         )
         out = []
-        for chunk in plan.chunks:
-            mb = collate([samples[i] for i in chunk], self.pad_token_id, mask_truncated)
+        for k, chunk in enumerate(plan.chunks):
+            if plan.rows is not None:
+                rows = [[samples[i] for i in row] for row in plan.rows[k]]
+                mb = collate_packed(rows, self.pad_token_id, mask_truncated)
+            else:
+                mb = collate([samples[i] for i in chunk], self.pad_token_id, mask_truncated)
             out.append(Weighted(mb.to(b.device), micro_batch_weight(agg, mb, plan.total_tokens, plan.total_sequences)))
         filler = out[-1].mb if out else collate(samples[:1], self.pad_token_id, mask_truncated).to(b.device)
-        return out + [Weighted(filler, 0.0)] * (plan.steps - len(out))
+        return out + [Weighted(filler, 0.0)] * (plan.steps - len(out)), plan.rows is not None
 
     def _prepare(
         self, samples: list[TrainableSample]
-    ) -> tuple[OldLogprobSource, list[Weighted], list[Tensor] | None, list[Tensor] | None]:
-        """Micro-batches plus the log-probs that stay fixed during the update (π_old when recomputed, reference)."""
+    ) -> tuple[OldLogprobSource, list[Weighted], list[Tensor] | None, list[Tensor] | None, bool]:
+        """Micro-batches plus the log-probs that stay fixed during the update (π_old when recomputed, reference),
+        and whether the batch was packed."""
         cfg = self.config
         source = old_logprob_source(samples, ppo_epochs=cfg.ppo_epochs, sampler_exact=cfg.sampler_exact)
-        mbs = self._shard(samples, mask_truncated=cfg.mask_truncated, agg=cfg.agg)
+        mbs, packed = self._shard(samples, mask_truncated=cfg.mask_truncated, agg=cfg.agg)
         old = self._fixed_logprobs(self.model, mbs) if source is OldLogprobSource.RECOMPUTE else None
         ref = self._fixed_logprobs(self.ref_model, mbs) if self.ref_model is not None else None
-        return source, mbs, old, ref
+        return source, mbs, old, ref, packed
 
     def _accumulate(
         self,
@@ -224,12 +235,11 @@ class Learner:
         """One optimizer step of token-mean NLL on the response tokens of `pairs` (R1 cold start)."""
         start = time.perf_counter()
         samples = sft_to_samples(pairs)
-        mbs = self._shard(samples, mask_truncated=False, agg="token_mean")
+        mbs, _ = self._shard(samples, mask_truncated=False, agg="token_mean")
         parts: list[MetricPart] = []
         for i, (mb, share) in enumerate(mbs):
             with self.backend.autocast():
-                out = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-                loss = sft_loss(out.logits[:, :-1, :], mb.targets, mb.completion_mask)
+                loss = self._sft_nll(mb)
             self._backward(loss, share, i == len(mbs) - 1)
             parts.append(MetricPart(share, mbs[i].tokens, {"sft_loss": float(loss.detach())}))
         metrics = merge_metrics(self.backend.gather(parts))
@@ -246,6 +256,29 @@ class Learner:
             "train_s": elapsed,
             "version": float(self.version),
         }
+
+    def _packing(self, setting: bool | Literal["auto"]) -> bool | Literal["auto"]:
+        """The packing setting, once the model is known to keep packed samples apart: "auto" falls back to
+        padding (saying why) where true refuses to start."""
+        if setting is False:
+            return False
+        try:
+            with self.backend.autocast(), torch.no_grad():
+                check_packed_attention(self.model, self.backend.device)
+        except ValueError as exc:
+            if setting is True:
+                raise
+            log.warning("%s; packing auto: padding instead", exc)
+            return False
+        return setting
+
+    def _sft_nll(self, mb: MicroBatch) -> Tensor:
+        """Token-mean response NLL of one micro-batch; a packed one through forward_logprobs (padded layout)."""
+        if mb.unpack is not None:
+            logp, _ = forward_logprobs(self.model, mb, 1.0)
+            return masked_mean(-logp, mb.completion_mask)
+        out = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+        return sft_loss(out.logits[:, :-1, :], mb.targets, mb.completion_mask)
 
     @torch.no_grad()
     def sft_eval_loss(self, pairs: list[SftPair]) -> float:

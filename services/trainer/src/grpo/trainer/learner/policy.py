@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -12,6 +13,7 @@ from torch import Tensor
 from grpo.algo.logprobs import entropy_from_logits, token_logprobs
 from grpo.trainer.errors import RunError
 from grpo.trainer.learner.batch import MicroBatch
+from grpo.trainer.learner.packing import unpack_tokens
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -112,14 +114,23 @@ def disable_dropout(model: torch.nn.Module) -> None:
 def forward_logprobs(
     model: torch.nn.Module, mb: MicroBatch, temperature: float, *, with_entropy: bool = False
 ) -> tuple[Tensor, Tensor | None]:
-    """Per-token log π(target) [B, L-1] (and entropy, detached) — the sampler's definition at `temperature`."""
-    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+    """Per-token log π(target) [B, L-1] (and entropy, detached) — the sampler's definition at `temperature`.
+
+    A packed micro-batch runs as its packed rows (no attention mask: the position ids mark the samples) and its
+    log-probs come back in the padded layout [B, L-1], one row per sample. use_cache=False matters for packing:
+    with a KV cache, transformers does not look for sample boundaries in the position ids.
+    """
+    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+                use_cache=False)  # fmt: skip
     logits = out.logits[:, :-1, :]
     logp = token_logprobs(logits, mb.targets, temperature)
     entropy = None
     if with_entropy:
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach(), temperature)
+    if mb.unpack is not None:
+        logp = unpack_tokens(logp, mb.unpack)
+        entropy = unpack_tokens(entropy, mb.unpack) if entropy is not None else None
     return logp, entropy
 
 
@@ -145,11 +156,10 @@ def tied_embeddings(model: torch.nn.Module) -> bool:
 
 
 def _lora_base(model: torch.nn.Module) -> torch.nn.Module | None:
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return None
-    return model.get_base_model() if isinstance(model, PeftModel) else None
+    # No model is a PeftModel unless peft was imported (add_lora does): asked at every push, the check must not
+    # import peft (~15 MB) into a run without LoRA.
+    peft = sys.modules.get("peft")
+    return model.get_base_model() if peft is not None and isinstance(model, peft.PeftModel) else None
 
 
 @torch.no_grad()

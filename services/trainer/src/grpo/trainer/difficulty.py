@@ -1,0 +1,145 @@
+"""Difficulty buckets: each prompt's pass rate across its groups, and which prompts the sampler passes over.
+
+A row is `easy` once every sample of `skip_solved_after` groups in a row solved it, `hard` once `set_aside_after`
+groups in a row had no sample that solved it, `medium` when seen otherwise, `unseen` before its first judged group.
+An easy or hard row is set aside at the epoch of the group that put it there and skipped by the sampler for the next
+`revisit_after_epochs` epochs; then it is drawn again, and that group decides anew (one more all-solved group keeps
+an easy row easy; one solved sample makes a hard row medium). So nothing is left out for ever.
+
+Curriculum (`bucket_weights`): a draw that is not set aside is taken with its row's bucket's weight (in [0, 1]; 1
+when unnamed), decided by a hash of (seed, epoch, position), so a resumed run takes the same draws.
+
+Solved means the sample's correctness score (math or code, grpo.trainer.consumer.correctness) is 1. A group with a
+sample that has no correctness (a reward-model row) counts its samples but moves no streak: such rows are never
+skipped. Pure and JSON-able: the state goes into the checkpoint, so a resumed run skips what an uninterrupted one
+would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+BUCKETS = ("easy", "medium", "hard", "unseen")
+SOLVED = 1.0 - 1e-9  # a correctness score at least this solves the prompt (math is 0/1; code: every test passed)
+
+
+@dataclass
+class RowRecord:
+    """One row's history across its judged groups."""
+
+    solved_streak: int = 0  # groups in a row in which every sample solved it
+    unsolved_streak: int = 0  # groups in a row in which no sample solved it
+    groups: int = 0
+    samples: int = 0
+    correct: int = 0
+    last_step: int = -1
+    last_epoch: int = -1
+    aside_epoch: int = -1  # the epoch of the group that made it easy or hard (-1: never set aside)
+
+
+@dataclass(frozen=True)
+class BucketRules:
+    """When a row is easy or hard, and for how long the sampler passes it over (0 turns a rule off)."""
+
+    skip_solved_after: int = 0
+    set_aside_after: int = 0
+    revisit_after_epochs: int = 1
+    weights: tuple[tuple[str, float], ...] = ()  # curriculum: (bucket, share of its draws taken); unnamed: 1
+
+    @property
+    def active(self) -> bool:
+        return self.skip_solved_after > 0 or self.set_aside_after > 0 or bool(self.weights)
+
+    def weight(self, bucket: str) -> float:
+        return dict(self.weights).get(bucket, 1.0)
+
+
+def uniform(seed: int, epoch: int, index: int) -> float:
+    """A number in [0, 1) that depends only on the draw's position (and the seed): the curriculum's coin."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+@dataclass
+class DifficultyTracker:
+    """Per-row records keyed by row index (the data's order), and the rules that read them."""
+
+    rules: BucketRules
+    records: dict[int, RowRecord] = field(default_factory=dict)
+    seed: int = 0  # the run's: the curriculum's coin
+
+    def bucket(self, row: int) -> str:
+        rec = self.records.get(row)
+        if rec is None or rec.groups == 0:
+            return "unseen"
+        if self.rules.skip_solved_after and rec.solved_streak >= self.rules.skip_solved_after:
+            return "easy"
+        if self.rules.set_aside_after and rec.unsolved_streak >= self.rules.set_aside_after:
+            return "hard"
+        return "medium"
+
+    def skips(self, row: int, epoch: int, index: int = 0) -> bool:
+        """Whether the sampler passes over `row` when it comes up in `epoch` at position `index`: easy or hard, and
+        set aside fewer than revisit_after_epochs epochs before it (a row set aside in epoch e comes back in
+        e + revisit + 1); else, with bucket_weights, unless the draw's coin falls under its bucket's weight."""
+        bucket = self.bucket(row)
+        if bucket in ("easy", "hard") and epoch <= self.records[row].aside_epoch + self.rules.revisit_after_epochs:
+            return True
+        weight = self.rules.weight(bucket)
+        return weight < 1.0 and uniform(self.seed, epoch, index) >= weight
+
+    def observe(self, row: int, epoch: int, step: int, correctness: Sequence[float | None]) -> str:
+        """Record one group of `row` drawn in `epoch` and settled at `step`; returns the bucket it had before (the
+        bucket its group is reported under)."""
+        before = self.bucket(row)
+        rec = self.records.setdefault(row, RowRecord())
+        rec.samples += len(correctness)
+        rec.last_step, rec.last_epoch = max(rec.last_step, step), max(rec.last_epoch, epoch)
+        if not correctness or any(c is None for c in correctness):
+            return before  # nothing judges it: no streak moves, so the row is never skipped
+        solved = [c is not None and c >= SOLVED for c in correctness]
+        rec.groups += 1
+        rec.correct += sum(solved)
+        rec.solved_streak = rec.solved_streak + 1 if all(solved) else 0
+        rec.unsolved_streak = rec.unsolved_streak + 1 if not any(solved) else 0
+        if self.bucket(row) in ("easy", "hard"):
+            rec.aside_epoch = max(rec.aside_epoch, epoch)
+        return before
+
+    def counts(self, n_rows: int) -> dict[str, int]:
+        """Rows per bucket, every bucket named (0 when none)."""
+        counts = Counter(self.bucket(r) for r in self.records if r < n_rows)
+        counts["unseen"] += n_rows - sum(counts.values())
+        return {b: counts.get(b, 0) for b in BUCKETS}
+
+    def to_state(self) -> dict[str, Any]:
+        return {"records": {str(r): asdict(rec) for r, rec in sorted(self.records.items())}}
+
+    @classmethod
+    def from_state(cls, rules: BucketRules, state: dict[str, Any] | None, seed: int = 0) -> DifficultyTracker:
+        """A tracker with `rules` and the records a checkpoint kept (None: a fresh one)."""
+        records = {int(r): RowRecord(**{k: int(v) for k, v in rec.items()}) for r, rec in (state or {}).get(
+            "records", {}).items()}  # fmt: skip
+        return cls(rules, records, seed)
+
+
+def bucket_metrics(
+    tracker: DifficultyTracker, n_rows: int, skipped: int, groups: Sequence[tuple[str, float, float | None]]
+) -> dict[str, float]:
+    """buckets/<bucket> (rows in it now), buckets/skipped (draws passed over this step) and, per bucket the step's
+    judged groups were in when they came, buckets/<bucket>/reward_mean and /accuracy. `groups`: (bucket, mean reward,
+    mean correctness or None) of each."""
+    out: dict[str, float] = {f"buckets/{b}": float(n) for b, n in tracker.counts(n_rows).items()}
+    out["buckets/skipped"] = float(skipped)
+    for b in BUCKETS:
+        mine = [g for g in groups if g[0] == b]
+        if mine:
+            out[f"buckets/{b}/reward_mean"] = sum(g[1] for g in mine) / len(mine)
+            judged = [g[2] for g in mine if g[2] is not None]
+            if judged:
+                out[f"buckets/{b}/accuracy"] = sum(judged) / len(judged)
+    return out
