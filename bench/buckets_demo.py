@@ -6,7 +6,8 @@ Runs `grpo demo` (grpo.demo.demo.run_demo: cold start, then GRPO through the rea
 * `refill`: refill_zero_variance (DAPO dynamic sampling: each zero-variance drop is replaced by a new task, up to
   max_refill_per_step, 2 × prompts_per_step), which spends rollouts to find signal after the fact;
 * `buckets`: skip_solved_after / set_aside_after (difficulty.py), which passes over prompts whose earlier groups
-  were all solved or all wrong, before sampling them.
+  were all solved or all wrong, before sampling them;
+* `predicted_flat`: skip_flat_above, which passes over prompts whose last group makes a flat next one likely.
 
 Every arm compares groups on the reward (zero_variance_on: reward): the refill arm's `auto` would switch to
 accuracy, and the arms' zero-variance counts would then measure different things. A prompt is only skipped after
@@ -16,7 +17,7 @@ steps × prompts_per_step draws span several epochs (default 1024 rows: 200 × 3
 Writes bench/results/buckets_seed<N>.json, per arm: groups by verdict, zero-variance groups and the rollouts
 (samples, and tokens estimated from each step's mean response length) they took, rollouts per trained group, the
 draws the buckets passed over, the last bucket counts, and held-out accuracy over wall time (each evaluation's step,
-seconds since the trainer's first logged step, accuracy). A full measurement is 3 arms × ~11 min per seed:
+seconds since the trainer's first logged step, accuracy). A full measurement is 5 arms × 3-5 min per seed:
     .venv/bin/python bench/buckets_demo.py --seed 0
 --smoke runs the smallest demo that exercises the code path (minutes; its numbers are no result and are written
 beside its runs, not under bench/results).
@@ -48,6 +49,12 @@ ARMS: dict[str, dict[str, Any]] = {
     "buckets": {"skip_solved_after": 2, "set_aside_after": 4, "revisit_after_epochs": 1},
     # quicker to judge: one all-solved group makes a prompt easy, two unsolved ones hard
     "buckets_eager": {"skip_solved_after": 1, "set_aside_after": 2, "revisit_after_epochs": 1},
+    # predicted flat: set aside rows whose last group makes a flat next group >= 25 % likely (G 8: 0-1 or 7-8 of 8)
+    "predicted_flat": {"skip_flat_above": 0.25, "revisit_after_epochs": 1},
+    # ... from 12.5 % (G 8: 0-2 or 6-8 of 8)
+    "predicted_flat_12": {"skip_flat_above": 0.12, "revisit_after_epochs": 1},
+    # both: pass over the likely flat prompts before, replace the flat groups that still come after
+    "predicted_flat_refill": {"skip_flat_above": 0.25, "revisit_after_epochs": 1, "refill_zero_variance": True},
 }
 COMMON = {"zero_variance_on": "reward"}  # see the module doc
 SMOKE: dict[str, Any] = {
@@ -55,7 +62,10 @@ SMOKE: dict[str, Any] = {
     "n_grpo": 16, "sft_max_steps": 10, "sft_eval_every": 5, "sft_eval_size": 16, "sft_threshold": 0.0,
     "warmup_steps": 1,
 }  # fmt: skip
-SMOKE_ARMS = {"buckets": {"skip_solved_after": 1, "set_aside_after": 1, "revisit_after_epochs": 1}}
+SMOKE_ARMS = {
+    "buckets": {"skip_solved_after": 1, "set_aside_after": 1, "revisit_after_epochs": 1},
+    "predicted_flat": {"skip_flat_above": 0.1, "revisit_after_epochs": 1},
+}
 
 
 class ArmConfig(DemoConfig):
@@ -139,7 +149,7 @@ def main() -> None:
         for arm in a.arms:
             result[arm] = run_arm(arm, arms[arm], base, seed, runs_dir)
         zv_refill = max(result["refill"]["zero_variance_samples"], 1.0) if "refill" in result else None
-        for arm in (arm for arm in ARMS if arm.startswith("buckets") and arm in result and zv_refill):
+        for arm in (arm for arm in ARMS if arm not in ("neither", "refill") and arm in result and zv_refill):
             result[f"{arm}_vs_refill_zero_variance_samples"] = result[arm]["zero_variance_samples"] / zv_refill
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1))

@@ -6,6 +6,10 @@ Half the rows ask for the sum the model gives (solved by some or every sample of
 gives (gold + 50: solved by none). With set_aside_after = skip_solved_after = 1, each unsolved row is set aside after
 its one group of epoch 0 and passed over in epoch 1, and so is each row every sample solved; the rest are drawn;
 epoch 2 draws them all again. The ledger, the metrics and the checkpoint's buckets must tell the same story.
+
+skip_flat_above = 0.5 with G = 4 sets aside the same rows by prediction: a last group of 0 or 4 of 4 makes the next
+one flat 56 % likely, 1 or 3 of 4 only 32 %, so it must pass over exactly what the two streak rules at 1 do (the
+rows stay `medium`: no streak rule is on).
 """
 
 from __future__ import annotations
@@ -36,8 +40,15 @@ def rows() -> list[dict[str, Any]]:
     return right + never
 
 
+RULES = {
+    "streaks": {"skip_solved_after": 1, "set_aside_after": 1},
+    "predicted_flat": {"skip_flat_above": 0.5},
+}
+
+
+@pytest.mark.parametrize("rules", list(RULES))
 def test_rows_solved_every_time_or_never_are_passed_over_for_an_epoch(
-    tmp_path: Path, redis_url: str, rollout_for: Callable[..., Any]
+    tmp_path: Path, redis_url: str, rollout_for: Callable[..., Any], rules: str
 ) -> None:
     model = answer_model_path(cache_root() / "test-models")
     rollout_for(RUN)
@@ -45,8 +56,7 @@ def test_rows_solved_every_time_or_never_are_passed_over_for_an_epoch(
     config = trainer_config(
         tmp_path, RUN, redis_url, model=str(model), train_data=str(write_rows(tmp_path / "buckets.jsonl", train)),
         steps=5, prompts_per_step=4, group_size=4, max_new_tokens=24, stop=[], overlong_soft_penalty=False,
-        reward_weights={"math": 1.0}, checkpoint_every=1, skip_solved_after=1, set_aside_after=1,
-        revisit_after_epochs=1,
+        reward_weights={"math": 1.0}, checkpoint_every=1, revisit_after_epochs=1, **RULES[rules],
     )  # fmt: skip
     run_trainer(config, tmp_path / "trainer.log", timeout=240)
     out = tmp_path / "out"
@@ -64,17 +74,23 @@ def test_rows_solved_every_time_or_never_are_passed_over_for_an_epoch(
     state = json.loads((latest_checkpoint(out / "checkpoints") / "trainer_state.json").read_text())  # type: ignore[operator]
     records = {int(r): rec for r, rec in state["difficulty"]["records"].items()}
     assert all(records[r]["unsolved_streak"] >= 1 and records[r]["correct"] == 0 for r in range(SOLVABLE, 8))
+    assert all(records[r]["last_solved"] == 0 and records[r]["last_size"] == 4 for r in range(SOLVABLE, 8))
     # a zero-variance group was solved by every sample or by none: either way its row sat out epoch 1, and only then
     flat = {r for e, r, o in drawn if e == 0 and o == "zero_variance"}
     assert set(by_epoch.get(1, [])) <= set(range(len(train))) - flat
     if 2 in by_epoch:  # epoch 1 ran to its end: every other row was drawn in it, and epoch 2 draws any row again
         assert set(by_epoch[1]) == set(range(len(train))) - flat
 
-    # the metrics: every step counts all 8 rows; after epoch 0 (steps 1-2) the 4 unsolved rows are hard
+    # the metrics: every step counts all 8 rows; after epoch 0 (steps 1-2) the 4 unsolved rows are hard (medium by
+    # prediction alone)
     for row in metrics:
         assert sum(row[f"buckets/{b}"] for b in ("easy", "medium", "hard", "unseen")) == len(train), row
     after_epoch0 = next(r for r in metrics if r["buckets/unseen"] == 0)
-    assert after_epoch0["buckets/hard"] == len(train) - SOLVABLE
+    assert after_epoch0["buckets/hard"] == (len(train) - SOLVABLE if rules == "streaks" else 0)
+    if rules == "predicted_flat":  # the never-solved rows (0 of 4) at least, and only with the rule on
+        assert after_epoch0["buckets/predicted_flat"] >= len(train) - SOLVABLE
+    else:
+        assert "buckets/predicted_flat" not in after_epoch0
     epoch1_passed_over = len(train) - len(by_epoch.get(1, []))
     assert sum(r["buckets/skipped"] for r in metrics) >= epoch1_passed_over >= len(train) - SOLVABLE
     # skipped draws made no task: the cursor moved past as many draws as were published and passed over

@@ -14,7 +14,7 @@ from grpo.common.tiny_model import ensure_tiny_model
 from grpo.trainer.checkpoint import resume, save_checkpoint
 from grpo.trainer.config import parse_settings
 from grpo.trainer.data import DataCursor, draw_order, take, take_eligible
-from grpo.trainer.difficulty import BucketRules, DifficultyTracker, bucket_metrics, uniform
+from grpo.trainer.difficulty import BucketRules, DifficultyTracker, bucket_metrics, flat_chance, uniform
 from grpo.trainer.learner import Learner, LearnerConfig
 from grpo.trainer.publisher import position_of, row_of
 
@@ -75,6 +75,38 @@ def test_a_set_aside_row_is_skipped_for_revisit_epochs_then_decided_again() -> N
     assert t.skips(7, 9) and not t.skips(7, 10)
     t.observe(7, epoch=10, step=30, correctness=HALF)  # no longer easy: drawn every epoch
     assert t.bucket(7) == "medium" and not t.skips(7, 11)
+
+
+def test_the_flat_chance_is_the_beta_posteriors_and_matches_a_simulation() -> None:
+    # by hand: last group 8/8 -> p ~ Beta(9, 1), E[p^8] = 9/17; E[(1-p)^8] = 8! 9! / 17!
+    assert flat_chance(8, 8) == pytest.approx(9 / 17 + 40320 * 362880 / 355687428096000)
+    assert flat_chance(0, 8) == pytest.approx(flat_chance(8, 8))  # symmetric
+    assert flat_chance(4, 8) < flat_chance(3, 8) < flat_chance(2, 8) < flat_chance(1, 8) < flat_chance(0, 8)
+    # and by sampling: draw p from the posterior, then a group of 8; the share of flat groups
+    gen = torch.Generator().manual_seed(0)
+    p = torch.distributions.Beta(torch.tensor(8.0), torch.tensor(2.0)).sample((200_000,))  # last group 7/8
+    solved = torch.bernoulli(p.unsqueeze(1).expand(-1, 8), generator=gen).sum(1)
+    flat = ((solved == 0) | (solved == 8)).float().mean().item()
+    assert flat == pytest.approx(flat_chance(7, 8), abs=0.005)
+
+
+def test_a_row_likely_to_come_back_flat_is_set_aside_for_revisit_epochs() -> None:
+    t = DifficultyTracker(BucketRules(skip_flat_above=0.25, revisit_after_epochs=1))
+    assert t.rules.active
+    seven, two = [1.0] * 7 + [0.0], [1.0] * 2 + [0.0] * 6
+    t.observe(1, epoch=3, step=5, correctness=seven)  # flat next time 26.5 % likely: aside in epoch 4
+    t.observe(2, epoch=3, step=5, correctness=two)  # 12.5 %: drawn
+    t.observe(3, epoch=3, step=5, correctness=[0.0] * 8)  # 53 %: aside, though not `hard` (no such rule)
+    assert [t.skips(1, e) for e in (4, 5)] == [True, False] and not t.skips(2, 4) and t.skips(3, 4)
+    assert t.bucket(1) == t.bucket(3) == "medium"
+    t.observe(1, epoch=5, step=9, correctness=[1.0] * 4 + [0.0] * 4)  # drawn again: decided anew
+    assert not t.skips(1, 6)
+    t.observe(4, epoch=3, step=5, correctness=[None] * 8)  # nothing judges it: never set aside
+    assert not t.skips(4, 4)
+    assert bucket_metrics(t, 5, 2, [])["buckets/predicted_flat"] == 1  # row 3 (row 1 came back 4 of 8)
+    # the prediction's data goes through a checkpoint's JSON
+    restored = DifficultyTracker.from_state(t.rules, json.loads(json.dumps(t.to_state())))
+    assert [restored.skips(r, 4) for r in (1, 2, 3, 4)] == [t.skips(r, 4) for r in (1, 2, 3, 4)]
 
 
 def test_the_sampler_passes_over_skipped_rows_and_the_keys_still_find_their_rows() -> None:
@@ -209,3 +241,8 @@ def test_the_settings_are_checked(tmp_path: Path) -> None:
         parse_settings([*base, "--bucket-weights", '{"unseen": 0}'])
     with pytest.raises(ValidationError, match="bucket_weights"):
         parse_settings([*base, "--bucket-weights", '{"tricky": 0.5}'])
+    assert parse_settings([*base, "--skip-flat-above", "0.25"]).skip_flat_above == 0.25
+    with pytest.raises(ValidationError, match="skip_flat_above"):
+        parse_settings([*base, "--skip-flat-above", "1.5"])
+    with pytest.raises(ValidationError, match="mode sft samples no groups"):
+        parse_settings([*base, "--mode", "sft", "--skip-flat-above", "0.25"])

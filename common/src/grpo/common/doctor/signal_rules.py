@@ -42,7 +42,7 @@ BUCKETS_REMEDY = (
     "difficulty buckets: skip_solved_after: 2 and set_aside_after: 4 pass over the prompts every sample solves or none "
     "does (docs/algorithms.md); DAPO's dynamic sampling (refill_zero_variance: true) replaces the flat groups left"
 )
-BUCKETS_SETTINGS = ("skip_solved_after", "set_aside_after", "refill_zero_variance")
+BUCKETS_SETTINGS = ("skip_solved_after", "set_aside_after", "skip_flat_above", "refill_zero_variance")
 MIDDLING_ACCURACY = (0.2, 0.8)  # outside it, all-right (or all-wrong) groups are expected of any prompt set
 # Without the run's settings, the smallest group there is: its expected all-equal fraction is the largest, so
 # the imbalance rule errs towards silence.

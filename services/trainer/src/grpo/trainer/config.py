@@ -113,6 +113,11 @@ class TrainerSettings(ServiceSettings):
     set_aside_after: int = Field(0, ge=0)
     """Difficulty buckets: a prompt no sample solved in this many groups in a row is `hard`, and is set aside (passed
     over) for revisit_after_epochs epochs. 0: off. Rows without a correctness check (reward model) are never skipped."""
+    skip_flat_above: float = Field(0.0, ge=0.0, le=1.0)
+    """Difficulty buckets, predicted flat groups: a prompt whose next group would be flat (every sample solving it,
+    or none) with at least this chance is set aside for revisit_after_epochs epochs. The chance comes from its last
+    judged group (pass rate ~ Beta(1 + solved, 1 + missed)): with G = 8, 0.25 sets aside rows last solved 7 or 8
+    times, or 0 or 1 time. Catches the rows near the ends whose samples agree by chance. 0: off."""
     revisit_after_epochs: int = Field(1, ge=1)
     """Difficulty buckets: epochs a prompt set aside as easy or hard is passed over before it is drawn again (set
     aside in epoch e, it comes back in e + revisit_after_epochs + 1); that group decides its bucket anew."""
@@ -470,8 +475,11 @@ class TrainerSettings(ServiceSettings):
 
     def _check_buckets(self) -> None:
         """Difficulty buckets: GRPO only, weights in [0, 1], and each weighed bucket one a rule can fill."""
-        if self.mode != "grpo" and (self.skip_solved_after or self.set_aside_after or self.bucket_weights):
-            raise ValueError(f"skip_solved_after / set_aside_after / bucket_weights (difficulty buckets) choose GRPO "
+        if self.mode != "grpo" and (
+            self.skip_solved_after or self.set_aside_after or self.skip_flat_above or self.bucket_weights
+        ):
+            raise ValueError(f"skip_solved_after / set_aside_after / skip_flat_above / bucket_weights (difficulty "
+                             f"buckets) choose GRPO "
                              f"prompts by their groups' pass rate; mode {self.mode} samples no groups to judge: "
                              "leave them unset")  # fmt: skip
         for bucket, weight in self.bucket_weights.items():

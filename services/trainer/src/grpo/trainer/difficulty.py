@@ -6,6 +6,12 @@ An easy or hard row is set aside at the epoch of the group that put it there and
 `revisit_after_epochs` epochs; then it is drawn again, and that group decides anew (one more all-solved group keeps
 an easy row easy; one solved sample makes a hard row medium). So nothing is left out for ever.
 
+Predicted flat groups (`skip_flat_above`): the rows that come back flat are mostly not settled ones but rows near the
+ends whose G samples agree by chance (a row 7/8 solved makes an 8/8 group a quarter of the time). The row's last
+judged group gives its pass rate a posterior, Beta(1 + solved, 1 + missed), and the chance that its next group of the
+same size is flat is E[p^G] + E[(1 - p)^G] under it; a row at or above the threshold is set aside as easy and hard
+rows are, for revisit_after_epochs epochs, then drawn again.
+
 Curriculum (`bucket_weights`): a draw that is not set aside is taken with its row's bucket's weight (in [0, 1]; 1
 when unnamed), decided by a hash of (seed, epoch, position), so a resumed run takes the same draws.
 
@@ -39,6 +45,8 @@ class RowRecord:
     last_step: int = -1
     last_epoch: int = -1
     aside_epoch: int = -1  # the epoch of the group that made it easy or hard (-1: never set aside)
+    last_solved: int = 0  # the last judged group's samples that solved it, and its size: the flat prediction's data
+    last_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,13 +57,27 @@ class BucketRules:
     set_aside_after: int = 0
     revisit_after_epochs: int = 1
     weights: tuple[tuple[str, float], ...] = ()  # curriculum: (bucket, share of its draws taken); unnamed: 1
+    skip_flat_above: float = 0.0  # set aside a row whose next group is predicted flat with at least this chance
 
     @property
     def active(self) -> bool:
-        return self.skip_solved_after > 0 or self.set_aside_after > 0 or bool(self.weights)
+        return (self.skip_solved_after > 0 or self.set_aside_after > 0 or self.skip_flat_above > 0
+                or bool(self.weights))  # fmt: skip
 
     def weight(self, bucket: str) -> float:
         return dict(self.weights).get(bucket, 1.0)
+
+
+def flat_chance(solved: int, size: int) -> float:
+    """The chance that a new group of `size` samples is flat (all solve or none does) for a row whose last group of
+    that size had `solved` solving samples: E[p^G] + E[(1 - p)^G] with p ~ Beta(1 + solved, 1 + size - solved), the
+    pass rate's posterior from a uniform prior. E[p^G] under Beta(a, b) is the product of (a + i) / (a + b + i)."""
+    a, b = 1.0 + solved, 1.0 + size - solved
+    all_solve = none_solve = 1.0
+    for i in range(size):
+        all_solve *= (a + i) / (a + b + i)
+        none_solve *= (b + i) / (a + b + i)
+    return all_solve + none_solve
 
 
 def uniform(seed: int, epoch: int, index: int) -> float:
@@ -89,8 +111,17 @@ class DifficultyTracker:
         bucket = self.bucket(row)
         if bucket in ("easy", "hard") and epoch <= self.records[row].aside_epoch + self.rules.revisit_after_epochs:
             return True
+        if self.predicts_flat(row) and epoch <= self.records[row].last_epoch + self.rules.revisit_after_epochs:
+            return True
         weight = self.rules.weight(bucket)
         return weight < 1.0 and uniform(self.seed, epoch, index) >= weight
+
+    def predicts_flat(self, row: int) -> bool:
+        """Whether skip_flat_above sets `row` aside: its last judged group predicts a flat next one at least that
+        likely."""
+        rec = self.records.get(row)
+        return (self.rules.skip_flat_above > 0 and rec is not None and rec.last_size > 0
+                and flat_chance(rec.last_solved, rec.last_size) >= self.rules.skip_flat_above)  # fmt: skip
 
     def observe(self, row: int, epoch: int, step: int, correctness: Sequence[float | None]) -> str:
         """Record one group of `row` drawn in `epoch` and settled at `step`; returns the bucket it had before (the
@@ -106,6 +137,7 @@ class DifficultyTracker:
         rec.correct += sum(solved)
         rec.solved_streak = rec.solved_streak + 1 if all(solved) else 0
         rec.unsolved_streak = rec.unsolved_streak + 1 if not any(solved) else 0
+        rec.last_solved, rec.last_size = sum(solved), len(solved)
         if self.bucket(row) in ("easy", "hard"):
             rec.aside_epoch = max(rec.aside_epoch, epoch)
         return before
@@ -130,11 +162,14 @@ class DifficultyTracker:
 def bucket_metrics(
     tracker: DifficultyTracker, n_rows: int, skipped: int, groups: Sequence[tuple[str, float, float | None]]
 ) -> dict[str, float]:
-    """buckets/<bucket> (rows in it now), buckets/skipped (draws passed over this step) and, per bucket the step's
+    """buckets/<bucket> (rows in it now), buckets/skipped (draws passed over this step), buckets/predicted_flat (rows
+    whose last group predicts a flat next one, with skip_flat_above) and, per bucket the step's
     judged groups were in when they came, buckets/<bucket>/reward_mean and /accuracy. `groups`: (bucket, mean reward,
     mean correctness or None) of each."""
     out: dict[str, float] = {f"buckets/{b}": float(n) for b, n in tracker.counts(n_rows).items()}
     out["buckets/skipped"] = float(skipped)
+    if tracker.rules.skip_flat_above > 0:
+        out["buckets/predicted_flat"] = float(sum(tracker.predicts_flat(r) for r in tracker.records if r < n_rows))
     for b in BUCKETS:
         mine = [g for g in groups if g[0] == b]
         if mine:

@@ -174,10 +174,10 @@ class Publisher:
         self.cursor, self.skipped = taken.cursor, self.skipped + taken.skipped
         if taken.exhausted and taken.cursor.epoch != self._exhausted_epoch:
             self._exhausted_epoch = taken.cursor.epoch
-            log.warning("a whole epoch's worth of draws (%d) came up passed over: every row is set aside as easy or "
-                        "hard (difficulty buckets: skip_solved_after, set_aside_after, bucket_weights), so they are "
-                        "drawn anyway; lower revisit_after_epochs, raise those settings or add rows",
-                        len(self.rows))  # fmt: skip
+            log.warning("a whole epoch's worth of draws (%d) came up passed over: every row is set aside as easy, "
+                        "hard or likely flat (difficulty buckets: skip_solved_after, set_aside_after, skip_flat_above, "
+                        "bucket_weights), so they are drawn anyway; lower revisit_after_epochs, raise the streak "
+                        "settings or skip_flat_above, or add rows", len(self.rows))  # fmt: skip
         log.debug("published %d task(s) under version %d (batch %d)", len(tasks), policy_version, batch)
         return [t.task_id for t in tasks]
 
