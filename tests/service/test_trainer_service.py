@@ -386,6 +386,35 @@ def test_the_status_keeps_the_last_evaluation_between_evaluations(
     )
 
 
+def test_the_status_lists_the_replicas_before_the_first_step(tmp_path: Path, redis_url: str, rollout_for: Any) -> None:
+    """/v1/status lists the replicas once the trainer has found them, not only from its first step on: a monitor
+    reading it during the baseline evaluation (or just after a restart, which compose's test does) saw none."""
+    import httpx
+
+    rollout_for("early")
+    eval_data = write_data(tmp_path / "eval.jsonl", 96, offset=100)  # a baseline long enough to be seen
+    config = trainer_config(tmp_path, "early", redis_url, steps=1, eval_data=str(eval_data), eval_every=100,
+                            skip_zero_variance=False)  # fmt: skip
+    settings = json.loads(config.read_text())
+    log = tmp_path / "trainer.log"
+    baseline: list[int] = []  # replicas listed by each status read during the step-0 evaluation
+    proc = start_trainer(config, log)
+    try:
+        while proc.poll() is None:
+            try:
+                status = httpx.get(f"http://127.0.0.1:{settings['http_port']}/v1/status", timeout=2).json()
+            except httpx.HTTPError:
+                status = {}
+            if status.get("phase") == "eval" and status.get("step") == 0:
+                baseline.append(len(status["replicas"]))
+            time.sleep(0.02)
+        assert proc.wait(timeout=120) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert baseline and set(baseline) == {1}, baseline
+
+
 def stream_group_ids(redis_url: str, run: str) -> list[str]:
     client = redis.Redis.from_url(redis_url)
     _, groups_key = stream_keys(run)

@@ -109,6 +109,7 @@ class GrpoRun:
         self.control.update(phase=self.phase, total_steps=s.steps, step=self.step, policy_version=self.version)
         if self.step < s.steps or self.eval_owed:
             self._start_replicas()
+            self._publish_status({})  # the replicas in /v1/status from the start, not from the first step on
         if self.step < s.steps:
             self.reader.recover_pending()
         if self.eval_owed:  # the baseline (step 0), or an evaluation a stop or a crash took from this step
