@@ -76,6 +76,7 @@ def run_trainer(config: Path, log: Path, timeout: float = 150, *, ranks: int = 1
     """Run the trainer to its end; it must exit 0 within `timeout` (killed otherwise). ranks > 1: under torchrun, one
     process per rank (DeepSpeed on CPU with gloo: the config sets backend deepspeed)."""
     for _ in range(3):
+        start = log.stat().st_size if log.exists() else 0  # spawn appends: judge this attempt's lines only
         if ranks == 1:
             proc = start_trainer(config, log)
         else:
@@ -90,7 +91,7 @@ def run_trainer(config: Path, log: Path, timeout: float = 150, *, ranks: int = 1
                 proc.kill()
         # the master port taken between free_port() and torchrun's bind (a parallel test): the store never came up,
         # no step ran; run again on another port
-        if code == 0 or ranks == 1 or not port_taken(log.read_text()):
+        if code == 0 or ranks == 1 or not port_taken(log.read_bytes()[start:].decode(errors="replace")):
             break
     assert code == 0, log.read_text()[-4000:]
 
