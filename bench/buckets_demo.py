@@ -7,7 +7,10 @@ Runs `grpo demo` (grpo.demo.demo.run_demo: cold start, then GRPO through the rea
   max_refill_per_step, 2 × prompts_per_step), which spends rollouts to find signal after the fact;
 * `buckets`: skip_solved_after / set_aside_after (difficulty.py), which passes over prompts whose earlier groups
   were all solved or all wrong, before sampling them;
-* `predicted_flat`: skip_flat_above, which passes over prompts whose last group makes a flat next one likely.
+* `predicted_flat`: skip_flat_above, which passes over prompts whose last group makes a flat next one likely;
+* `probe_refill`, `probe_all_refill`: adaptive group size (probe_size 4 of G 8) with refill: a group's first 4
+  answers, and the other 4 only where they disagree, so a flat group costs 4 samples, not 8; on the rows whose last
+  group says the probe pays (0, 1, 7 or 8 of 8 solved), or on every task (probe_all).
 
 Every arm compares groups on the reward (zero_variance_on: reward): the refill arm's `auto` would switch to
 accuracy, and the arms' zero-variance counts would then measure different things. A prompt is only skipped after
@@ -55,6 +58,11 @@ ARMS: dict[str, dict[str, Any]] = {
     "predicted_flat_12": {"skip_flat_above": 0.12, "revisit_after_epochs": 1},
     # both: pass over the likely flat prompts before, replace the flat groups that still come after
     "predicted_flat_refill": {"skip_flat_above": 0.25, "revisit_after_epochs": 1, "refill_zero_variance": True},
+    # adaptive group size: 4 answers first, the other 4 only where they disagree (a flat probe costs 4, not 8), on
+    # the rows whose last group says the probe pays (0, 1, 7 or 8 of 8), with refill replacing the flat groups
+    "probe_refill": {"probe_size": 4, "refill_zero_variance": True},
+    # ... on every task, unseen rows included
+    "probe_all_refill": {"probe_size": 4, "probe_all": True, "refill_zero_variance": True},
 }
 COMMON = {"zero_variance_on": "reward"}  # see the module doc
 SMOKE: dict[str, Any] = {
@@ -65,6 +73,8 @@ SMOKE: dict[str, Any] = {
 SMOKE_ARMS = {
     "buckets": {"skip_solved_after": 1, "set_aside_after": 1, "revisit_after_epochs": 1},
     "predicted_flat": {"skip_flat_above": 0.1, "revisit_after_epochs": 1},
+    "probe_refill": {"probe_size": 2, "refill_zero_variance": True},
+    "probe_all_refill": {"probe_size": 2, "probe_all": True, "refill_zero_variance": True},
 }
 
 
@@ -86,15 +96,27 @@ SAMPLED = ("train", "zero_variance", "stale", "unscored")  # verdicts of groups 
 
 
 def arm_numbers(rows: list[dict[str, Any]], group_size: int) -> dict[str, Any]:
-    """What one arm's metrics.jsonl says: groups, rollouts and their cost, skips, accuracy over wall time."""
+    """What one arm's metrics.jsonl says: groups, rollouts and their cost, skips, accuracy over wall time.
+
+    Samples and tokens are the trainer's exact counts (rollout/samples, groups/zero_variance_samples, ...: every
+    group has G samples but a flat probe); runs logged before those metrics existed get G × groups and tokens
+    estimated from each step's mean response length (the `_est` keys)."""
     steps = [r for r in rows if r["step"] > 0 and "groups/train" in r]
     groups = {v: sum(r.get(f"groups/{v}", 0.0) for r in steps) for v in SAMPLED}
-    samples = sum(group_size * sum(r.get(f"groups/{v}", 0.0) for v in SAMPLED) for r in steps)
-    tokens = sum(group_size * sum(r.get(f"groups/{v}", 0.0) for v in SAMPLED) * r.get("rollout/response_len_mean", 0)
-                 for r in steps)  # fmt: skip
-    zv_samples = sum(group_size * r.get("groups/zero_variance", 0.0) for r in steps)
-    zv_tokens = sum(group_size * r.get("groups/zero_variance", 0.0) * r.get("rollout/response_len_mean", 0)
-                    for r in steps)  # fmt: skip
+
+    def counted(key: str, groups_of: tuple[str, ...], per_sample: str | None) -> float:
+        """Each step's exact `key`, else G × its groups of those verdicts (× the mean response length)."""
+
+        def estimate(r: dict[str, Any]) -> float:
+            n = group_size * sum(r.get(f"groups/{v}", 0.0) for v in groups_of)
+            return n * r.get(per_sample, 0.0) if per_sample else n
+
+        return sum(r[key] if key in r else estimate(r) for r in steps)
+
+    samples = counted("rollout/samples", SAMPLED, None)
+    tokens = counted("rollout/tokens", SAMPLED, "rollout/response_len_mean")
+    zv_samples = counted("groups/zero_variance_samples", ("zero_variance",), None)
+    zv_tokens = counted("groups/zero_variance_tokens", ("zero_variance",), "rollout/response_len_mean")
     trained = max(groups["train"], 1.0)
     start = rows[0]["time"] if rows else 0.0
     evals = [{"step": r["step"], "wall_s": round(r["time"] - start, 1), "accuracy": r["eval/accuracy"]}
@@ -106,6 +128,8 @@ def arm_numbers(rows: list[dict[str, Any]], group_size: int) -> dict[str, Any]:
         "zero_variance_tokens_est": round(zv_tokens), "samples": samples, "tokens_est": round(tokens),
         "samples_per_trained_group": samples / trained, "tokens_per_trained_group_est": tokens / trained,
         "skipped_draws": sum(r.get("buckets/skipped", 0.0) for r in steps),
+        "probe_flat_groups": sum(r.get("groups/probe_flat", 0.0) for r in steps),
+        "exact_counts": bool(steps) and all("rollout/samples" in r for r in steps),
         "buckets_last": {b: last[f"buckets/{b}"] for b in ("easy", "medium", "hard", "unseen") if f"buckets/{b}" in last},
         "accuracy_over_time": evals, "final_accuracy": evals[-1]["accuracy"] if evals else None,
         "wall_s": round(steps[-1]["time"] - start, 1) if steps else 0.0,
@@ -124,6 +148,15 @@ def run_arm(arm: str, overrides: dict[str, Any], base: dict[str, Any], seed: int
              numbers["final_accuracy"])  # fmt: skip
     return {**numbers, "settings": overrides, "demo_wall_s": round(time.monotonic() - started, 1),
             "sft_accuracy": summary.get("sft_accuracy"), "loadavg_after": os.getloadavg()}  # fmt: skip
+
+
+def versus_refill(result: dict[str, Any], arm: str) -> float | None:
+    """The arm's zero-variance samples over refill's, when both started GRPO from the same cold start (a new SFT model
+    moves refill's own count by half: such arms are not compared; None)."""
+    refill = result.get("refill")
+    if refill is None or result[arm].get("sft_accuracy") != refill.get("sft_accuracy"):
+        return None
+    return float(result[arm]["zero_variance_samples"] / max(refill["zero_variance_samples"], 1.0))
 
 
 def main() -> None:
@@ -146,11 +179,12 @@ def main() -> None:
         if out.is_file() and not a.smoke:  # arms measured earlier for this seed stay; the ones run now replace theirs
             earlier = json.loads(out.read_text())
             result.update({arm: earlier[arm] for arm in ARMS if arm in earlier and arm not in a.arms})
+            if "earlier_cold_start" in earlier:  # arms measured from another SFT model of this seed (kept apart)
+                result["earlier_cold_start"] = earlier["earlier_cold_start"]
         for arm in a.arms:
             result[arm] = run_arm(arm, arms[arm], base, seed, runs_dir)
-        zv_refill = max(result["refill"]["zero_variance_samples"], 1.0) if "refill" in result else None
-        for arm in (arm for arm in ARMS if arm not in ("neither", "refill") and arm in result and zv_refill):
-            result[f"{arm}_vs_refill_zero_variance_samples"] = result[arm]["zero_variance_samples"] / zv_refill
+        for arm in (arm for arm in ARMS if arm not in ("neither", "refill") and arm in result):
+            result[f"{arm}_vs_refill_zero_variance_samples"] = versus_refill(result, arm)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1))
         log.info("written %s", out)

@@ -31,7 +31,8 @@ LOGPROB_TOLERANCE = 1e-3
 
 
 def episode_task(task_id: str, prompt: str, *, n: int = 2, max_new_tokens: int = 40, temperature: float = 0.0,
-                 seed: int | None = None, **episode: Any) -> queue_pb2.PromptTask:  # fmt: skip
+                 seed: int | None = None, probe: queue_pb2.ProbeSpec | None = None,
+                 **episode: Any) -> queue_pb2.PromptTask:  # fmt: skip
     spec = {"tools": ["python"], "tool_format": "tagged", "max_turns": 4, "max_tool_calls": 3,
             "max_total_tokens": 160, "max_tool_output_chars": 200, "tool_timeout_s": 5.0, **episode}  # fmt: skip
     sampling = rollout_pb2.SamplingParams(n=n, temperature=temperature, max_new_tokens=max_new_tokens)
@@ -44,6 +45,7 @@ def episode_task(task_id: str, prompt: str, *, n: int = 2, max_new_tokens: int =
         sampling=sampling,
         task_type="math",
         episode=queue_pb2.EpisodeSpec(**spec),
+        probe=probe,
     )
 
 
@@ -60,6 +62,8 @@ TASKS = [
     # Another batch (its rules differ in a way that changes nothing here), where it is again the first task: the
     # seeds of a task's episodes come from (seed, its index in the batch, the episode's index, the turn).
     episode_task("seeded_again", tm.TOOL_PROMPT, n=3, temperature=1.0, seed=7, max_tool_output_chars=201),
+    # adaptive group size: 2 episodes of 4 first; greedy, they agree, so the group ends at the probe
+    episode_task("probed", tm.TOOL_PROMPT, n=4, probe=queue_pb2.ProbeSpec(size=2, on="reward")),
 ]
 
 
@@ -173,6 +177,18 @@ def test_a_tool_call_runs_in_the_sandbox_and_its_output_is_fed_back(
         assert 0 < e.tool_s < 5
         # Scored on the final answer: the math check finds 42 there.
         assert sample.components["math"].score == 1.0 and sample.reward == 1.0
+
+
+def test_a_probe_of_episodes_that_agree_ends_the_group(groups: dict[str, Any], tokenizer: Any) -> None:
+    """Adaptive group size over episodes: the probe's 2 episodes get the same reward, so the group is written with
+    those 2 (the trainer drops it as zero-variance), each a whole episode with its mask."""
+    group = groups["probed"]
+    assert (group.status, len(group.samples), group.discarded_samples) == ("ok", 2, 0)
+    ids, mask = expected(tokenizer, [("<code>print(6*7)</code>", True), ("<output>42</output>", False),
+                                     ("<answer>42</answer>", True), ("EOS", True)])  # fmt: skip
+    for sample in group.samples:
+        check_episode(sample, ids, mask)
+        assert sample.reward == 1.0 and sample.episode.tool_calls == 1
 
 
 def test_a_failing_program_is_a_result_the_model_sees(groups: dict[str, Any], tokenizer: Any) -> None:

@@ -133,6 +133,24 @@ def test_triage_order_of_reasons() -> None:
     assert triage(facts("f"), acct, 3, 0, True) == "train"
 
 
+def test_triage_of_probe_groups() -> None:
+    """Adaptive group size: a group of probe_size samples is a probe the rollout did not widen. Flat, it is dropped
+    as zero-variance; unscored, as unscored; one whose signal varies should have been widened: failed, never trained.
+    Any other count than G or the probe's is malformed as before."""
+    acct = Accounting()
+    for gid in "abcdef":
+        acct.publish(gid, 3, 0, 0.0)
+    probe = {"group_size": 4, "probe_size": 2}
+    assert triage(facts("a", rewards=(1.0, 1.0)), acct, 3, 0, True, **probe) == "zero_variance"
+    assert triage(facts("b", rewards=(1.0, None)), acct, 3, 0, True, **probe) == "unscored"
+    assert triage(facts("c", rewards=(1.0, 0.0)), acct, 3, 0, True, **probe) == "failed"
+    assert triage(facts("d", rewards=(1.0, 0.0, 1.0)), acct, 3, 0, True, **probe) == "failed"
+    assert triage(facts("e", rewards=(1.0, 0.0, 1.0, 1.0)), acct, 3, 0, True, **probe) == "train"
+    # the signal decides, as for whole groups: equal correctness with different rewards is flat on accuracy
+    assert triage(GroupFacts("f", "ok", 3, (1.0, 0.5), 3, (1.0, 1.0)), acct, 3, 0, True, **probe) == "zero_variance"
+    assert triage(facts("a", rewards=(1.0, 1.0)), acct, 3, 0, True, group_size=4) == "failed"  # no probe: malformed
+
+
 def test_groups_of_a_discarded_lineage_never_resolve_their_task() -> None:
     """Checkpoint at version 4, the crashed trainer pushed 5..8, the restored weights were pushed as 9."""
     acct = Accounting(version_aliases=[(4, 9)])

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PromptTask(_message.Message):
-    __slots__ = ("task_id", "policy_version", "prompt", "checks", "weights", "sampling", "task_type", "attempt", "eval", "kind", "episode")
+    __slots__ = ("task_id", "policy_version", "prompt", "checks", "weights", "sampling", "task_type", "attempt", "eval", "kind", "episode", "probe")
     class WeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class PromptTask(_message.Message):
     EVAL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     EPISODE_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     policy_version: int
     prompt: _rollout_pb2.Prompt
@@ -39,7 +40,16 @@ class PromptTask(_message.Message):
     eval: bool
     kind: str
     episode: EpisodeSpec
-    def __init__(self, task_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., prompt: _Optional[_Union[_rollout_pb2.Prompt, _Mapping]] = ..., checks: _Optional[_Union[_reward_pb2.Checks, _Mapping]] = ..., weights: _Optional[_Mapping[str, float]] = ..., sampling: _Optional[_Union[_rollout_pb2.SamplingParams, _Mapping]] = ..., task_type: _Optional[str] = ..., attempt: _Optional[int] = ..., eval: _Optional[bool] = ..., kind: _Optional[str] = ..., episode: _Optional[_Union[EpisodeSpec, _Mapping]] = ...) -> None: ...
+    probe: ProbeSpec
+    def __init__(self, task_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., prompt: _Optional[_Union[_rollout_pb2.Prompt, _Mapping]] = ..., checks: _Optional[_Union[_reward_pb2.Checks, _Mapping]] = ..., weights: _Optional[_Mapping[str, float]] = ..., sampling: _Optional[_Union[_rollout_pb2.SamplingParams, _Mapping]] = ..., task_type: _Optional[str] = ..., attempt: _Optional[int] = ..., eval: _Optional[bool] = ..., kind: _Optional[str] = ..., episode: _Optional[_Union[EpisodeSpec, _Mapping]] = ..., probe: _Optional[_Union[ProbeSpec, _Mapping]] = ...) -> None: ...
+
+class ProbeSpec(_message.Message):
+    __slots__ = ("size", "on")
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    ON_FIELD_NUMBER: _ClassVar[int]
+    size: int
+    on: str
+    def __init__(self, size: _Optional[int] = ..., on: _Optional[str] = ...) -> None: ...
 
 class EpisodeSpec(_message.Message):
     __slots__ = ("tools", "tool_format", "max_turns", "max_tool_calls", "max_total_tokens", "max_tool_output_chars", "tool_timeout_s", "tool_memory_mb")
@@ -105,7 +115,7 @@ class SampleRecord(_message.Message):
     def __init__(self, completion: _Optional[_Union[_rollout_pb2.Completion, _Mapping]] = ..., reward: _Optional[float] = ..., components: _Optional[_Mapping[str, _reward_pb2.ComponentResult]] = ..., steps: _Optional[_Iterable[_Union[_reward_pb2.StepScore, _Mapping]]] = ..., step_token_ends: _Optional[_Iterable[int]] = ..., token_mask: _Optional[_Iterable[int]] = ..., episode: _Optional[_Union[EpisodeStats, _Mapping]] = ...) -> None: ...
 
 class GroupRecord(_message.Message):
-    __slots__ = ("group_id", "task_id", "policy_version", "weight_version", "weight_checksum", "prompt_token_ids", "samples", "status", "error", "replica_id", "generate_s", "score_s", "eval", "kind")
+    __slots__ = ("group_id", "task_id", "policy_version", "weight_version", "weight_checksum", "prompt_token_ids", "samples", "status", "error", "replica_id", "generate_s", "score_s", "eval", "kind", "discarded_samples", "discarded_tokens")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +130,8 @@ class GroupRecord(_message.Message):
     SCORE_S_FIELD_NUMBER: _ClassVar[int]
     EVAL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    DISCARDED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DISCARDED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     task_id: str
     policy_version: int
@@ -134,4 +146,6 @@ class GroupRecord(_message.Message):
     score_s: float
     eval: bool
     kind: str
-    def __init__(self, group_id: _Optional[str] = ..., task_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., weight_version: _Optional[int] = ..., weight_checksum: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[SampleRecord, _Mapping]]] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., replica_id: _Optional[str] = ..., generate_s: _Optional[float] = ..., score_s: _Optional[float] = ..., eval: _Optional[bool] = ..., kind: _Optional[str] = ...) -> None: ...
+    discarded_samples: int
+    discarded_tokens: int
+    def __init__(self, group_id: _Optional[str] = ..., task_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., weight_version: _Optional[int] = ..., weight_checksum: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[SampleRecord, _Mapping]]] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., replica_id: _Optional[str] = ..., generate_s: _Optional[float] = ..., score_s: _Optional[float] = ..., eval: _Optional[bool] = ..., kind: _Optional[str] = ..., discarded_samples: _Optional[int] = ..., discarded_tokens: _Optional[int] = ...) -> None: ...

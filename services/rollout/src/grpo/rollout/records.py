@@ -168,15 +168,16 @@ def _step_token_ends(decode: Callable[[list[int]], str], c: Any, steps: Sequence
 def batches(
     entries: Sequence[Entry[queue_pb2.PromptTask]], size: int, eval_size: int | None = None
 ) -> list[list[Entry[queue_pb2.PromptTask]]]:
-    """Tasks with identical sampling params (and episode rules), in arrival order, at most `size` per engine call
-    (evaluation tasks: `eval_size`, by default `size`)."""
-    by_params: dict[tuple[bytes, bytes | None], list[list[Entry[queue_pb2.PromptTask]]]] = {}
+    """Tasks with identical sampling params (and episode and probe rules), in arrival order, at most `size` per
+    engine call (evaluation tasks: `eval_size`, by default `size`)."""
+    by_params: dict[tuple[bytes, bytes | None, bytes | None], list[list[Entry[queue_pb2.PromptTask]]]] = {}
     for entry in entries:
         assert entry.message is not None
         task = entry.message
         # Episodes never share an engine call with single-turn tasks, nor with other rules.
         episode = task.episode.SerializeToString(deterministic=True) if task.HasField("episode") else None
-        key = (task.sampling.SerializeToString(deterministic=True), episode)
+        probe = task.probe.SerializeToString(deterministic=True) if task.HasField("probe") else None
+        key = (task.sampling.SerializeToString(deterministic=True), episode, probe)
         groups = by_params.setdefault(key, [[]])
         if len(groups[-1]) == (eval_size or size if task.eval else size):
             groups.append([])

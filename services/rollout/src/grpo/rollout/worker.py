@@ -37,6 +37,16 @@ from grpo.rollout.engines.base import SamplingParams
 from grpo.rollout.episodes.runner import EpisodeRunner, Interrupted
 from grpo.rollout.episodes.spec import episode_rules
 from grpo.rollout.episodes.tools import ToolInfrastructureError, load_tools
+from grpo.rollout.probe import (
+    Sampled,
+    model_tokens,
+    probe_tasks,
+    probing,
+    rest_tasks,
+    results_of,
+    varies,
+    whole_tasks,
+)
 from grpo.rollout.records import Generated, batches, failed_record, group_records, score_items
 from grpo.rollout.request_checks import encode_prompts, sampling_params
 from grpo.rollout.service import RolloutService, WeightsBroken
@@ -369,6 +379,12 @@ class RolloutWorker:
         self._write(batch[0], failed_record(tasks[0], self.replica_id, error))
 
     def _generate_and_score(self, tasks: list[queue_pb2.PromptTask]) -> list[queue_pb2.GroupRecord]:
+        if probing(tasks):
+            return self._probe_then_widen(tasks)
+        return self._records(tasks, self._sample(tasks))
+
+    def _sample(self, tasks: list[queue_pb2.PromptTask]) -> Sampled:
+        """One engine call and one reward call for `tasks`; a reward service that failed leaves results None."""
         t0 = time.monotonic()
         try:
             generated = self.generate(tasks)
@@ -387,11 +403,37 @@ class RolloutWorker:
                 raise Stopping from exc  # our own shutdown cut the retries short: release the task, do not fail it
             log.error("reward service failed for %d task(s): %s", len(tasks), exc)
             results, reward_error = None, f"reward service: {type(exc).__name__}: {exc}"
-        t2 = time.monotonic()
+        return Sampled(generated, results, reward_error, t1 - t0, time.monotonic() - t1)
+
+    def _records(self, tasks: Sequence[queue_pb2.PromptTask], sampled: Sampled) -> list[queue_pb2.GroupRecord]:
         return group_records(
-            tasks, generated, results, replica_id=self.replica_id, generate_s=t1 - t0, score_s=t2 - t1,
-            reward_error=reward_error,
+            tasks, sampled.generated, sampled.results, replica_id=self.replica_id, generate_s=sampled.generate_s,
+            score_s=sampled.score_s, reward_error=sampled.reward_error,
         )  # fmt: skip
+
+    def _probe_then_widen(self, tasks: list[queue_pb2.PromptTask]) -> list[queue_pb2.GroupRecord]:
+        """Adaptive group size (probe.py): every task's probe, then the rest of the groups whose probe varies."""
+        first = self._sample(probe_tasks(tasks))
+        if first.results is None:
+            return self._records(tasks, first)  # the reward service failed: every group fails with its error
+        wide = [i for i, task in enumerate(tasks) if varies(results_of(task, first.results), task.probe.on)]
+        flat = [i for i in range(len(tasks)) if i not in wide]
+        records = dict(zip(flat, self._records([tasks[i] for i in flat], first.subset(flat)), strict=True))
+        if wide:
+            wide_tasks = [tasks[i] for i in wide]
+            rest = self._sample(rest_tasks(wide_tasks))
+            if rest.results is None:
+                groups = self._records(wide_tasks, rest)  # failed: the rest could not be scored
+            elif rest.generated.weight_version != first.generated.weight_version:
+                # New weights arrived between the two calls: a group is one policy's samples, so sample it whole.
+                log.info("weights changed between probe and rest: sampling %d group(s) whole", len(wide))
+                groups = self._records(wide_tasks, self._sample(whole_tasks(wide_tasks)))
+                for record, completions in zip(groups, first.subset(wide).generated.completions, strict=True):
+                    record.discarded_samples, record.discarded_tokens = len(completions), model_tokens(completions)
+            else:
+                groups = self._records(wide_tasks, first.subset(wide).widened(rest, wide_tasks, tasks[0].probe.size))
+            records.update(zip(wide, groups, strict=True))
+        return [records[i] for i in range(len(tasks))]
 
     def _write(self, entry: Entry[queue_pb2.PromptTask], record: queue_pb2.GroupRecord) -> None:
         """Append + ack atomically, retrying through short Redis outages; else leave the task pending."""

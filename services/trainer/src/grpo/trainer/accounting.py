@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from grpo.common.signal import no_spread
 from grpo.trainer.errors import RunError
 
 DROP_REASONS = ("zero_variance", "stale", "failed", "unscored", "timeout")
@@ -218,8 +219,12 @@ def triage(
     max_staleness: int,
     skip_zero_variance: bool,
     group_size: int | None = None,
+    probe_size: int = 0,
 ) -> str:
-    """`train`, `duplicate`, `superseded`, `regenerate`, or a drop reason, for one group (does not change `acct`)."""
+    """`train`, `duplicate`, `superseded`, `regenerate`, or a drop reason, for one group (does not change `acct`).
+
+    With adaptive group size (probe_size) a group of probe_size samples is a probe the rollout did not widen: it is
+    zero-variance (or unscored), never trained; one whose signal varies is malformed (failed)."""
     task = acct.in_flight.get(group.group_id)
     if task is None:
         return "duplicate"
@@ -229,7 +234,8 @@ def triage(
         return "regenerate" if task.regenerations < MAX_REGENERATIONS else "stale"
     if group.status != "ok":
         return "failed"
-    if group_size is not None and len(group.rewards) != group_size:
+    probe = bool(probe_size) and len(group.rewards) == probe_size
+    if group_size is not None and len(group.rewards) != group_size and not probe:
         return "failed"  # a malformed group (wrong sample count) cannot be normalised with the others
     if not group.rewards or any(r is None for r in group.rewards):
         # A sample the verifier could not judge has no reward; guessing 0 would be a fake signal.
@@ -238,9 +244,9 @@ def triage(
     if staleness is None or staleness > max_staleness:
         return "stale"
     signal = group.signal or [r for r in group.rewards if r is not None]
-    if skip_zero_variance and max(signal) - min(signal) <= 1e-12:
+    if skip_zero_variance and no_spread(signal):
         return "zero_variance"
-    return "train"
+    return "failed" if probe else "train"
 
 
 @dataclass

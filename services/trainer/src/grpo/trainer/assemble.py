@@ -73,6 +73,14 @@ def episode_rules(settings: TrainerSettings) -> queue_pb2.EpisodeSpec | None:
     )
 
 
+def probe_rules(settings: TrainerSettings, algo: LossConfig) -> queue_pb2.ProbeSpec | None:
+    """Adaptive group size: the probe every training task carries (flat on what the zero-variance filter compares),
+    or None for whole groups."""
+    if not settings.probe_size:
+        return None
+    return queue_pb2.ProbeSpec(size=settings.probe_size, on=algo.zero_variance_basis())
+
+
 def task_spec(settings: TrainerSettings, algo: LossConfig) -> TaskSpec:
     return TaskSpec(
         group_size=algo.group_size,
@@ -89,6 +97,7 @@ def task_spec(settings: TrainerSettings, algo: LossConfig) -> TaskSpec:
         overlong_buffer_tokens=overlong_buffer(settings, algo),
         steps_json=json.dumps(settings.step_check, sort_keys=True) if settings.step_check else "",
         episode=episode_rules(settings),
+        probe=probe_rules(settings, algo),
     )
 
 

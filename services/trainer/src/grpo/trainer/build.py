@@ -159,18 +159,20 @@ def difficulty_tracker(s: TrainerSettings, state: dict[str, Any] | None) -> Diff
     """The difficulty buckets of a run that sets aside easy or hard prompts (or weighs buckets), with the records a
     checkpoint kept; None when no rule is on (no records are kept, none are written)."""
     rules = BucketRules(s.skip_solved_after, s.set_aside_after, s.revisit_after_epochs,
-                        tuple(sorted(s.bucket_weights.items())), s.skip_flat_above)  # fmt: skip
+                        tuple(sorted(s.bucket_weights.items())), s.skip_flat_above, s.probe_size,
+                        s.probe_all)  # fmt: skip
     if not rules.active:
         if state and state.get("records"):
             log.warning("the checkpoint holds difficulty buckets, but skip_solved_after, set_aside_after, "
-                        "skip_flat_above and bucket_weights are unset: no prompt is skipped, and the records are not "
-                        "kept")  # fmt: skip
+                        "skip_flat_above, bucket_weights and probe_size are unset: no prompt is skipped or probed, and "
+                        "the records are not kept")  # fmt: skip
         return None
     tracker = DifficultyTracker.from_state(rules, state, s.seed)
     log.info("difficulty buckets: skip after %d all-solved group(s), set aside after %d unsolved, or when a flat "
-             "group is %.0f %% likely (0: off), back after %d epoch(s), weights %s; %d row(s) on record",
-             rules.skip_solved_after, rules.set_aside_after, 100 * rules.skip_flat_above, rules.revisit_after_epochs,
-             dict(rules.weights) or "none", len(tracker.records))  # fmt: skip
+             "group is %.0f %% likely (0: off), back after %d epoch(s), weights %s, probe %d (%s); %d row(s) on "
+             "record", rules.skip_solved_after, rules.set_aside_after, 100 * rules.skip_flat_above,
+             rules.revisit_after_epochs, dict(rules.weights) or "none", rules.probe_size,
+             "every task" if rules.probe_all else "where the record says it pays", len(tracker.records))  # fmt: skip
     return tracker
 
 

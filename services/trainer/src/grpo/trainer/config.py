@@ -101,6 +101,16 @@ class TrainerSettings(ServiceSettings):
     """Prompt tasks per batch; each yields one group of G samples."""
     group_size: int | None = Field(None, ge=1)
     """G, samples per prompt (R1: 16). None: the preset's."""
+    probe_size: int = Field(0, ge=0)
+    """Adaptive group size: the rollout samples this many answers of a group first and the rest of G only when they
+    disagree (on zero_variance_on); a probe whose answers all agree comes back as a zero-variance group of probe_size
+    samples, costing probe_size instead of G. A task carries the probe only where its prompt's last judged group
+    says it pays (fewer samples on flat groups: at G 8, probe 4, prompts last solved 0, 1, 7 or 8 times), since a
+    short probe agrees by chance far more often than G samples do (docs/algorithms.md). 2 <= probe_size < G; needs
+    skip_zero_variance and outcome credit. 0: off."""
+    probe_all: bool = False
+    """Adaptive group size: every training task carries the probe, unseen prompts included (data with many prompts
+    the policy never, or always, solves); measured on the demo, where most flat groups are chance, it spends more."""
     max_staleness: int = Field(0, ge=0)
     """Policy versions a group may lag; at most max_staleness+1 batches in flight. 0: strictly on-policy."""
     max_refill_per_step: int | None = Field(None, ge=0)
@@ -457,12 +467,16 @@ class TrainerSettings(ServiceSettings):
                 )
             if self.tools:
                 self._check_tools(algo.credit)
+            self._check_probe(algo)
             if algo.refill_zero_variance and not algo.skip_zero_variance:
                 raise ValueError(
                     f"refill_zero_variance (preset {self.preset}) needs skip_zero_variance: a refill replaces a group "
                     "the skip drops, and kept groups are never replaced; set skip_zero_variance true, or "
                     "refill_zero_variance false"
                 )
+        elif self.probe_size:
+            raise ValueError(f"probe_size (adaptive group size) samples GRPO groups; mode {self.mode} samples none: "
+                             "leave it 0")  # fmt: skip
         self._check_data_settings()
         self._check_rejection_sampling()
         self._check_buckets()
@@ -472,6 +486,26 @@ class TrainerSettings(ServiceSettings):
 
             plan_stages(self)  # a bad stage (or a reference to a stage) fails at start-up, naming it
         return self
+
+    def _check_probe(self, algo: LossConfig) -> None:
+        """Adaptive group size: a probe smaller than the group, whose flat groups the zero-variance filter drops."""
+        if not self.probe_size:
+            if self.probe_all:
+                raise ValueError("probe_all sends every task's probe, but probe_size is 0 (no probe): set probe_size "
+                                 "(e.g. 4 of 8), or leave probe_all false")  # fmt: skip
+            return
+        if not 2 <= self.probe_size < algo.group_size:
+            raise ValueError(f"probe_size={self.probe_size} with group_size={algo.group_size}: a probe samples part "
+                             "of a group to see whether its answers disagree; it needs 2 <= probe_size < group_size "
+                             "(e.g. 4 of 8), or 0 for whole groups")  # fmt: skip
+        if not algo.skip_zero_variance:
+            raise ValueError(f"probe_size (preset {self.preset}) needs skip_zero_variance: a probe whose answers agree "
+                             "comes back as a group of probe_size samples, which only the zero-variance filter may "
+                             "drop; set skip_zero_variance true, or probe_size 0")  # fmt: skip
+        if algo.credit != "outcome":
+            raise ValueError(f"probe_size with credit {algo.credit!r}: step credit trains groups whose rewards agree "
+                             "(their step scores differ), but a probe judges the rewards only; use credit outcome, "
+                             "or probe_size 0")  # fmt: skip
 
     def _check_buckets(self) -> None:
         """Difficulty buckets: GRPO only, weights in [0, 1], and each weighed bucket one a rule can fill."""

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from grpo.common.queue import Entry, RunQueue
+from grpo.common.signal import correctness as correctness_of
+from grpo.common.signal import no_spread
 from grpo.trainer.accounting import GroupFacts
 from grpo.v1 import queue_pb2
 
@@ -17,20 +19,20 @@ if TYPE_CHECKING:
     from grpo.trainer.learner import TrainableSample
 
 log = logging.getLogger(__name__)
-# Components whose score means "the answer is right" (1 = correct, code: fraction of tests passed).
-CORRECTNESS_COMPONENTS = ("math", "code")
 # How an episode ends (EpisodeStats.end, proto/grpo/v1/queue.proto).
 EPISODE_ENDS = ("answer", "max_turns", "max_tool_calls", "max_total_tokens", "length")
 PEL_READ_COUNT = 1_000_000  # one read returns the whole pending list: it is bounded by checkpoint_every batches
 
 
-def failure_reason(record: queue_pb2.GroupRecord, group_size: int) -> str:
+def failure_reason(record: queue_pb2.GroupRecord, group_size: int, probe_size: int = 0) -> str:
     """Why triage called a group failed: the rollout's error, else what was wrong with the group itself."""
     if record.status != "ok":
         return record.error or f"status {record.status!r} with no error message"
     problem = mask_problem(record)
     if problem is not None:
         return problem
+    if probe_size and len(record.samples) == probe_size:
+        return f"a probe of {probe_size} samples whose signal varies came back without the rest of its group"
     return f"{len(record.samples)} samples where the group size is {group_size}"
 
 
@@ -104,11 +106,7 @@ def zero_variance_signal(
 
 def correctness(sample: queue_pb2.SampleRecord) -> float | None:
     """The sample's correctness component score (math or code), None when there is none."""
-    for name in CORRECTNESS_COMPONENTS:
-        comp = sample.components.get(name)
-        if comp is not None and comp.HasField("score"):
-            return float(comp.score)
-    return None
+    return correctness_of(sample.components)
 
 
 def process_credit(record: queue_pb2.GroupRecord, outcome: Sequence[float], algo: LossConfig) -> list[list[float]]:
@@ -182,6 +180,31 @@ def _mean_std(xs: Sequence[float]) -> tuple[float, float]:
 def model_tokens(sample: queue_pb2.SampleRecord) -> int:
     """The completion tokens the model sampled: an episode's mask says which; without one, all of them."""
     return sum(sample.token_mask) if sample.token_mask else len(sample.completion.token_ids)
+
+
+def spend_metrics(settled: Sequence[Settled], probe_size: int = 0) -> dict[str, float]:
+    """What a step's rollouts cost, exactly: `rollout/samples` and `rollout/tokens` (the model's tokens) over every
+    group that came back (trained or dropped), and `groups/zero_variance_samples` / `_tokens` over those dropped as
+    zero-variance, the rollouts spent for no gradient. With adaptive group size, `groups/probe_flat` counts the
+    zero-variance groups the rollout cut at the probe (probe_size samples); a probe thrown away (new weights came
+    before the rest of its group) counts in rollout/samples and rollout/tokens too."""
+    came = [(verdict, r) for _, verdict, r in settled if r is not None]
+    flat = [r for verdict, r in came if verdict == "zero_variance"]
+
+    def tokens(records: Sequence[queue_pb2.GroupRecord]) -> float:
+        return float(
+            sum(model_tokens(s) for r in records for s in r.samples) + sum(r.discarded_tokens for r in records)
+        )
+
+    out = {
+        "rollout/samples": float(sum(len(r.samples) + r.discarded_samples for _, r in came)),
+        "rollout/tokens": tokens([r for _, r in came]),
+        "groups/zero_variance_samples": float(sum(len(r.samples) + r.discarded_samples for r in flat)),
+        "groups/zero_variance_tokens": tokens(flat),
+    }
+    if probe_size:
+        out["groups/probe_flat"] = float(sum(len(r.samples) == probe_size for r in flat))
+    return out
 
 
 def group_metrics(records: Sequence[queue_pb2.GroupRecord], prefix: str = "rollout") -> dict[str, float]:
@@ -258,7 +281,7 @@ def task_metrics(
         mine = [(verdict, record) for t, verdict, record in settled if t == task_type]
         ok = [r for _, r in mine if r is not None and r.status == "ok" and mask_problem(r) is None]
         complete = [r for r in ok if r.samples and all(x is not None for x in rewards_of(r, steps))]
-        flat = [r for r in complete if _no_spread(facts_of(r, zero_variance_on, reward_clip, steps).signal)]
+        flat = [r for r in complete if no_spread(facts_of(r, zero_variance_on, reward_clip, steps).signal)]
         prefix = f"task/{task_type}"
         out[f"{prefix}/groups"] = float(len(mine))
         out[f"{prefix}/zero_variance_fraction"] = len(flat) / len(complete) if complete else 0.0
@@ -270,11 +293,6 @@ def task_metrics(
         if correct:
             out[f"{prefix}/accuracy"] = sum(1.0 for c in correct if c >= 1.0 - 1e-9) / len(correct)
     return out
-
-
-def _no_spread(signal: Sequence[float]) -> bool:
-    """As triage's zero-variance test: every value equal (within 1e-12)."""
-    return bool(signal) and max(signal) - min(signal) <= 1e-12
 
 
 def episode_metrics(episodes: Sequence[queue_pb2.SampleRecord], prefix: str) -> dict[str, float]:

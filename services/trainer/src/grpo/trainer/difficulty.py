@@ -12,6 +12,12 @@ judged group gives its pass rate a posterior, Beta(1 + solved, 1 + missed), and 
 same size is flat is E[p^G] + E[(1 - p)^G] under it; a row at or above the threshold is set aside as easy and hard
 rows are, for revisit_after_epochs epochs, then drawn again.
 
+Adaptive group size (`probe_size`): a row's task carries a probe (a few of G first, the rest only where they disagree)
+when its record says the probe pays: k samples are flat more often than G (a row 7/8 solved makes 4 of 4 right
+nearly half the time, 8 of 8 a quarter), so probing costs fewer samples on flat groups only where k·P(flat of k) <
+G·P(flat of G) under the row's posterior: rows last solved 0, 1, 7 or 8 times in 8; not unseen rows, unless
+`probe_all`.
+
 Curriculum (`bucket_weights`): a draw that is not set aside is taken with its row's bucket's weight (in [0, 1]; 1
 when unnamed), decided by a hash of (seed, epoch, position), so a resumed run takes the same draws.
 
@@ -58,26 +64,36 @@ class BucketRules:
     revisit_after_epochs: int = 1
     weights: tuple[tuple[str, float], ...] = ()  # curriculum: (bucket, share of its draws taken); unnamed: 1
     skip_flat_above: float = 0.0  # set aside a row whose next group is predicted flat with at least this chance
+    probe_size: int = 0  # adaptive group size: the probe (0: whole groups), sent where the row's record says it pays
+    probe_all: bool = False  # ... or on every task, unseen rows included
 
     @property
     def active(self) -> bool:
         return (self.skip_solved_after > 0 or self.set_aside_after > 0 or self.skip_flat_above > 0
-                or bool(self.weights))  # fmt: skip
+                or bool(self.weights) or self.probe_size > 0)  # fmt: skip
 
     def weight(self, bucket: str) -> float:
         return dict(self.weights).get(bucket, 1.0)
 
 
-def flat_chance(solved: int, size: int) -> float:
-    """The chance that a new group of `size` samples is flat (all solve or none does) for a row whose last group of
-    that size had `solved` solving samples: E[p^G] + E[(1 - p)^G] with p ~ Beta(1 + solved, 1 + size - solved), the
-    pass rate's posterior from a uniform prior. E[p^G] under Beta(a, b) is the product of (a + i) / (a + b + i)."""
+def flat_chance(solved: int, size: int, new: int | None = None) -> float:
+    """The chance that a new group of `new` samples (default: `size`) is flat (all solve or none does) for a row whose
+    last group of `size` samples had `solved` solving ones: E[p^n] + E[(1 - p)^n] with p ~ Beta(1 + solved,
+    1 + size - solved), the pass rate's posterior from a uniform prior. E[p^n] under Beta(a, b) is the product of
+    (a + i) / (a + b + i) for i < n."""
     a, b = 1.0 + solved, 1.0 + size - solved
     all_solve = none_solve = 1.0
-    for i in range(size):
+    for i in range(size if new is None else new):
         all_solve *= (a + i) / (a + b + i)
         none_solve *= (b + i) / (a + b + i)
     return all_solve + none_solve
+
+
+def probe_pays(solved: int, size: int, probe: int, group: int) -> bool:
+    """Whether a probe of `probe` samples is expected to spend fewer samples on a flat group than the whole `group`
+    (probe · P(flat of probe) < group · P(flat of group)) for a row whose last group of `size` had `solved` right.
+    At G 8, probe 4: rows last solved 0, 1, 7 or 8 times (and after a flat probe of 4); not 2-6."""
+    return probe * flat_chance(solved, size, probe) < group * flat_chance(solved, size, group)
 
 
 def uniform(seed: int, epoch: int, index: int) -> float:
@@ -122,6 +138,17 @@ class DifficultyTracker:
         rec = self.records.get(row)
         return (self.rules.skip_flat_above > 0 and rec is not None and rec.last_size > 0
                 and flat_chance(rec.last_solved, rec.last_size) >= self.rules.skip_flat_above)  # fmt: skip
+
+    def probes(self, row: int, group: int) -> bool:
+        """Whether `row`'s next task of `group` samples carries the probe: probe_all, or its last judged group says
+        the probe pays (probe_pays); a row without one (unseen, or no correctness) samples whole groups."""
+        if self.rules.probe_size <= 0:
+            return False
+        if self.rules.probe_all:
+            return True
+        rec = self.records.get(row)
+        return (rec is not None and rec.last_size > 0
+                and probe_pays(rec.last_solved, rec.last_size, self.rules.probe_size, group))  # fmt: skip
 
     def observe(self, row: int, epoch: int, step: int, correctness: Sequence[float | None]) -> str:
         """Record one group of `row` drawn in `epoch` and settled at `step`; returns the bucket it had before (the

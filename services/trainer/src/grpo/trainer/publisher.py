@@ -35,6 +35,7 @@ class TaskSpec:
     overlong_buffer_tokens: int = 0
     steps_json: str = ""  # the step check (reward.StepsCheck as JSON) for rows without one: step credit
     episode: queue_pb2.EpisodeSpec | None = None  # set: every task (training and evaluation) is a multi-turn episode
+    probe: queue_pb2.ProbeSpec | None = None  # set: training groups are sampled adaptively (probe_size)
 
     def weights_for(self, task_type: str) -> tuple[tuple[str, float], ...]:
         """The component weights a row of `task_type` is scored with: its type's own, else reward_weights."""
@@ -112,6 +113,7 @@ def build_task(
         attempt=0,
         eval=evaluation,
         episode=spec.episode,
+        probe=None if evaluation else spec.probe,
     )
 
 
@@ -139,6 +141,7 @@ class Publisher:
         self.stage = stage  # a staged run's stage index, in the task ids (0: not staged)
         self.difficulty = difficulty  # difficulty buckets: rows it sets aside are passed over (None: none are)
         self.skipped = 0  # draws passed over since the last `take_skipped`
+        self.probed = 0  # tasks published with a probe since the last `take_probed`
         self._exhausted_epoch = -1  # the last epoch "every row is set aside" was logged for
 
     def row_index(self, tid: str) -> int:
@@ -149,6 +152,11 @@ class Publisher:
         """Draws passed over since the last call (buckets/skipped of a step)."""
         skipped, self.skipped = self.skipped, 0
         return skipped
+
+    def take_probed(self) -> int:
+        """Tasks published with a probe since the last call (tasks/probed of a step)."""
+        probed, self.probed = self.probed, 0
+        return probed
 
     def row(self, tid: str) -> PromptRow:
         """The row a training task id (or a group id) of this run was made from."""
@@ -163,11 +171,9 @@ class Publisher:
         tracker = self.difficulty
         skip = tracker.skips if tracker is not None and tracker.rules.active else None
         taken = take_eligible(self.cursor, len(self.rows), k, self.mixture, skip)
-        tasks = [
-            build_task(self.rows[i], task_id(self.run_id, key, self.stage), policy_version, self.spec)
-            for key, i in taken.picks
-        ]
+        tasks = [self._task(i, task_id(self.run_id, key, self.stage), policy_version) for key, i in taken.picks]
         self.queue.publish_tasks(tasks)
+        self.probed += sum(task.HasField("probe") for task in tasks)
         now = time.monotonic()
         for task in tasks:
             acct.publish(task.task_id, policy_version, batch, now)
@@ -181,6 +187,14 @@ class Publisher:
         log.debug("published %d task(s) under version %d (batch %d)", len(tasks), policy_version, batch)
         return [t.task_id for t in tasks]
 
+    def _task(self, row: int, tid: str, policy_version: int) -> queue_pb2.PromptTask:
+        """A training task of `row`; with adaptive group size it keeps its probe only where the row's record says
+        the probe pays (DifficultyTracker.probes)."""
+        task = build_task(self.rows[row], tid, policy_version, self.spec)
+        if task.HasField("probe") and (self.difficulty is None or not self.difficulty.probes(row, task.sampling.n)):
+            task.ClearField("probe")
+        return task
+
     def value_task(
         self, group_id: str, tid: str, prefix: Sequence[int], policy_version: int, n: int
     ) -> queue_pb2.PromptTask:
@@ -192,14 +206,16 @@ class Publisher:
         task.kind = "value"
         task.prompt.prefix_token_ids.extend(prefix)
         task.checks.ClearField("steps")
+        task.ClearField("probe")  # a value estimate needs all n continuations, agreeing or not
         task.sampling.n = n
         return task
 
     def republish(self, tid: str, policy_version: int, acct: Accounting) -> None:
         """Publish an in-flight task again under the same id (its group came from discarded weights)."""
-        task = build_task(self.row(tid), tid, policy_version, self.spec)
+        task = self._task(self.row_index(tid), tid, policy_version)
         task.attempt = acct.in_flight[tid].regenerations + 1
         self.queue.publish_tasks([task])
+        self.probed += task.HasField("probe")
         acct.republish(tid, policy_version, time.monotonic())
         log.info("task %s published again under version %d (its group came from discarded weights)", tid,
                  policy_version)  # fmt: skip

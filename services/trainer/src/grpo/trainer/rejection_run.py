@@ -64,11 +64,12 @@ log = logging.getLogger(__name__)
 
 
 def sampling_settings(settings: TrainerSettings) -> TrainerSettings:
-    """The settings GrpoRun's machinery runs the stage under: G = rs_samples, every group kept whatever its variance,
-    no refill, no reference model, outcome credit, no held-out evaluation."""
+    """The settings GrpoRun's machinery runs the stage under: G = rs_samples, every group kept whatever its variance
+    (no probe), no refill, no reference model, outcome credit, no held-out evaluation."""
     return settings.model_copy(
         update={
             "group_size": settings.rs_samples,
+            "probe_size": 0,
             "skip_zero_variance": False,
             "refill_zero_variance": False,
             "beta": 0.0,

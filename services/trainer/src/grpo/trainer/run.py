@@ -42,6 +42,7 @@ from grpo.trainer.consumer import (
     failure_reason,
     group_metrics,
     group_spread,
+    spend_metrics,
     task_metrics,
     to_samples,
 )
@@ -264,7 +265,8 @@ class GrpoRun:
                 continue
             facts = facts_of(record, self.zero_variance_on, self.algo.reward_clip, steps=self.credit.steps)
             verdict = "duplicate" if record.group_id in kept_ids else triage(
-                facts, self.acct, self.version, s.max_staleness, self.algo.skip_zero_variance, self.algo.group_size
+                facts, self.acct, self.version, s.max_staleness, self.algo.skip_zero_variance, self.algo.group_size,
+                s.probe_size,
             )  # fmt: skip
             outcomes[verdict] = outcomes.get(verdict, 0) + 1
             if verdict == "duplicate":
@@ -285,7 +287,7 @@ class GrpoRun:
                 staleness.append(lineage_staleness(self.version, facts.weight_version, self.acct.version_aliases) or 0)
             else:
                 if verdict == "failed":
-                    self.failures[failure_reason(record, self.algo.group_size)] += 1
+                    self.failures[failure_reason(record, self.algo.group_size, s.probe_size)] += 1
                 self.acct.resolve(record.group_id, verdict)
                 self.reader.defer_ack(entry.entry_id)
             settled.append((record.group_id, verdict, record))
@@ -300,6 +302,9 @@ class GrpoRun:
         metrics.update({f"groups/{k}": float(outcomes.get(k, 0)) for k in GROUP_VERDICTS})
         metrics["groups/zero_variance_fraction"] = outcomes.get("zero_variance", 0) / max(resolved, 1)
         metrics["groups/refills"] = float(quota.refills)
+        metrics.update(spend_metrics(settled, s.probe_size))
+        if s.probe_size:
+            metrics["tasks/probed"] = float(self.publisher.take_probed())
         if staleness:
             metrics["staleness/mean"] = sum(staleness) / len(staleness)
             metrics["staleness/max"] = float(max(staleness))
