@@ -141,17 +141,51 @@ def test_new_weights_between_probe_and_rest_sample_the_group_whole(
     for r in records:
         if len(r.samples) == 2:  # cut at the probe: the probe's weights
             assert (r.weight_version, r.discarded_samples) == (before, 0)
-        else:  # widened: all 4 from the new weights, the 2 of the old probe counted as thrown away
-            assert (r.weight_version, r.discarded_samples) == (before + 1, 2)
-            assert r.discarded_tokens > 0
+        else:  # widened: all 4 from the new weights; the old probe's 2 and the rest's 2 counted as thrown away
+            assert (r.weight_version, r.discarded_samples) == (before + 1, 4)
+            assert r.discarded_tokens >= 4
+
+
+def test_a_reward_outage_after_the_probes_fails_only_the_widened_groups(
+    service: RolloutService, redis_url: str, live_reward: Any
+) -> None:
+    """The reward service answers the probes, then fails on the rest: the widened groups fail with the reason (never
+    a reward of 0), their probes counted as thrown away; the groups cut at their probe are written as they are."""
+    s = settings(redis_url, live_reward.grpc_addr)
+    score = reward_client(s).score
+    calls: list[int] = []
+
+    def score_then_fail(items: list[reward_pb2.ScoreItem]) -> list[reward_pb2.ScoreResult]:
+        calls.append(len(items))
+        if len(calls) > 1:
+            raise ConnectionError("reward service unreachable (injected after the probes)")
+        return score(items)
+
+    client = connect(redis_url)
+    worker = RolloutWorker(service_generator(service), lambda: (service.version, service.checksum), score_then_fail,
+                           RunQueue(client, RUN), ReplicaRegistry(client, RUN), replica_id="p3",
+                           address="127.0.0.1:0", options=s)  # fmt: skip
+    sent = tasks(seed=3)
+    records = worker._generate_and_score(sent)
+    failed = [r for r in records if r.status != "ok"]
+    assert failed and len(calls) == 2
+    for r in records:
+        if r.status == "ok":  # cut at the probe
+            assert len(r.samples) == 2 and r.samples[0].reward == r.samples[1].reward
+        else:
+            assert "reward service" in r.error and "injected" in r.error
+            assert not any(x.HasField("reward") for x in r.samples)
+            assert (len(r.samples), r.discarded_samples) == (2, 2)  # the rest's 2, unscored; the probe's 2 thrown
 
 
 @pytest.mark.parametrize("probe_all", [True, False])
 def test_a_grpo_run_trains_the_widened_groups_and_counts_every_sample(
     tmp_path: Path, redis_url: str, rollout_for: Callable[..., Any], probe_all: bool
 ) -> None:
-    """probe_all probes every task; by default only a row whose last group says the probe pays gets one (here the
-    never-solved rows, 0 of 4, from their second group on; unseen rows sample whole groups)."""
+    """probe_all probes every task (with refill here); by default only a row whose last group says the probe pays
+    gets one (here the never-solved rows, 0 of 4, from their second group on; unseen rows sample whole groups).
+    Without refill every step settles its 4 tasks before the next are published, so each row's second group is
+    published after its first was judged."""
     model = answer_model_path(cache_root() / "test-models")
     rollout_for(RUN)
     problems = PROBLEMS[:SOLVABLE]
@@ -159,7 +193,7 @@ def test_a_grpo_run_trains_the_widened_groups_and_counts_every_sample(
         {"id": f"n{a}{b}", "prompt": prompt(a, b), "gold": str(a + b + 50)} for a, b in problems]  # fmt: skip
     config = trainer_config(
         tmp_path, RUN, redis_url, model=str(model), train_data=str(write_rows(tmp_path / "probe.jsonl", train)),
-        steps=5, prompts_per_step=4, group_size=4, probe_size=2, probe_all=probe_all, refill_zero_variance=True,
+        steps=5, prompts_per_step=4, group_size=4, probe_size=2, probe_all=probe_all, refill_zero_variance=probe_all,
         max_refill_per_step=4,
         max_new_tokens=24, stop=[], overlong_soft_penalty=False, reward_weights={"math": 1.0}, checkpoint_every=1,
     )  # fmt: skip
@@ -179,7 +213,8 @@ def test_a_grpo_run_trains_the_widened_groups_and_counts_every_sample(
         later_never = [e for e in never if position_of(str(e["task_id"]))[0] > 0]
         in_flight = metrics[-1]["tasks/in_flight"]  # published, not settled when the run ended
         assert later_never and len(later_never) <= cut <= probed <= len(judged_before) + in_flight, (cut, probed)
-    assert sum(r["groups/train"] for r in metrics) > 0  # widened groups, whole: a short one would have failed
+    # trained groups (with probe_all each a widened probe: one left short would have failed, not trained)
+    assert sum(r["groups/train"] for r in metrics) > 0
     for r in metrics:
         assert r["groups/failed"] == 0, r
         flat, cut = r["groups/zero_variance"], r["groups/probe_flat"]

@@ -53,6 +53,9 @@ def test_the_trainer_logs_how_rewards_spread_across_groups() -> None:
     unjudged = _group(1, 0)
     del unjudged.samples[0].components["math"]  # no correctness on every sample: not judged solved or not
     assert group_spread([unjudged]) == {}  # and one group has no spread across groups
+    # groups cut at their probe (2 of 4 here) are left out: short groups agree by chance far more often
+    probed = group_spread([_group(1, 1), _group(0, 0, 1, 1), _group(1, 1, 1, 1)], probe_size=2)
+    assert probed["groups/all_solved_fraction"] == 0.5 and probed["groups/none_solved_fraction"] == 0.0
 
 
 def test_the_reference_age_the_trainer_logs() -> None:

@@ -1,5 +1,6 @@
-"""Adaptive group size (probe_size) on the trainer's side: the settings' refusals, the probe every training task
-carries (and evaluation and value tasks do not), why a probe group fails, and the step's exact rollout spend."""
+"""Adaptive group size (probe_size) on the trainer's side: the settings' refusals, which tasks carry the probe (where
+the row's record says it pays; never evaluation or value tasks), why a probe group fails, and the step's rollout
+spend."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from grpo.common.queue import RunQueue, connect
+from grpo.trainer.accounting import Accounting
 from grpo.trainer.assemble import resolve_algo, task_spec
 from grpo.trainer.config import parse_settings
 from grpo.trainer.consumer import failure_reason, spend_metrics
-from grpo.trainer.data import load_rows
+from grpo.trainer.data import DataCursor, load_rows
 from grpo.trainer.difficulty import BucketRules, DifficultyTracker, flat_chance, probe_pays
-from grpo.trainer.publisher import build_task
+from grpo.trainer.publisher import Publisher, build_task
 from grpo.v1 import queue_pb2
 
 
@@ -72,6 +75,18 @@ def test_the_tracker_probes_the_rows_whose_record_says_so() -> None:
     assert not any(t.skips(r, 1) for r in range(3))  # a probe passes over nothing
 
 
+def test_a_flat_probe_predicts_the_next_group_of_g_not_of_its_own_size() -> None:
+    """After 4 of 4 right, a group of 4 is flat 56 % likely but a group of 8 only 39 % (5/13 + 1/1287): skip_flat_above
+    0.5 sets a row aside after 8 of 8 right (53 %), not after a flat probe of 4."""
+    assert flat_chance(4, 4) == pytest.approx(5 / 9 + 1 / 126)
+    assert flat_chance(4, 4, 8) == pytest.approx(5 / 13 + 1 / 1287)
+    rules = BucketRules(skip_flat_above=0.5, probe_size=4, group_size=8)
+    t = DifficultyTracker(rules)
+    t.observe(0, 0, 1, [1.0] * 4)  # a flat probe
+    t.observe(1, 0, 1, [1.0] * 8)  # a flat whole group
+    assert [t.predicts_flat(r) for r in (0, 1)] == [False, True]
+
+
 @pytest.mark.parametrize(("extra", "on"), [([], "reward"), (["--refill-zero-variance", "true"], "accuracy"),
                                            (["--zero-variance-on", "accuracy"], "accuracy")])  # fmt: skip
 def test_training_tasks_carry_the_probe_on_what_the_filter_compares(
@@ -121,3 +136,34 @@ def test_the_spend_counts_every_sample_that_came_back() -> None:
     again = spend_metrics([*settled, ("t6", "zero_variance", resampled)], probe_size=2)
     assert (again["rollout/samples"], again["rollout/tokens"]) == (10.0 + 4 + 2, out["rollout/tokens"] + 4 + 9)
     assert (again["groups/zero_variance_samples"], again["groups/probe_flat"]) == (6.0 + 6, 1.0)
+
+
+def test_the_publisher_sends_the_probe_where_the_record_says_so(tmp_path: Path, redis_url: str) -> None:
+    """Through a real Redis: unseen rows get whole groups; after a judged group, a row last solved 8 of 8 gets the
+    probe and one solved 4 of 8 does not; a value task never carries it; a republished task decides again."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(f'{{"prompt": "{i}+1?", "gold": "{i + 1}"}}\n' for i in range(3)))
+    s = parse_settings(["--train-data", str(data), "--group-size", "8", "--probe-size", "4"])
+    tracker = DifficultyTracker(BucketRules(probe_size=4, group_size=8))
+    queue = RunQueue(connect(redis_url), "probe-pub")
+    queue.ensure_groups()
+    publisher = Publisher(queue, load_rows(data), task_spec(s, resolve_algo(s)), "run", DataCursor(seed=0),
+                          difficulty=tracker)  # fmt: skip
+    acct = Accounting()
+    first = publisher.publish(3, 0, 0, acct)
+    assert publisher.take_probed() == 0  # unseen: whole groups
+    solved = {0: 8, 1: 4, 2: 0}
+    for tid in first:
+        row = publisher.row_index(tid)
+        tracker.observe(row, 0, 1, [1.0] * solved[row] + [0.0] * (8 - solved[row]))
+    second = publisher.publish(3, 1, 1, acct)
+    tasks = {e.message.task_id: e.message for e in queue.read_tasks("w", 10) if e.message is not None}
+    probed = {publisher.row_index(t) for t in second if tasks[t].HasField("probe")}
+    assert probed == {0, 2} and publisher.take_probed() == 2  # 8 of 8 and 0 of 8; not 4 of 8
+    assert all(tasks[t].probe.size == 4 for t in second if publisher.row_index(t) in probed)
+    row0 = next(t for t in second if publisher.row_index(t) == 0)
+    assert not publisher.value_task(row0, f"{row0}-v0", [1, 2], 1, 4).HasField("probe")
+    tracker.observe(0, 1, 2, [1.0] * 4 + [0.0] * 4)  # row 0 is now middling: a new publication has no probe
+    publisher.republish(row0, 2, acct)
+    again = [e.message for e in queue.read_tasks("w", 10) if e.message is not None and e.message.task_id == row0]
+    assert len(again) == 1 and not again[0].HasField("probe") and publisher.take_probed() == 0

@@ -1,10 +1,12 @@
 """Adaptive group size (a task's ProbeSpec): sample a few answers of a group first, the rest only where they disagree.
 
 A group whose samples all agree has zero advantages: the trainer drops it, and every sample spent on it is lost.
-With G = 8, a probe of 4 finds most such groups at half the cost: a probe whose signal is flat is written as a group
-of probe.size samples (the trainer drops it as zero-variance, and with refill replaces it), and only a probe that
-varies is widened to G. The cost is the groups whose 4 agree by chance but whose 8 would not: for a prompt solved with
-chance p that is p^4 - p^8 + (1-p)^4 - (1-p)^8, at most 0.1 (at p = 0.5 it is 0.117 - 0.008).
+A probe whose signal is flat is written as a group of probe.size samples (the trainer drops it as zero-variance, and
+with refill replaces it); only a probe that varies is widened to G. With G = 8 and a probe of 4, a flat group then
+costs 4 samples, not 8, but 4 samples agree by chance far more often than 8, so this pays only where flatness is
+settled; the trainer sends a probe only with the tasks where it expects it to (difficulty.probe_pays). The cost is the
+groups whose 4 agree by chance but whose 8 would not: for a prompt solved with chance p, p^4 - p^8 + (1-p)^4 - (1-p)^8,
+up to a quarter of its groups (where p^4 = 1/2, p = 0.84).
 
 "Flat" is the trainer's test (grpo.common.signal) on its zero_variance_on values, before reward_clip: clipping only
 makes values equal, so a probe that varies here may still be dropped after widening, and one that is flat here is
@@ -114,6 +116,17 @@ def renumbered(
             moved.id = f"{task.task_id}/{first + i}"
             out.append(moved)
     return out
+
+
+def discarding(records: list[queue_pb2.GroupRecord], *thrown: Sampled) -> list[queue_pb2.GroupRecord]:
+    """`records` (one per prompt of `thrown`) with the samples of `thrown` that were generated for them and are not
+    in them counted as discarded: the rollouts' cost includes them."""
+    for i, record in enumerate(records):
+        for sampled in thrown:
+            completions = sampled.generated.completions[i]
+            record.discarded_samples += len(completions)
+            record.discarded_tokens += model_tokens(completions)
+    return records
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Per batch of tasks: renew their leases while working (so only dead replicas' tasks are
 reclaimed), generate all prompts × n in one engine call, score every completion in one
-reward `Score` call, then append each group and ack its task atomically. An
+reward `Score` call, then append each group and ack its task atomically. (Tasks with a
+probe take two rounds: every probe, then the rest of the groups whose probe varies; probe.py.) An
 unreachable reward service, or a task that keeps failing, yields a group with status
 "failed" and the reason: never a reward of 0. On stop, unprocessed tasks are released
 to other replicas (made idle at once), never acked.
@@ -39,7 +40,7 @@ from grpo.rollout.episodes.spec import episode_rules
 from grpo.rollout.episodes.tools import ToolInfrastructureError, load_tools
 from grpo.rollout.probe import (
     Sampled,
-    model_tokens,
+    discarding,
     probe_tasks,
     probing,
     rest_tasks,
@@ -420,18 +421,18 @@ class RolloutWorker:
         flat = [i for i in range(len(tasks)) if i not in wide]
         records = dict(zip(flat, self._records([tasks[i] for i in flat], first.subset(flat)), strict=True))
         if wide:
-            wide_tasks = [tasks[i] for i in wide]
+            wide_tasks, probes = [tasks[i] for i in wide], first.subset(wide)
             rest = self._sample(rest_tasks(wide_tasks))
-            if rest.results is None:
-                groups = self._records(wide_tasks, rest)  # failed: the rest could not be scored
-            elif rest.generated.weight_version != first.generated.weight_version:
+            same_weights = (rest.generated.weight_version, rest.generated.weight_checksum) == (
+                first.generated.weight_version, first.generated.weight_checksum)  # fmt: skip
+            if rest.results is None:  # failed: the rest could not be scored, and the probes are not in the group
+                groups = discarding(self._records(wide_tasks, rest), probes)
+            elif not same_weights:
                 # New weights arrived between the two calls: a group is one policy's samples, so sample it whole.
                 log.info("weights changed between probe and rest: sampling %d group(s) whole", len(wide))
-                groups = self._records(wide_tasks, self._sample(whole_tasks(wide_tasks)))
-                for record, completions in zip(groups, first.subset(wide).generated.completions, strict=True):
-                    record.discarded_samples, record.discarded_tokens = len(completions), model_tokens(completions)
+                groups = discarding(self._records(wide_tasks, self._sample(whole_tasks(wide_tasks))), probes, rest)
             else:
-                groups = self._records(wide_tasks, first.subset(wide).widened(rest, wide_tasks, tasks[0].probe.size))
+                groups = self._records(wide_tasks, probes.widened(rest, wide_tasks, tasks[0].probe.size))
             records.update(zip(wide, groups, strict=True))
         return [records[i] for i in range(len(tasks))]
 

@@ -119,7 +119,7 @@ def build_run(
 
         learner = replicas.colocated = colocate(s, learner)
     publisher = Publisher(queue, data.rows, spec, s.run_id, cursor, mixture=data.mixture, stage=s.stage,
-                          difficulty=difficulty_tracker(s, resumed.difficulty))  # fmt: skip
+                          difficulty=difficulty_tracker(s, resumed.difficulty, algo.group_size))  # fmt: skip
     s.output_dir.mkdir(parents=True, exist_ok=True)
     sink = open_metrics(s, control, resumed, bool(data.eval_rows), prometheus_registry)
     value_books = ValueBooks()
@@ -155,12 +155,14 @@ def resume(s: TrainerSettings, learner: RankDriver) -> tuple[Accounting, DataCur
     return acct, DataCursor.from_state(info.data_cursor), resumed
 
 
-def difficulty_tracker(s: TrainerSettings, state: dict[str, Any] | None) -> DifficultyTracker | None:
+def difficulty_tracker(
+    s: TrainerSettings, state: dict[str, Any] | None, group_size: int = 0
+) -> DifficultyTracker | None:
     """The difficulty buckets of a run that sets aside easy or hard prompts (or weighs buckets), with the records a
     checkpoint kept; None when no rule is on (no records are kept, none are written)."""
     rules = BucketRules(s.skip_solved_after, s.set_aside_after, s.revisit_after_epochs,
-                        tuple(sorted(s.bucket_weights.items())), s.skip_flat_above, s.probe_size,
-                        s.probe_all)  # fmt: skip
+                        tuple(sorted(s.bucket_weights.items())), s.skip_flat_above, s.probe_size, s.probe_all,
+                        group_size)  # fmt: skip
     if not rules.active:
         if state and state.get("records"):
             log.warning("the checkpoint holds difficulty buckets, but skip_solved_after, set_aside_after, "

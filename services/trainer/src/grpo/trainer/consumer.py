@@ -183,8 +183,8 @@ def model_tokens(sample: queue_pb2.SampleRecord) -> int:
 
 
 def spend_metrics(settled: Sequence[Settled], probe_size: int = 0) -> dict[str, float]:
-    """What a step's rollouts cost, exactly: `rollout/samples` and `rollout/tokens` (the model's tokens) over every
-    group that came back (trained or dropped), and `groups/zero_variance_samples` / `_tokens` over those dropped as
+    """What a step's rollouts cost: `rollout/samples` and `rollout/tokens` (the model's tokens) over every group that
+    settled its task (trained or dropped; duplicates and groups of discarded weights, rare, are not counted), and `groups/zero_variance_samples` / `_tokens` over those dropped as
     zero-variance, the rollouts spent for no gradient. With adaptive group size, `groups/probe_flat` counts the
     zero-variance groups the rollout cut at the probe (probe_size samples); a probe thrown away (new weights came
     before the rest of its group) counts in rollout/samples and rollout/tokens too."""
@@ -236,12 +236,14 @@ def group_metrics(records: Sequence[queue_pb2.GroupRecord], prefix: str = "rollo
     return out
 
 
-def group_spread(records: Sequence[queue_pb2.GroupRecord]) -> dict[str, float]:
+def group_spread(records: Sequence[queue_pb2.GroupRecord], probe_size: int = 0) -> dict[str, float]:
     """How the reward spreads across the step's groups (grpo doctor's direct evidence of unbalanced prompts):
     `groups/all_solved_fraction` and `groups/none_solved_fraction`, the shares of groups with a correctness score on
     every sample whose samples are all right or all wrong; `groups/reward_mean_std`, the std of the groups' mean
-    rewards (two groups at least, every sample rewarded). A key is absent when no group measures it."""
-    records = [r for r in records if r.samples and mask_problem(r) is None]
+    rewards (two groups at least, every sample rewarded). A key is absent when no group measures it. Groups cut at
+    their probe (probe_size samples) are left out: 4 samples agree far more often than G, and the doctor compares
+    these shares with what groups of G would give."""
+    records = [r for r in records if r.samples and mask_problem(r) is None and len(r.samples) != probe_size]
     out: dict[str, float] = {}
     scored = [[correctness(s) for s in r.samples] for r in records]
     judged = [[c >= 1.0 - 1e-9 for c in cs if c is not None] for cs in scored if all(c is not None for c in cs)]

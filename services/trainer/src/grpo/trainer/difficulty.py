@@ -16,7 +16,8 @@ Adaptive group size (`probe_size`): a row's task carries a probe (a few of G fir
 when its record says the probe pays: k samples are flat more often than G (a row 7/8 solved makes 4 of 4 right
 nearly half the time, 8 of 8 a quarter), so probing costs fewer samples on flat groups only where k·P(flat of k) <
 G·P(flat of G) under the row's posterior: rows last solved 0, 1, 7 or 8 times in 8; not unseen rows, unless
-`probe_all`.
+`probe_all`. A flat probe is the row's last group like any other (its posterior is from k samples; the flat
+prediction is for G), and it moves the streaks as a group does.
 
 Curriculum (`bucket_weights`): a draw that is not set aside is taken with its row's bucket's weight (in [0, 1]; 1
 when unnamed), decided by a hash of (seed, epoch, position), so a resumed run takes the same draws.
@@ -66,6 +67,7 @@ class BucketRules:
     skip_flat_above: float = 0.0  # set aside a row whose next group is predicted flat with at least this chance
     probe_size: int = 0  # adaptive group size: the probe (0: whole groups), sent where the row's record says it pays
     probe_all: bool = False  # ... or on every task, unseen rows included
+    group_size: int = 0  # G: the size predictions are made for (a row's last group may be a probe's); 0: its own
 
     @property
     def active(self) -> bool:
@@ -137,7 +139,8 @@ class DifficultyTracker:
         likely."""
         rec = self.records.get(row)
         return (self.rules.skip_flat_above > 0 and rec is not None and rec.last_size > 0
-                and flat_chance(rec.last_solved, rec.last_size) >= self.rules.skip_flat_above)  # fmt: skip
+                and flat_chance(rec.last_solved, rec.last_size, self.rules.group_size or None)
+                >= self.rules.skip_flat_above)  # fmt: skip
 
     def probes(self, row: int, group: int) -> bool:
         """Whether `row`'s next task of `group` samples carries the probe: probe_all, or its last judged group says

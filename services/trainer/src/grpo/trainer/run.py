@@ -296,7 +296,7 @@ class GrpoRun:
             self._on_resolved(quota, verdict)
         resolved = sum(v for k, v in outcomes.items() if k not in ("duplicate", "superseded", "regenerate"))
         # rollout/* describe what the policy sampled this step, not the subset the filters kept for the update.
-        metrics = {**group_metrics(sampled), **group_spread(sampled)}
+        metrics = {**group_metrics(sampled), **group_spread(sampled, s.probe_size)}
         # Every verdict every step (0 when none): a Prometheus gauge keeps its last value, and a count from an
         # earlier step would read as this step's.
         metrics.update({f"groups/{k}": float(outcomes.get(k, 0)) for k in GROUP_VERDICTS})
