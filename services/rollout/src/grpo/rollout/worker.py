@@ -417,8 +417,9 @@ class RolloutWorker:
         first = self._sample(probe_tasks(tasks))
         if first.results is None:
             return self._records(tasks, first)  # the reward service failed: every group fails with its error
-        wide = [i for i, task in enumerate(tasks) if varies(results_of(task, first.results), task.probe.on)]
-        flat = [i for i in range(len(tasks)) if i not in wide]
+        varied = [varies(results_of(task, first.results), task.probe.on) for task in tasks]
+        wide = [i for i, v in enumerate(varied) if v]
+        flat = [i for i, v in enumerate(varied) if not v]
         records = dict(zip(flat, self._records([tasks[i] for i in flat], first.subset(flat)), strict=True))
         if wide:
             wide_tasks, probes = [tasks[i] for i in wide], first.subset(wide)

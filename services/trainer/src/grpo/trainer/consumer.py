@@ -184,10 +184,11 @@ def model_tokens(sample: queue_pb2.SampleRecord) -> int:
 
 def spend_metrics(settled: Sequence[Settled], probe_size: int = 0) -> dict[str, float]:
     """What a step's rollouts cost: `rollout/samples` and `rollout/tokens` (the model's tokens) over every group that
-    settled its task (trained or dropped; duplicates and groups of discarded weights, rare, are not counted), and `groups/zero_variance_samples` / `_tokens` over those dropped as
-    zero-variance, the rollouts spent for no gradient. With adaptive group size, `groups/probe_flat` counts the
-    zero-variance groups the rollout cut at the probe (probe_size samples); a probe thrown away (new weights came
-    before the rest of its group) counts in rollout/samples and rollout/tokens too."""
+    settled its task (trained or dropped; duplicates and groups of discarded weights, rare, are not counted), and
+    `groups/zero_variance_samples` / `_tokens` over those dropped as zero-variance, the rollouts spent for no
+    gradient. Samples a group's rollout generated and threw away (`discarded_samples`: a probe whose weights changed
+    before its rest, or whose rest could not be scored) count too. With adaptive group size, `groups/probe_flat`
+    counts the zero-variance groups the rollout cut at the probe (probe_size samples)."""
     came = [(verdict, r) for _, verdict, r in settled if r is not None]
     flat = [r for verdict, r in came if verdict == "zero_variance"]
 
