@@ -178,6 +178,8 @@ def test_truncated_and_overlong_filters() -> None:
     rules = make_rules(filters=["truncated", "overlong"], max_tokens=10, keep_per_prompt=4)
     assert pick(record, rules) == ([3], {"filter truncated": 2, "filter overlong": 1})
     assert pick(record, make_rules(keep_per_prompt=4)) == ([0, 1, 2, 3], {})  # no filter, no rejection
+    # Each candidate says why it stopped (the SFT row's provenance.ended): an episode's end, else the finish reason.
+    assert [c.ended for c in candidates(record, ROW)] == ["length", "max_total_tokens", "stop", "stop"]
     # Filters come after the pass check: a wrong truncated answer is rejected for its answer.
     wrong = group(sample("<think>cut", {"math": 0.0, "format": 0.0}, finish="length"))
     assert pick(wrong, rules) == ([], {"failed component format": 1})
@@ -277,7 +279,8 @@ def test_a_kept_answer_becomes_an_sft_row_with_its_provenance() -> None:
         "checks": {"format": {}, "math": {"gold": "5"}},
         "provenance": {"task_id": "run-e0-3", "prompt_id": "q7", "sample_index": 0,
                        "model": "/runs/r1/stage-2-grpo/final", "model_version": 12, "reward": 2.0,
-                       "components": {"format": 1.0, "math": 1.0, "overlong": 0.0}, "tokens": 6, "stage": 3},
+                       "components": {"format": 1.0, "math": 1.0, "overlong": 0.0}, "tokens": 6, "ended": "stop",
+                       "stage": 3},
     }  # fmt: skip
     # The row is valid SFT data, read back as written.
     back = parse_row(json.loads(json.dumps(row)), "data.jsonl line 1", need_response=True)
@@ -347,4 +350,4 @@ def test_candidates_keep_the_groups_facts() -> None:
     assert c == Candidate(task_id="run-e0-3", prompt_id="q7", sample_index=0, prompt="What is 2 + 3?",
                           response="<answer>5</answer>", text="<answer>5</answer>", task_type="math",
                           checks=ROW.checks, reward=None, components={"format": None, "math": 1.0}, tokens=3,
-                          truncated=True, weight_version=9)  # fmt: skip
+                          truncated=True, weight_version=9, ended="length")  # fmt: skip

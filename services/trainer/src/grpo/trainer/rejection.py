@@ -62,6 +62,7 @@ class Candidate:
     tokens: int  # the tokens the model sampled (an episode's tool results are not its)
     truncated: bool  # hit the length limit
     weight_version: int
+    ended: str = ""  # why it stopped: the completion's finish reason (stop | length), or an episode's end
 
     @property
     def model_text(self) -> str:
@@ -140,6 +141,7 @@ def candidates(
                 tokens=sum(mask) if mask else len(c.token_ids),
                 truncated=c.finish_reason == "length" or ended in CUT_ENDS,
                 weight_version=int(record.weight_version),
+                ended=ended or c.finish_reason,
             )
         )
     return out
@@ -390,6 +392,7 @@ def sft_row(c: Candidate, *, model: str, stage: int) -> dict[str, Any]:
             "reward": c.reward,
             "components": dict(c.components),
             "tokens": c.tokens,
+            "ended": c.ended,
             "stage": stage,
         },
     }
