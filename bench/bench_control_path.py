@@ -58,7 +58,8 @@ from grpo.local.services import ServiceProc, start_reward
 from grpo.rollout.engines.base import Sample
 from grpo.rollout.records import Generated
 from grpo.rollout.settings import RolloutSettings
-from grpo.rollout.worker import RolloutWorker, WorkerStats
+from grpo.rollout.stats import WorkerStats
+from grpo.rollout.worker import RolloutWorker
 from grpo.v1 import queue_pb2, reward_pb2
 
 RESULTS = Path(__file__).parent / "results" / "control_path.json"

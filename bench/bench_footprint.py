@@ -49,7 +49,7 @@ IMPORTS = {
     "reward math worker (math_verify)": "import math_verify; math_verify.parse('1')",
     "rollout (serve's imports, hf engine)": "import grpo.rollout.__main__ as m; from grpo.rollout.engines.hf import "
     "HFEngine; from grpo.rollout.service import RolloutService; import grpo.rollout.grpc_api, "
-    "grpo.rollout.http_api, grpo.rollout.worker",
+    "grpo.rollout.http_api, grpo.rollout.worker_wiring",
     "trainer (serve's imports)": "import grpo.trainer.__main__, grpo.trainer.service, grpo.trainer.run",
 }
 HEAVY = ("torch", "transformers", "vllm", "deepspeed", "peft", "sympy", "math_verify", "accelerate", "datasets",

@@ -19,7 +19,7 @@ from grpo.common.reward_client import RewardClient, RewardServiceError
 from grpo.common.weights.codec import weights_checksum
 from grpo.common.weights.relay import Relayer, TensorPayload
 from grpo.rollout.settings import RolloutSettings
-from grpo.rollout.worker import reward_client
+from grpo.rollout.worker_wiring import reward_client
 from grpo.trainer.pusher import ReplicaTarget, push_to_replicas, replica_status
 from grpo.v1 import reward_pb2 as rpb
 from grpo.v1 import reward_pb2_grpc, rollout_pb2_grpc

@@ -21,7 +21,8 @@ from grpo.rollout.engines.hf import HFEngine
 from grpo.rollout.records import Generated
 from grpo.rollout.service import RolloutService
 from grpo.rollout.settings import RolloutSettings
-from grpo.rollout.worker import RolloutWorker, reward_client, run_worker, service_generator
+from grpo.rollout.worker import RolloutWorker
+from grpo.rollout.worker_wiring import reward_client, run_worker, service_generator
 from grpo.trainer.ledger import read_ledger
 from grpo.trainer.publisher import position_of, row_of
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2

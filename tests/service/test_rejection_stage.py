@@ -20,8 +20,9 @@ import pytest
 from grpo.common.reward_client import RewardClient
 from grpo.common.tiny_model import cache_root
 from grpo.trainer.checkpoint import checkpoint_step, latest_checkpoint
-from grpo.trainer.data import DataCursor, load_rows, take
+from grpo.trainer.data import load_rows
 from grpo.trainer.ledger import read_ledger
+from grpo.trainer.order import DataCursor, take
 from grpo.trainer.pusher import replica_status
 from tests.support.answer_model import answer_model_path, rows
 from tests.support.trainer_proc import read_metrics, run_trainer, start_trainer, trainer_config, write_rows

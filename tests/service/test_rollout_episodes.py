@@ -22,7 +22,7 @@ from grpo.local.redis_server import RedisServer
 from grpo.rollout.engines.hf import HFEngine
 from grpo.rollout.service import RolloutService
 from grpo.rollout.settings import RolloutSettings
-from grpo.rollout.worker import run_worker
+from grpo.rollout.worker_wiring import run_worker
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
 from tests.support import tool_model as tm
 

@@ -28,7 +28,8 @@ from grpo.rollout.engines.hf import HFEngine
 from grpo.rollout.records import Generated, batches, score_items
 from grpo.rollout.service import RolloutService, WeightsBroken
 from grpo.rollout.settings import RolloutSettings
-from grpo.rollout.worker import RolloutWorker, run_worker
+from grpo.rollout.worker import RolloutWorker
+from grpo.rollout.worker_wiring import run_worker
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
 
 RUN = "wtest"

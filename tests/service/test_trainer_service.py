@@ -27,8 +27,8 @@ from grpo.common.registry import ReplicaRegistry
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.common.weights.codec import weights_checksum
 from grpo.trainer.accounting import DROP_REASONS
-from grpo.trainer.data import DataCursor, take
 from grpo.trainer.ledger import read_ledger
+from grpo.trainer.order import DataCursor, take
 from grpo.v1 import queue_pb2, trainer_pb2, trainer_pb2_grpc
 from tests.support.rollout_proc import start_rollout_service, update_bytes
 from tests.support.trainer_proc import (

@@ -9,19 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from grpo.trainer.config import Source, TrainerSettings, data_sources
-from grpo.trainer.data import (
-    DataCursor,
-    DataError,
-    Mixture,
-    PromptRow,
-    load_sources,
-    mixture_of,
-    parse_row,
-    shares,
-    take,
-)
+from grpo.trainer.config import TrainerSettings
+from grpo.trainer.data import DataError, PromptRow, load_sources, parse_row
+from grpo.trainer.order import DataCursor, Mixture, mixture_of, shares, take
 from grpo.trainer.publisher import row_of, task_id
+from grpo.trainer.sources import Source, data_sources
 
 
 def write(path: Path, rows: list[dict[str, object]]) -> Path:

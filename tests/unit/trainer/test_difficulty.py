@@ -13,9 +13,9 @@ from pydantic import ValidationError
 from grpo.common.tiny_model import ensure_tiny_model
 from grpo.trainer.checkpoint import resume, save_checkpoint
 from grpo.trainer.config import parse_settings
-from grpo.trainer.data import DataCursor, draw_order, take, take_eligible
 from grpo.trainer.difficulty import BucketRules, DifficultyTracker, bucket_metrics, flat_chance, uniform
 from grpo.trainer.learner import Learner, LearnerConfig
+from grpo.trainer.order import DataCursor, draw_order, take, take_eligible
 from grpo.trainer.publisher import position_of, row_of
 
 SOLVED, NONE, HALF, UNJUDGED = [1.0] * 4, [0.0] * 4, [1.0, 0.0, 1.0, 0.0], [None] * 4

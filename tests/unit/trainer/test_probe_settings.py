@@ -14,8 +14,9 @@ from grpo.trainer.accounting import Accounting
 from grpo.trainer.assemble import resolve_algo, task_spec
 from grpo.trainer.config import parse_settings
 from grpo.trainer.consumer import failure_reason, spend_metrics
-from grpo.trainer.data import DataCursor, load_rows
+from grpo.trainer.data import load_rows
 from grpo.trainer.difficulty import BucketRules, DifficultyTracker, flat_chance, probe_pays
+from grpo.trainer.order import DataCursor
 from grpo.trainer.publisher import Publisher, build_task
 from grpo.v1 import queue_pb2
 

@@ -15,10 +15,12 @@ from pydantic import ValidationError
 
 from grpo.common.queue import RunQueue
 from grpo.trainer.accounting import Accounting
-from grpo.trainer.config import Source, TrainerSettings, data_sources
-from grpo.trainer.data import DataCursor, DataError, parse_row
+from grpo.trainer.config import TrainerSettings
+from grpo.trainer.data import DataError, parse_row
+from grpo.trainer.order import DataCursor
 from grpo.trainer.preflight import check_run_data
 from grpo.trainer.publisher import Publisher, TaskSpec, row_of, task_id
+from grpo.trainer.sources import Source, data_sources
 from grpo.trainer.stages import plan_stages, read_outcome, stage_outcome, write_run_report
 
 ROW = {"prompt": "1+1=", "gold": "2"}

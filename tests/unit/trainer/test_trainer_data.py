@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo.trainer.data import DataCursor, DataError, epoch_order, load_rows, parse_row, take
+from grpo.trainer.data import DataError, load_rows, parse_row
+from grpo.trainer.order import DataCursor, epoch_order, take
 
 ROWS = [
     {"id": "a", "prompt": "What is 2+3?", "task_type": "math", "checks": {"math": {"gold": "5"}, "format": {}}},

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from grpo.trainer.data import DataError, _normalizer, _round_trips, covers_every_text, load_rows, lost_character
+from grpo.trainer.data import DataError, load_rows
+from grpo.trainer.encodable import _normalizer, _round_trips, covers_every_text, lost_character
 
 UNICODE_TEXT = "Café, naïve — 12×34 = ? 你好 🙂\n\tend  (two spaces)"
 

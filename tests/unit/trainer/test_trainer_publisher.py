@@ -9,7 +9,8 @@ import redis
 
 from grpo.common.queue import RunQueue
 from grpo.trainer.accounting import Accounting
-from grpo.trainer.data import DataCursor, parse_row
+from grpo.trainer.data import parse_row
+from grpo.trainer.order import DataCursor
 from grpo.trainer.publisher import Publisher, TaskSpec, build_task, row_of, task_id
 
 SPEC = TaskSpec(group_size=4, temperature=0.8, top_p=1.0, top_k=0, max_new_tokens=16,
@@ -76,7 +77,7 @@ def test_republish_sends_the_same_task_again(client: redis.Redis) -> None:
 
 
 def test_row_of_inverts_the_cursor() -> None:
-    from grpo.trainer.data import take
+    from grpo.trainer.order import take
 
     picks, _ = take(DataCursor(seed=5), 5, 12)
     assert [row_of(task_id("run-x", key), 5, 5) for key, _ in picks] == [i for _, i in picks]

@@ -145,7 +145,7 @@ def staged_progress(trainer: dict[str, Any], output: Path, stages: list[Any]) ->
 
 
 def stage_dir(output: Path, index: int, stage: dict[str, Any]) -> Path:
-    return output / f"stage-{index}-{stage.get('mode')}"  # grpo.trainer.config.stage_settings names it so
+    return output / f"stage-{index}-{stage.get('mode')}"  # grpo.trainer.stages.stage_settings names it so
 
 
 def stage_done(folder: Path) -> bool:

@@ -77,7 +77,7 @@ def serve(settings: RolloutSettings, stop: threading.Event) -> int:
 
 def run_worker_logged(service: RolloutService, settings: RolloutSettings, stop: threading.Event) -> None:
     """The worker thread: its failure goes to our log (JSON logs included), not to threading's bare traceback."""
-    from grpo.rollout.worker import run_worker
+    from grpo.rollout.worker_wiring import run_worker
 
     try:
         run_worker(service, settings, stop)

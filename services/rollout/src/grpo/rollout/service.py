@@ -1,9 +1,9 @@
 """The rollout service's core: one engine and the lock that keeps weight swaps between generation calls.
 
-The gRPC servicer and the Redis worker (grpo.rollout.worker) both call this object in-process. Weight
-updates are received and checked by `updates` (grpo.rollout.weight_updates), which swaps them in through
-`load_weights`; counters live in `stats` and `metrics` (grpo.rollout.stats). An engine copy that fails
-part-way leaves the replica `broken` (mixed weights): it refuses to generate until a complete update, and
+The gRPC servicer and the Redis worker (grpo.rollout.worker, wired to it in grpo.rollout.worker_wiring) both call
+this object in-process. Weight updates are received and checked by `updates` (grpo.rollout.weight_updates), which
+swaps them in through `load_weights`; counters live in `stats` and `metrics` (grpo.rollout.stats). An engine copy
+that fails part-way leaves the replica `broken` (mixed weights): it refuses to generate until a complete update, and
 says so through `on_whole` (__main__ sets the gRPC health status with it).
 """
 

@@ -1,15 +1,18 @@
-"""The rollout service's counters: Prometheus metrics and the numbers GetStatus reports (tokens/s, tasks, busy)."""
+"""The rollout service's counters: Prometheus metrics, the numbers GetStatus reports (tokens/s, tasks, busy) and
+the worker loop's events."""
 
 from __future__ import annotations
 
 import collections
 import threading
 import time
+import weakref
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Throughput is reported over the generation calls of the last minute.
 RATE_WINDOW_S = 60.0
+WORKER_OUTCOMES = ("done", "failed", "reclaimed", "dropped", "invalid", "redis_errors")
 
 
 class Metrics:
@@ -98,3 +101,28 @@ class GenerationStats:
         """(tasks done, tasks failed, tokens generated, calls in progress), read together."""
         with self._lock:
             return self.tasks_done, self.tasks_failed, self.tokens_generated, self.busy
+
+
+_WORKER_COUNTERS: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()
+
+
+def _worker_events_counter(registry: CollectorRegistry) -> Counter:
+    """One counter per metrics registry, however many workers a service starts over its life."""
+    if registry not in _WORKER_COUNTERS:
+        _WORKER_COUNTERS[registry] = Counter(
+            "grpo_rollout_worker_events", "Worker loop events", ["kind"], registry=registry
+        )
+    return _WORKER_COUNTERS[registry]
+
+
+class WorkerStats:
+    """Worker counters: done/failed groups, reclaimed tasks, dropped results, invalid entries, Redis errors."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.counts = dict.fromkeys(WORKER_OUTCOMES, 0)
+        self._counter = _worker_events_counter(registry or CollectorRegistry())
+
+    def add(self, outcome: str, n: int = 1) -> None:
+        if n:
+            self.counts[outcome] += n
+            self._counter.labels(outcome).inc(n)

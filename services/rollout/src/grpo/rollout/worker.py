@@ -6,7 +6,7 @@ reward `Score` call, then append each group and ack its task atomically. (Tasks 
 probe take two rounds: every probe, then the rest of the groups whose probe varies; probe.py.) An
 unreachable reward service, or a task that keeps failing, yields a group with status
 "failed" and the reason: never a reward of 0. On stop, unprocessed tasks are released
-to other replicas (made idle at once), never acked.
+to other replicas (made idle at once), never acked. The service builds and runs it in worker_wiring.py.
 """
 
 from __future__ import annotations
@@ -15,43 +15,19 @@ import logging
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from prometheus_client import CollectorRegistry, Counter
-
-from grpo.common.queue import (
-    APPENDED,
-    TAKEN_OVER,
-    WRITTEN_BEFORE,
-    Entry,
-    QueueUnavailable,
-    RunQueue,
-    connect,
-    redacted,
-)
+from grpo.common.queue import APPENDED, TAKEN_OVER, WRITTEN_BEFORE, Entry, QueueUnavailable, RunQueue
 from grpo.common.registry import ReplicaInfo, ReplicaRegistry
 from grpo.common.retry import Backoff, RetryPolicy
-from grpo.common.reward_client import RewardClient
-from grpo.rollout.engines.base import SamplingParams
-from grpo.rollout.episodes.runner import EpisodeRunner, Interrupted
-from grpo.rollout.episodes.spec import episode_rules
-from grpo.rollout.episodes.tools import ToolInfrastructureError, load_tools
-from grpo.rollout.probe import (
-    Sampled,
-    discarding,
-    probe_tasks,
-    probing,
-    rest_tasks,
-    results_of,
-    varies,
-    whole_tasks,
-)
+from grpo.rollout.episodes.runner import Interrupted
+from grpo.rollout.episodes.tools import ToolInfrastructureError
+from grpo.rollout.probe import Sampled, discarding, probe_tasks, probing, rest_tasks, results_of, varies, whole_tasks
 from grpo.rollout.records import Generated, batches, failed_record, group_records, score_items
-from grpo.rollout.request_checks import encode_prompts, sampling_params
-from grpo.rollout.service import RolloutService, WeightsBroken
+from grpo.rollout.service import WeightsBroken
 from grpo.rollout.settings import RolloutSettings
+from grpo.rollout.stats import WorkerStats
 from grpo.v1 import queue_pb2, reward_pb2
 
 log = logging.getLogger(__name__)
@@ -65,37 +41,10 @@ BEHIND_WAIT_S = 0.5  # how often a replica behind the tasks' weights looks again
 BEHIND_REPORT_S = 15.0  # how often it says so
 
 Scorer = Callable[[list[reward_pb2.ScoreItem]], list[reward_pb2.ScoreResult]]
-OUTCOMES = ("done", "failed", "reclaimed", "dropped", "invalid", "redis_errors")
-
-
-_COUNTERS: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()
-
-
-def _events_counter(registry: CollectorRegistry) -> Counter:
-    """One counter per metrics registry, however many workers a service starts over its life."""
-    if registry not in _COUNTERS:
-        _COUNTERS[registry] = Counter("grpo_rollout_worker_events", "Worker loop events", ["kind"], registry=registry)
-    return _COUNTERS[registry]
 
 
 class Stopping(Exception):
     """The worker is stopping: the batch in hand is released to other replicas, not written."""
-
-
-class WorkerStats:
-    """Worker counters: done/failed groups, reclaimed tasks, dropped results, invalid entries, Redis errors."""
-
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.counts = dict.fromkeys(OUTCOMES, 0)
-        self._counter = _events_counter(registry or CollectorRegistry())
-
-    def add(self, outcome: str, n: int = 1) -> None:
-        if n:
-            self.counts[outcome] += n
-            self._counter.labels(outcome).inc(n)
-
-
-# ---- the loop ---------------------------------------------------------------------------------
 
 
 class RolloutWorker:
@@ -474,104 +423,3 @@ class RolloutWorker:
             return
         if released:
             log.info("released %d unprocessed task(s) to other replicas", released)
-
-
-# ---- wiring into the service ------------------------------------------------------------------
-
-
-def service_generator(
-    service: RolloutService, episodes: EpisodeRunner | None = None
-) -> Callable[[Sequence[queue_pb2.PromptTask]], Generated]:
-    """Generate a batch of tasks (identical sampling params, and episode rules) in-process; BadRequest (a
-    ValueError) for bad tasks. Tasks with an EpisodeSpec run as multi-turn episodes on `episodes`."""
-
-    def generate(tasks: Sequence[queue_pb2.PromptTask]) -> Generated:
-        params = sampling_params(tasks[0].sampling, service.limits)
-        if tasks[0].HasField("episode"):
-            return generate_episodes(tasks, params)
-        prompts = encode_prompts(service, [t.prompt for t in tasks], params.max_new_tokens)
-        outputs, version, checksum = service.generate(prompts, params, source="worker")
-        return Generated(
-            [o.prompt_token_ids for o in outputs], [o.samples for o in outputs], version, checksum, decode=decode
-        )
-
-    def generate_episodes(tasks: Sequence[queue_pb2.PromptTask], params: SamplingParams) -> Generated:
-        if episodes is None:
-            raise ValueError("this worker runs no episodes: publish the task without `episode`")
-        if any(t.prompt.prefix_token_ids for t in tasks):
-            raise ValueError("an episode task cannot continue prompt.prefix_token_ids (value tasks are single-turn)")
-        rules = episode_rules(tasks[0].episode, params.max_new_tokens, set(episodes.tools))
-        prompts = encode_prompts(service, [t.prompt for t in tasks], rules.max_total_tokens)
-        batch = episodes.run(prompts, rules, params)
-        return Generated(prompts, list(batch.episodes), batch.weight_version, batch.weight_checksum, decode=decode)
-
-    def decode(token_ids: list[int]) -> str:  # as the engines decode a completion's text
-        return str(service.tokenizer.decode(token_ids, skip_special_tokens=True))
-
-    return generate
-
-
-def episode_runner(
-    service: RolloutService, settings: RolloutSettings, reward: RewardClient, stop: threading.Event
-) -> EpisodeRunner:
-    """The worker's episode runner: the built-in python tool through `reward`, plug-ins from settings."""
-    return EpisodeRunner(
-        lambda prompts, params: service.generate(prompts, params, source="worker"),
-        service.tokenizer,
-        load_tools(settings.tool_plugins, reward.execute),
-        settings.tool_concurrency,
-        stopping=stop.is_set,
-    )
-
-
-def reward_client(settings: RolloutSettings, stop: threading.Event | None = None) -> RewardClient:
-    """The worker's client of the reward service at `settings.reward_addr` (TLS when a CA file is set); `stop`
-    ends its retries at once (a stop during a reward outage is prompt, not up to reward_retry_budget_s)."""
-    if not settings.reward_addr:
-        raise ValueError("the worker loop needs --reward-addr (host:port of the reward gRPC API)")
-    return RewardClient(
-        settings.reward_addr,
-        token=settings.reward_token,
-        timeout_s=settings.reward_timeout_s,
-        retry_budget_s=settings.reward_retry_budget_s,
-        ca_file=settings.reward_tls_ca_file,
-        stop=stop,
-    )
-
-
-def run_worker(service: RolloutService, settings: RolloutSettings, stop_event: threading.Event) -> None:
-    """The service's worker thread: consume tasks from `settings.redis_url` until `stop_event` is set."""
-    if not settings.redis_url or not settings.reward_addr:
-        raise ValueError("the worker loop needs --redis-url and --reward-addr (host:port of the reward gRPC API)")
-    # Blocking reads wait worker_block_ms; the socket deadline must outlast them.
-    client = connect(settings.redis_url, socket_timeout_s=settings.worker_block_ms / 1000 + 5.0)
-    reward = reward_client(settings, stop_event)
-    episodes = episode_runner(service, settings, reward, stop_event)
-    worker = RolloutWorker(
-        service_generator(service, episodes),
-        lambda: (service.version, service.checksum),
-        reward.score,
-        RunQueue(client, settings.run),
-        ReplicaRegistry(client, settings.run, ttl_s=settings.registry_ttl_s),
-        replica_id=settings.replica_id,
-        address=f"{settings.advertise_host}:{service.grpc_port or settings.grpc_port}",
-        options=settings,
-        data_port=service.data_port.port if service.data_port is not None else 0,
-        stats=WorkerStats(service.metrics.registry),
-        on_written=service.record_task,
-        broken=lambda: service.broken,
-        max_context=service.engine.max_context,
-    )
-    log.info(
-        "worker %s: run %s on %s, reward service %s",
-        settings.replica_id,
-        settings.run,
-        redacted(settings.redis_url),
-        settings.reward_addr,
-    )
-    try:
-        worker.run(stop_event)
-    finally:
-        episodes.close()
-        reward.close()
-        client.close()

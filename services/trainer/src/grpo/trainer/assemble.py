@@ -8,9 +8,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from grpo.trainer.config import TrainerSettings, data_sources
-from grpo.trainer.data import DataError, Mixture, PromptRow, load_rows, load_sources, mixture_of
+from grpo.trainer.config import TrainerSettings
+from grpo.trainer.data import DataError, PromptRow, load_rows, load_sources
+from grpo.trainer.order import Mixture, mixture_of
 from grpo.trainer.publisher import TaskSpec
+from grpo.trainer.sources import data_sources
 from grpo.v1 import queue_pb2
 
 if TYPE_CHECKING:

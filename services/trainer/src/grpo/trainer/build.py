@@ -28,10 +28,11 @@ from grpo.trainer.config import TrainerSettings
 from grpo.trainer.consumer import GroupReader
 from grpo.trainer.control import RunControl
 from grpo.trainer.credit import Credit, CreditParts, make_credit
-from grpo.trainer.data import DataCursor, PromptRow
+from grpo.trainer.data import PromptRow
 from grpo.trainer.difficulty import BucketRules, DifficultyTracker
 from grpo.trainer.ledger import read_segment
 from grpo.trainer.metrics import MetricsSink
+from grpo.trainer.order import DataCursor
 from grpo.trainer.publisher import Publisher, TaskSpec
 from grpo.trainer.ranks import RankDriver
 from grpo.trainer.redis_retry import RedisRetry, Retry

@@ -5,20 +5,28 @@ Algorithm fields (group size, beta, clipping, loss aggregation, advantage mode, 
 None, meaning "the preset's value"; `algo_overrides()` returns only what was set explicitly,
 and `assemble.resolve_algo` lays them over `grpo.algo.get_preset(preset)`. Their defaults are
 therefore defined in one place, `grpo.algo.presets` (LossConfig's field defaults, the `grpo` preset).
+The checks across fields are plain functions in `config_checks`, which the model validator below calls in order.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from grpo.algo.presets import PRESETS as ALGO_PRESETS
 from grpo.algo.presets import LossConfig
 from grpo.common.settings import LogLevel, ServiceSettings, load_settings, service_config
+from grpo.trainer.config_checks import (
+    check_algorithm,
+    check_broadcast,
+    check_buckets,
+    check_colocate,
+    check_data_settings,
+    check_rejection_sampling,
+    check_step_check,
+)
 
 PRESETS = tuple(ALGO_PRESETS)
 # The algorithm settings: every LossConfig knob, each a field below defaulting to None ("the preset's"); the module
@@ -426,14 +434,7 @@ class TrainerSettings(ServiceSettings):
             raise ValueError("tls_cert_file and tls_key_file must be set together")
         if self.weights_token is None:
             self.weights_token = self.token
-        if self.weight_transport == "broadcast" and self.rollout_tls_ca_file:
-            raise ValueError("weight_transport=broadcast sends the weights unencrypted; with rollout_tls_ca_file use "
-                             "data_port (it speaks TLS)")  # fmt: skip
-        host, _, port = self.broadcast_address.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535 or host.strip("[]") in ("0.0.0.0", "::"):
-            raise ValueError(
-                f"broadcast_address {self.broadcast_address!r} must be host:port, a host the replicas reach"
-            )
+        check_broadcast(self)
         if self.reward_clip is not None and self.reward_clip[0] > self.reward_clip[1]:
             raise ValueError(f"reward_clip={list(self.reward_clip)} must be [lo, hi] with lo <= hi")
         if self.sampler_exact and self.precision == "bf16":
@@ -442,151 +443,23 @@ class TrainerSettings(ServiceSettings):
                 "forward; set precision fp32 (or auto), or drop sampler_exact"
             )
         if self.step_check is not None:
-            from google.protobuf import json_format
-
-            from grpo.v1 import reward_pb2
-
-            try:
-                json_format.ParseDict(self.step_check, reward_pb2.StepsCheck())
-            except json_format.ParseError as exc:
-                raise ValueError(f"step_check: {exc} (the reward service's StepsCheck: source, rule, ...)") from None
-            if self.step_check.get("source") not in ("rule", "prm", "cut"):
-                raise ValueError(f"step_check.source must be rule, prm or cut, got {self.step_check.get('source')!r}")
+            check_step_check(self.step_check)
         if self.clip_low is not None and self.clip_low >= 1:
             raise ValueError(f"clip_low={self.clip_low} must be < 1 (the ratio is clipped to [1 - clip_low, ...])")
         if self.mode == "grpo":
-            from grpo.algo import get_preset
-            from grpo.algo.presets import check_kl_loss
-
-            algo = get_preset(self.preset).with_overrides(**self.algo_overrides())
-            check_kl_loss(algo.kl_kind, algo.beta)
-            if algo.group_size < 2:  # every preset's baseline is the group's: one sample is its own baseline
-                raise ValueError(
-                    f"group_size={algo.group_size}: a group needs at least 2 samples (its advantages are measured "
-                    "against the group's other rewards; one sample's advantage is always 0). R1 uses 16"
-                )
-            if self.tools:
-                self._check_tools(algo.credit)
-            self._check_probe(algo)
-            if algo.refill_zero_variance and not algo.skip_zero_variance:
-                raise ValueError(
-                    f"refill_zero_variance (preset {self.preset}) needs skip_zero_variance: a refill replaces a group "
-                    "the skip drops, and kept groups are never replaced; set skip_zero_variance true, or "
-                    "refill_zero_variance false"
-                )
+            check_algorithm(self)
         elif self.probe_size:
             raise ValueError(f"probe_size (adaptive group size) samples GRPO groups; mode {self.mode} samples none: "
                              "leave it 0")  # fmt: skip
-        self._check_data_settings()
-        self._check_rejection_sampling()
-        self._check_buckets()
-        self._check_colocate()
+        check_data_settings(self)
+        check_rejection_sampling(self)
+        check_buckets(self)
+        check_colocate(self)
         if self.stages:
             from grpo.trainer.stages import plan_stages
 
             plan_stages(self)  # a bad stage (or a reference to a stage) fails at start-up, naming it
         return self
-
-    def _check_probe(self, algo: LossConfig) -> None:
-        """Adaptive group size: a probe smaller than the group, whose flat groups the zero-variance filter drops."""
-        if not self.probe_size:
-            if self.probe_all:
-                raise ValueError("probe_all sends every task's probe, but probe_size is 0 (no probe): set probe_size "
-                                 "(e.g. 4 of 8), or leave probe_all false")  # fmt: skip
-            return
-        if not 2 <= self.probe_size < algo.group_size:
-            raise ValueError(f"probe_size={self.probe_size} with group_size={algo.group_size}: a probe samples part "
-                             "of a group to see whether its answers disagree; it needs 2 <= probe_size < group_size "
-                             "(e.g. 4 of 8), or 0 for whole groups")  # fmt: skip
-        if not algo.skip_zero_variance:
-            raise ValueError(f"probe_size (preset {self.preset}) needs skip_zero_variance: a probe whose answers agree "
-                             "comes back as a group of probe_size samples, which only the zero-variance filter may "
-                             "drop; set skip_zero_variance true, or probe_size 0")  # fmt: skip
-        if algo.credit != "outcome":
-            raise ValueError(f"probe_size with credit {algo.credit!r}: step credit trains groups whose rewards agree "
-                             "(their step scores differ), but a probe judges the rewards only; use credit outcome, "
-                             "or probe_size 0")  # fmt: skip
-
-    def _check_buckets(self) -> None:
-        """Difficulty buckets: GRPO only, weights in [0, 1], and each weighed bucket one a rule can fill."""
-        if self.mode != "grpo" and (
-            self.skip_solved_after or self.set_aside_after or self.skip_flat_above or self.bucket_weights
-        ):
-            raise ValueError(f"skip_solved_after / set_aside_after / skip_flat_above / bucket_weights (difficulty "
-                             f"buckets) choose GRPO "
-                             f"prompts by their groups' pass rate; mode {self.mode} samples no groups to judge: "
-                             "leave them unset")  # fmt: skip
-        for bucket, weight in self.bucket_weights.items():
-            if not 0.0 <= weight <= 1.0:
-                raise ValueError(f"bucket_weights {{{bucket}: {weight}}}: a weight is the share of the bucket's draws "
-                                 "taken, in [0, 1]")  # fmt: skip
-        for bucket, rule in (("easy", "skip_solved_after"), ("hard", "set_aside_after")):
-            if bucket in self.bucket_weights and not getattr(self, rule):
-                raise ValueError(f"bucket_weights names {bucket}, but {rule} is 0, so no row is ever {bucket}: set "
-                                 f"{rule} (> 0) or leave {bucket} out")  # fmt: skip
-        if self.bucket_weights.get("unseen", 1.0) == 0:
-            raise ValueError("bucket_weights gives unseen rows weight 0: every row starts unseen, so none would ever "
-                             "be drawn and judged; give unseen a weight > 0")  # fmt: skip
-
-    def _check_data_settings(self) -> None:
-        """train_data's list form, model and data references, task_weights and default_checks."""
-        if self.model in MODEL_REFERENCES:
-            raise ValueError(f"model: {self.model} names a stage's model; it is only known inside `stages` (a stage's "
-                             "`model`), not for the whole run")  # fmt: skip
-        sources = check_train_data(self.train_data)
-        if any(source.weight is not None for source in sources) and self.task_weights:
-            raise ValueError("task_weights and a weighted train_data list both set the sampling shares: set one "
-                             "(weights on the train_data items, or task_weights by task_type)")  # fmt: skip
-        for task_type, weight in self.task_weights.items():
-            if not task_type or not weight > 0 or weight == float("inf"):
-                raise ValueError(f"task_weights {{{task_type!r}: {weight}}}: each must name a task_type and weigh a "
-                                 "finite number > 0")  # fmt: skip
-        if self.default_checks is not None:
-            check_default_checks(self.default_checks)
-
-    def _check_colocate(self) -> None:
-        """Colocated mode's limits, and its replica's settings, at start-up."""
-        if self.colocate is None:
-            return
-        modes = [str(stage.get("mode", self.mode)) for stage in self.stages] or [self.mode]
-        backends = [str(stage.get("backend", self.backend)) for stage in self.stages] or [self.backend]
-        if "deepspeed" in backends:
-            raise ValueError("colocate: the replica generates from the learner's own module, which DeepSpeed "
-                             "partitions or wraps; use backend torch, or separate replicas")  # fmt: skip
-        if "rejection_sampling" in modes:
-            raise ValueError("colocate: a rejection_sampling run holds no trainable policy to share; run it with "
-                             "separate replicas")  # fmt: skip
-        from grpo.trainer.colocated_settings import replica_settings
-
-        replica_settings(self, self.model)  # ValueError naming the bad rollout setting
-
-    def _check_rejection_sampling(self) -> None:
-        for name in self.rs_filters:
-            if name not in RS_FILTERS and not PLUGIN_NAME.fullmatch(name):
-                raise ValueError(f"rs_filters: {name!r} is neither a built-in filter {list(RS_FILTERS)} nor a plug-in "
-                                 "`package.module:function`")  # fmt: skip
-        if "overlong" in self.rs_filters and self.rs_max_tokens == 0:
-            raise ValueError("rs_filters names overlong, which rejects answers longer than rs_max_tokens: set "
-                             "rs_max_tokens (> 0)")  # fmt: skip
-        if self.rs_require is not None and (not self.rs_require or not all(c.strip() for c in self.rs_require)):
-            raise ValueError(f"rs_require {self.rs_require}: name the components an answer must pass, e.g. [math, "
-                             "format], or leave it unset (every pass/fail component of the row's checks)")  # fmt: skip
-
-    def _check_tools(self, credit: str) -> None:
-        """What an episode run cannot do, said at start-up."""
-        if credit in ("process", "vineppo"):
-            raise ValueError(
-                f"process credit over multi-turn episodes is not supported: credit {credit!r} (preset {self.preset}) "
-                "places step scores on completion tokens, and an episode's tokens include tool output the model did "
-                "not write; use credit outcome (presets grpo, dapo, dr_grpo, gspo, ...) with tools, or drop `tools`"
-            )
-        if any(not name.strip() for name in self.tools) or len(set(self.tools)) != len(self.tools):
-            raise ValueError(f"tools {self.tools}: each must be a non-empty tool name, listed once")
-        if self.tool_format == "chat" and not self.apply_chat_template:
-            raise ValueError(
-                "tool_format chat renders tool calls and results with the chat template: set apply_chat_template "
-                "true, or use tool_format tagged"
-            )
 
     def episode_tokens(self) -> int:
         """The length budget of one sample in tokens after the prompt: an episode's (max_episode_tokens, or
@@ -627,111 +500,6 @@ def _check_algo_fields() -> None:
 
 
 _check_algo_fields()
-
-STAGE_FIXED = ("stages", "output_dir", "run_id", "resume", "when_done", "host", "grpc_port", "http_port")
-STAGE_MODES = ("sft", "grpo", "rejection_sampling")
-MODEL_REFERENCES = ("base", "previous")  # a stage's `model`: the run's model, the latest trained stage's final/
-RS_FILTERS = ("mixed_language", "truncated", "overlong")
-PLUGIN_NAME = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
-
-
-@dataclass(frozen=True)
-class Source:
-    """One training data file and its mixing weight (None: a bare item of a list that weighs nothing explicitly, or
-    a single file: its rows are simply drawn with the others')."""
-
-    path: Path
-    weight: float | None = None
-
-
-def is_reference(value: str | Path) -> bool:
-    """Whether a train_data item names an earlier stage's data (`previous`, `stage:<N>`) rather than a file."""
-    text = str(value)
-    return text == "previous" or text.startswith("stage:")
-
-
-def item_data(item: str | dict[str, Any]) -> str:
-    """The path or reference of one train_data list item."""
-    return item if isinstance(item, str) else str(item["data"])
-
-
-def check_train_data(value: Path | list[str | dict[str, Any]] | None) -> list[Source]:
-    """The sources of a train_data value; ValueError naming the item that is not a path, reference or {data,
-    weight}. A reference left here was not resolved by plan_stages: it is outside `stages`."""
-    if value is None:
-        return []
-    items: list[str | dict[str, Any]] = [str(value)] if isinstance(value, Path) else list(value)
-    if not items:
-        raise ValueError("train_data is an empty list: give at least one file")
-    sources = []
-    for n, item in enumerate(items, 1):
-        if isinstance(item, dict):
-            unknown = sorted(set(item) - {"data", "weight"})
-            if unknown or not isinstance(item.get("data"), str | Path) or not str(item["data"]).strip():
-                raise ValueError(f"train_data item {n} {item!r}: must be a path, or {{data: <path>, weight: <number "
-                                 f"> 0>}}{f' (unknown keys {unknown})' if unknown else ''}")  # fmt: skip
-            weight = item.get("weight")
-            if weight is not None and (
-                isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < float("inf")
-            ):
-                raise ValueError(f"train_data item {n} ({item['data']}): weight {weight!r} must be a number > 0")
-        elif not item.strip():
-            raise ValueError(f"train_data item {n} is empty: give a file")
-        data = item_data(item)
-        if is_reference(data):
-            raise ValueError(f"train_data {data!r} refers to an earlier stage's data: only a stage's train_data may "
-                             "(inside `stages`, after a rejection_sampling stage)")  # fmt: skip
-        weight = item.get("weight") if isinstance(item, dict) else None
-        sources.append(Source(Path(data), None if weight is None else float(weight)))
-    if any(source.weight is not None for source in sources):  # a weighted list: a bare item weighs 1
-        sources = [Source(s.path, 1.0 if s.weight is None else s.weight) for s in sources]
-    return sources
-
-
-def data_sources(settings: TrainerSettings) -> list[Source]:
-    """The run's (or stage's) training data files with their weights (each None unless the list is weighted)."""
-    return check_train_data(settings.train_data)
-
-
-def check_default_checks(checks: dict[str, Any]) -> None:
-    """default_checks must be checks the reward service can score (its Checks shape, each with its required
-    fields), as a row's own checks must."""
-    from google.protobuf import json_format
-
-    from grpo.trainer.data import DataError, check_required
-    from grpo.v1 import reward_pb2
-
-    if not checks:
-        raise ValueError("default_checks is empty: give the checks that score rows without their own, e.g. "
-                         "{reward_model: {}}, or leave it unset")  # fmt: skip
-    try:
-        json_format.ParseDict(checks, reward_pb2.Checks())
-        check_required(checks, "default_checks")
-    except json_format.ParseError as exc:
-        raise ValueError(f"default_checks: {exc} (the reward service's Checks: math, code, format, reward_model, "
-                         "...)") from None  # fmt: skip
-    except DataError as exc:
-        raise ValueError(str(exc)) from None
-
-
-def stage_settings(base: TrainerSettings, stage: dict[str, Any], index: int) -> TrainerSettings:
-    """Stage `index` (1-based): `base` overridden by the stage's own values, writing to its own folder. Its model and
-    data references (`base`, `previous`, `stage:<N>`) must have been resolved (stages.plan_stages does)."""
-    if stage.get("mode") not in STAGE_MODES:
-        raise ValueError(f"stages[{index}]: needs mode: sft, grpo or rejection_sampling (got {stage.get('mode')!r})")
-    fixed = sorted(set(stage) & set(STAGE_FIXED))
-    if fixed:
-        raise ValueError(f"stages[{index}]: {fixed} are set for the whole run, not per stage")
-    if "stage" in stage:
-        raise ValueError(f"stages[{index}]: `stage` is set by the run (the stage's index), not by you")
-    values = {**base.model_dump(exclude={"stages"}), **stage}
-    values["output_dir"] = base.output_dir / f"stage-{index}-{stage['mode']}"
-    values["stage"] = index
-    try:
-        return TrainerSettings.model_validate(values)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"stages[{index}] ({stage['mode']}): {problems}") from None
 
 
 def parse_settings(argv: list[str] | None = None) -> TrainerSettings:

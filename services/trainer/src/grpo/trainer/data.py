@@ -1,4 +1,4 @@
-"""Prompt datasets (JSONL, or Parquet through pyarrow), validated rows, and a resumable cursor.
+"""Prompt datasets (JSONL, or Parquet through pyarrow) and their validated rows.
 
 A row is `{"prompt": str | [{"role", "content"}, ...], "task_type": "math", "checks": {...},
 "id": optional, "response": optional (SFT)}`. An SFT response is a string, or a tool episode's segments
@@ -10,23 +10,17 @@ settings; a number is written out in positional notation).
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
-import random
-import unicodedata
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
 
-from grpo.trainer.config import Source
 from grpo.v1 import reward_pb2, rollout_pb2
 
 log = logging.getLogger(__name__)
@@ -307,8 +301,8 @@ def load_rows(
 ) -> list[PromptRow]:
     """All rows of a JSONL/Parquet file, validated; raises DataError naming the file and row.
 
-    With the model's `tokenizer`, every row's text must also survive it (check_encodable). `source`: the file's index
-    in the run's train_data list, kept on each row (PromptRow.source)."""
+    With the model's `tokenizer`, every row's text must also survive it (encodable.check_encodable). `source`: the
+    file's index in the run's train_data list, kept on each row (PromptRow.source)."""
     if path.is_dir():
         raise DataError(f"{path} is a folder: give one .jsonl, .json or .parquet file")
     if not path.is_file():
@@ -322,6 +316,9 @@ def load_rows(
     if source:
         rows = [replace(row, source=source) for row in rows]
     if tokenizer is not None:
+        # Imported here: encodable raises this module's DataError about its PromptRows, so a top-level import is a cycle.
+        from grpo.trainer.encodable import check_encodable
+
         check_encodable(rows, tokenizer)
     log.info("loaded %d rows from %s", len(rows), path)
     return rows
@@ -340,316 +337,3 @@ def load_sources(
         rows += load_rows(path, need_response=need_response, tokenizer=tokenizer, default_checks=default_checks,
                           source=i)  # fmt: skip
     return rows
-
-
-VOCABULARY_DOCS = 'README.md, "Train your own task"'
-ENCODE_BATCH = 1024  # texts per tokenizer call: batched for speed, bounded for memory
-
-
-def _texts(row: PromptRow) -> Iterator[tuple[str, str]]:
-    """(what, text) of everything in a row the model reads or must write: prompt, gold answer, SFT response."""
-    if isinstance(row.prompt, str):
-        yield "prompt", row.prompt
-    else:
-        for i, (_, content) in enumerate(row.prompt):
-            yield f"prompt message {i}", content
-    gold = (row.checks.get("math") or {}).get("gold")
-    if isinstance(gold, str):
-        yield "gold answer", gold
-    if isinstance(row.response, str):
-        yield "response", row.response
-    elif row.response:
-        for i, (role, content) in enumerate(row.response):
-            yield f"response segment {i} ({role})", content
-
-
-def _visible(text: str) -> Counter[str]:
-    """The characters that must survive a round trip: tokenizers may re-space text (SentencePiece's `▁`, a BERT
-    decode around punctuation) and apply Unicode compatibility forms, neither of which loses anything."""
-    return Counter(c for c in unicodedata.normalize("NFKC", text) if not c.isspace() and c != "\u2581")
-
-
-def lost_character(text: str, decoded: str, normalize: Callable[[str], str] = str) -> str | None:
-    """The first character of `text` that its round trip (`decoded`) lost or changed, or None.
-
-    `normalize` is the tokenizer's own normalizer (lower-casing, accent stripping, NFC): what it changes is the
-    tokenizer's choice, not a loss, so the round trip is held to the normalized text."""
-    short = _visible(normalize(text)) - _visible(decoded)
-    if not short:
-        return None
-    return next((c for c in text if _visible(normalize(c)) & short), next(iter(short)))
-
-
-def _normalizer(tokenizer: Any) -> Callable[[str], str]:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    normalizer = getattr(backend, "normalizer", None)
-    return (lambda text: str(normalizer.normalize_str(text))) if normalizer is not None else str
-
-
-def _round_trips(tokenizer: Any, texts: list[str]) -> list[str]:
-    """Each text encoded (no special tokens added) and decoded back as written, unknown tokens left out: a
-    character that became `<unk>` is as lost as a dropped one (and `<unk>`'s own letters must not stand in)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast tokenizer's Rust side: batches in parallel
-    unk = getattr(tokenizer, "unk_token", None)
-    out: list[str] = []
-    for start in range(0, len(texts), ENCODE_BATCH):
-        part = texts[start : start + ENCODE_BATCH]
-        if backend is not None:
-            ids = [e.ids for e in backend.encode_batch(part, add_special_tokens=False)]
-            decoded = backend.decode_batch(ids, skip_special_tokens=False)
-        else:
-            ids = tokenizer(part, add_special_tokens=False)["input_ids"]
-            decoded = tokenizer.batch_decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        out += [d.replace(unk, "") if unk and unk not in t else d for t, d in zip(part, decoded, strict=True)]
-    return out
-
-
-def _byte_level_alphabet() -> set[str]:
-    """The 256 characters a byte-level BPE spells bytes with (GPT-2's map, tokenizers' ByteLevel.alphabet())."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    return {chr(b) for b in kept} | {chr(256 + i) for i in range(256 - len(kept))}
-
-
-def covers_every_text(tokenizer: Any) -> bool:
-    """Whether nothing can be lost, so no row needs encoding (a large dataset's check would cost seconds): a byte-level
-    BPE holding all 256 byte symbols (Qwen's, GPT-2's, Llama 3's, the built-in tiny model's), or byte fallback with
-    all 256 byte tokens (Llama 2's). The demo model's character tokenizer is byte-level without most of them."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return False
-    vocab = backend.get_vocab()
-    if type(backend.decoder).__name__ == "ByteLevel" and _byte_level_alphabet() <= vocab.keys():
-        return True
-    byte_tokens = {f"<0x{b:02X}>" for b in range(256)}
-    return bool(getattr(backend.model, "byte_fallback", False)) and byte_tokens <= vocab.keys()
-
-
-def check_encodable(rows: Sequence[PromptRow], tokenizer: Any) -> None:
-    """DataError naming the first row whose text the tokenizer cannot encode losslessly: a character its vocabulary
-    lacks is dropped (or turned into an unknown token) without a word, so the model would train on text it never
-    sees, e.g. `12*34=` read as `1234=`. Prompt, gold answer and SFT response are each encoded and decoded back."""
-    if covers_every_text(tokenizer):
-        return
-    where_of: dict[str, tuple[PromptRow, str]] = {}
-    for row in rows:
-        for what, text in _texts(row):
-            where_of.setdefault(text, (row, what))
-    texts, normalize = list(where_of), _normalizer(tokenizer)
-    for text, decoded in zip(texts, _round_trips(tokenizer, texts), strict=True):
-        lost = None if decoded == text else lost_character(text, decoded, normalize)
-        if lost is None:
-            continue
-        row, what = where_of[text]
-        at = text.find(lost)
-        column = f", column {at + 1}" if at >= 0 else ""
-        shown = f"{text!r} reads back as {decoded!r}" if len(text) <= 60 else f"around it: {_excerpt(text, at)!r}"
-        raise DataError(
-            f"{row.where}: the {what} holds {lost!r} (U+{ord(lost):04X}{column}), which the model's tokenizer "
-            f"cannot encode: it is dropped or changed ({shown}), so the model would train on text it never sees. "
-            f"Rewrite the text, or use a model whose vocabulary covers it (the built-in models' vocabularies: "
-            f"{VOCABULARY_DOCS})"
-        )
-
-
-def _excerpt(text: str, at: int, width: int = 24) -> str:
-    return text[max(0, at - width) : at + width] if at >= 0 else text[: 2 * width]
-
-
-@dataclass(frozen=True)
-class DataCursor:
-    """Where the next prompt comes from: the epoch, the position in that epoch's shuffled order, the seed."""
-
-    epoch: int = 0
-    index: int = 0
-    seed: int = 0
-
-    def to_state(self) -> dict[str, int]:
-        return asdict(self)
-
-    @classmethod
-    def from_state(cls, state: dict[str, int]) -> DataCursor:
-        return cls(**{k: int(v) for k, v in state.items()})
-
-
-def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    """The row order of one epoch: a permutation that depends only on (seed, epoch)."""
-    return list(_permutation(n, seed, epoch))
-
-
-@functools.lru_cache(maxsize=4)
-def _permutation(n: int, seed: int, epoch: int) -> tuple[int, ...]:
-    # Cached: a run looks up the row of every group it settles (row_of), and a shuffle of 100k rows takes ~50 ms.
-    order = list(range(n))
-    random.Random(f"{seed}:{epoch}").shuffle(order)
-    return tuple(order)
-
-
-@dataclass(frozen=True)
-class Mixture:
-    """Weighted groups of a run's rows (its train_data files, or its task types). Each epoch has one draw per row;
-    group g gets weight_g / sum(weights) of them (largest-remainder rounding), taken from its own endless stream of
-    seeded permutations of its rows (each row once per pass), and the epoch's draws are then shuffled. The order
-    depends only on (seed, epoch, the groups, the weights), so a task id's position finds its row after a resume."""
-
-    names: tuple[str, ...]  # each group's name (a file, or a task type), for the logs and errors
-    groups: tuple[tuple[int, ...], ...]  # each group's row indices
-    weights: tuple[float, ...]
-    _epochs: dict[tuple[int, int], list[int]] = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def n_rows(self) -> int:
-        return sum(len(g) for g in self.groups)
-
-    def counts(self) -> list[int]:
-        """Each group's draws per epoch."""
-        return shares(self.n_rows, self.weights)
-
-    def epoch_order(self, seed: int, epoch: int) -> list[int]:
-        """The rows drawn in epoch `epoch`, in order (a row may appear more than once, or not at all)."""
-        order = self._epochs.get((seed, epoch))
-        if order is None:  # a run reads one or two epochs at a time: a small cache spares a recomputation per task
-            if len(self._epochs) >= 4:
-                self._epochs.clear()
-            order = mixed_order(self.groups, self.counts(), seed, epoch)
-            self._epochs[(seed, epoch)] = order
-        return order
-
-
-def shares(n: int, weights: Sequence[float]) -> list[int]:
-    """`n` draws split by `weights`: largest-remainder rounding of n × w / sum(w) (ties to the earlier group)."""
-    exact = [Fraction(w) for w in weights]
-    total = sum(exact)
-    quotas = [n * w / total for w in exact]
-    counts = [math.floor(q) for q in quotas]
-    by_remainder = sorted(range(len(quotas)), key=lambda g: (counts[g] - quotas[g], g))
-    for g in by_remainder[: n - sum(counts)]:
-        counts[g] += 1
-    return counts
-
-
-def group_stream(rows: Sequence[int], seed: int, group: int, start: int, count: int) -> list[int]:
-    """Positions [start, start + count) of group `group`'s endless stream: pass p is a permutation of its rows seeded
-    by (seed, group, p), so each row comes once per pass."""
-    out: list[int] = []
-    position = start
-    while len(out) < count:
-        pass_index, offset = divmod(position, len(rows))
-        permutation = list(rows)
-        random.Random(f"{seed}:group{group}:pass{pass_index}").shuffle(permutation)
-        chunk = permutation[offset : offset + count - len(out)]
-        out += chunk
-        position += len(chunk)
-    return out
-
-
-def mixed_order(groups: Sequence[Sequence[int]], counts: Sequence[int], seed: int, epoch: int) -> list[int]:
-    """Epoch `epoch`'s draws: group g's positions [epoch × c_g, (epoch + 1) × c_g) of its stream, shuffled together
-    with (seed, epoch)."""
-    draws: list[int] = []
-    for g, (rows, count) in enumerate(zip(groups, counts, strict=True)):
-        draws += group_stream(rows, seed, g, epoch * count, count)
-    random.Random(f"{seed}:{epoch}").shuffle(draws)
-    return draws
-
-
-def mixture_of(rows: Sequence[PromptRow], sources: Sequence[Source], task_weights: dict[str, float]) -> Mixture | None:
-    """How the run draws `rows` (train_data's rows, joined in the list's order): by task_weights over task types, by
-    the weights of a weighted train_data list over its files, or (None) as they come: `epoch_order`, a plain
-    shuffle per epoch. DataError for a weight that names no task type of the data, a weighted file none of whose
-    rows is left, or a group too light to get one draw per epoch (its rows would never be trained on)."""
-    if task_weights:
-        present = sorted({row.task_type for row in rows})
-        unknown = sorted(set(task_weights) - set(present))
-        if unknown:
-            raise DataError(f"task_weights names {unknown}, but no train_data row has that task_type; the rows' task "
-                            f"types: {present}")  # fmt: skip
-        names = tuple(present)
-        groups = tuple(tuple(i for i, row in enumerate(rows) if row.task_type == t) for t in present)
-        weights = tuple(float(task_weights.get(t, 1.0)) for t in present)
-        what = "task_type"
-    elif any(source.weight is not None for source in sources):
-        names = tuple(str(source.path) for source in sources)
-        groups = tuple(tuple(i for i, row in enumerate(rows) if row.source == s) for s in range(len(sources)))
-        weights = tuple(float(source.weight or 1.0) for source in sources)
-        empty = [name for name, group in zip(names, groups, strict=True) if not group]
-        if empty:
-            raise DataError(f"train_data {empty[0]}: none of its rows is left to draw (overlong_prompts: drop left "
-                            "them all out), so its weight cannot be met; fix or remove the file")  # fmt: skip
-        what = "train_data file"
-    else:
-        return None
-    mixture = Mixture(names, groups, weights)
-    counts = mixture.counts()
-    for name, weight, count in zip(names, weights, counts, strict=True):
-        if count == 0:
-            raise DataError(f"{what} {name} weighs {weight:g} of {sum(weights):g}: an epoch's {len(rows)} draws give "
-                            "it none, so its rows would never be trained on; raise its weight")  # fmt: skip
-    log.info("mixing by %s, draws per epoch of %d: %s", what, len(rows), ", ".join(
-        f"{name} {count} ({100 * count / len(rows):.1f} %, {len(group)} rows)"
-        for name, count, group in zip(names, counts, groups, strict=True)))  # fmt: skip
-    return mixture
-
-
-def draw_order(n_rows: int, seed: int, epoch: int, mixture: Mixture | None = None) -> list[int]:
-    """Epoch `epoch`'s rows in order: the mixture's, or a plain permutation (epoch_order)."""
-    if mixture is None:
-        return epoch_order(n_rows, seed, epoch)
-    if mixture.n_rows != n_rows:
-        raise ValueError(f"the mixture holds {mixture.n_rows} rows, the data {n_rows}")
-    return mixture.epoch_order(seed, epoch)
-
-
-@dataclass(frozen=True)
-class Taken:
-    """What `take_eligible` drew: the (position key, row index) pairs, the advanced cursor, the draws it passed over,
-    and whether it ran out of eligible rows (a whole epoch's worth of draws in a row skipped) and drew anyway."""
-
-    picks: list[tuple[str, int]]
-    cursor: DataCursor
-    skipped: int = 0
-    exhausted: bool = False
-
-
-def take_eligible(
-    cursor: DataCursor,
-    n_rows: int,
-    k: int,
-    mixture: Mixture | None = None,
-    skip: Callable[[int, int, int], bool] | None = None,
-) -> Taken:
-    """`take`, passing over each draw whose (row, epoch, index) `skip` says to skip (difficulty buckets): the cursor moves
-    past it, no task is made of it. When a whole epoch's worth of draws (n_rows) comes up skipped in a row, every row
-    is set aside: that draw and the rest are taken as they come (`exhausted`), so a run never spins through epochs
-    without sampling."""
-    if n_rows < 1:
-        raise ValueError("cannot take from an empty dataset")
-    out: list[tuple[str, int]] = []
-    epoch, index, skipped, in_a_row, exhausted = cursor.epoch, cursor.index, 0, 0, False
-    order = draw_order(n_rows, cursor.seed, epoch, mixture)
-    while len(out) < k:
-        if index >= n_rows:
-            epoch, index = epoch + 1, 0
-            order = draw_order(n_rows, cursor.seed, epoch, mixture)
-        row = order[index]
-        if skip is not None and not exhausted and skip(row, epoch, index):
-            if in_a_row + 1 < n_rows:
-                skipped, in_a_row, index = skipped + 1, in_a_row + 1, index + 1
-                continue
-            exhausted = True
-        in_a_row = 0
-        out.append((f"e{epoch}-{index}", row))
-        index += 1
-    return Taken(out, DataCursor(epoch=epoch, index=index, seed=cursor.seed), skipped, exhausted)
-
-
-def take(
-    cursor: DataCursor, n_rows: int, k: int, mixture: Mixture | None = None
-) -> tuple[list[tuple[str, int]], DataCursor]:
-    """The next `k` (position key, row index) pairs and the advanced cursor; wraps into new epochs (of n_rows draws,
-    in the mixture's order when the run mixes its data).
-
-    The position key `e<epoch>-<index>` is unique within a run and the same after a resume,
-    so it makes a stable task id.
-    """
-    taken = take_eligible(cursor, n_rows, k, mixture)
-    return taken.picks, taken.cursor

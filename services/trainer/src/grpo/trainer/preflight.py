@@ -13,8 +13,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from grpo.trainer.config import TrainerSettings, data_sources
-from grpo.trainer.data import DataError, load_sources, mixture_of
+from grpo.trainer.config import TrainerSettings
+from grpo.trainer.data import DataError, load_sources
+from grpo.trainer.order import mixture_of
+from grpo.trainer.sources import data_sources
 
 if TYPE_CHECKING:
     from grpo.trainer.stages import Stage

@@ -12,8 +12,9 @@ from google.protobuf import json_format
 
 from grpo.common.queue import RunQueue
 from grpo.trainer.accounting import Accounting
-from grpo.trainer.data import DataCursor, Mixture, PromptRow, draw_order, take_eligible
+from grpo.trainer.data import PromptRow
 from grpo.trainer.difficulty import DifficultyTracker
+from grpo.trainer.order import DataCursor, Mixture, draw_order, take_eligible
 from grpo.v1 import queue_pb2, reward_pb2, rollout_pb2
 
 log = logging.getLogger(__name__)

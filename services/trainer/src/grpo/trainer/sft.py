@@ -10,13 +10,15 @@ from prometheus_client import CollectorRegistry
 from grpo.common import prompts
 from grpo.trainer.assemble import build_learner
 from grpo.trainer.checkpoint import latest_checkpoint, set_aside_after
-from grpo.trainer.config import TrainerSettings, data_sources
+from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
-from grpo.trainer.data import DataCursor, Mixture, PromptRow, load_sources, mixture_of, take
+from grpo.trainer.data import PromptRow, load_sources
 from grpo.trainer.export import load_tokenizer
 from grpo.trainer.learner import SftPair
 from grpo.trainer.metrics import MetricsSink
+from grpo.trainer.order import DataCursor, Mixture, mixture_of, take
 from grpo.trainer.ranks import RankDriver
+from grpo.trainer.sources import data_sources
 
 log = logging.getLogger(__name__)
 

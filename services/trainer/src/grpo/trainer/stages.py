@@ -18,13 +18,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo.trainer.config import TrainerSettings, is_reference, stage_settings
+from pydantic import ValidationError
+
+from grpo.trainer.config import TrainerSettings
 from grpo.trainer.control import RunControl
 from grpo.trainer.report import read_metrics, summarize, write_report
+from grpo.trainer.sources import is_reference
 
 log = logging.getLogger(__name__)
 OUTCOME_FILE = "stage.json"
 RS_DATA_FILE = "data.jsonl"  # what a rejection_sampling stage writes into its folder (SFT rows)
+# Settings of the whole run, which a stage may not set: its folders, its name and its servers.
+STAGE_FIXED = ("stages", "output_dir", "run_id", "resume", "when_done", "host", "grpc_port", "http_port")
+STAGE_MODES = ("sft", "grpo", "rejection_sampling")
+MODEL_REFERENCES = ("base", "previous")  # a stage's `model`: the run's model, the latest trained stage's final/
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,26 @@ def plan_stages(settings: TrainerSettings) -> list[Stage]:
             values["train_data"] = stage_data(stages, values["train_data"], i)
         stages.append(Stage(i, stage_settings(settings, values, i)))
     return stages
+
+
+def stage_settings(base: TrainerSettings, stage: dict[str, Any], index: int) -> TrainerSettings:
+    """Stage `index` (1-based): `base` overridden by the stage's own values, writing to its own folder. Its model and
+    data references (`base`, `previous`, `stage:<N>`) must have been resolved (plan_stages does)."""
+    if stage.get("mode") not in STAGE_MODES:
+        raise ValueError(f"stages[{index}]: needs mode: sft, grpo or rejection_sampling (got {stage.get('mode')!r})")
+    fixed = sorted(set(stage) & set(STAGE_FIXED))
+    if fixed:
+        raise ValueError(f"stages[{index}]: {fixed} are set for the whole run, not per stage")
+    if "stage" in stage:
+        raise ValueError(f"stages[{index}]: `stage` is set by the run (the stage's index), not by you")
+    values = {**base.model_dump(exclude={"stages"}), **stage}
+    values["output_dir"] = base.output_dir / f"stage-{index}-{stage['mode']}"
+    values["stage"] = index
+    try:
+        return TrainerSettings.model_validate(values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"stages[{index}] ({stage['mode']}): {problems}") from None
 
 
 def stage_model(settings: TrainerSettings, earlier: list[Stage], model: Any, index: int) -> Any:
