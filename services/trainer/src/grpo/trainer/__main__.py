@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
         setup_logging(settings.log_level, settings.json_logs)
     from grpo.common.ports import check_ports
     from grpo.trainer.control import RunControl
-    from grpo.trainer.ranks import env_rank, env_world_size, single_process_backend_problem
+    from grpo.trainer.ranks import env_rank, env_world_size, exit_rank, single_process_backend_problem
     from grpo.trainer.service import install_signal_handlers, quiet_deepspeed_on_cpu, serve
 
     with exit_on_invalid_settings("grpo-trainer"):  # on every rank, before any of them loads a model
@@ -37,7 +37,10 @@ def main(argv: list[str] | None = None) -> None:
 
     control = RunControl(settings.run_id, settings.steps)
     install_signal_handlers(control)
-    raise SystemExit(serve(settings, control))
+    code = serve(settings, control)
+    if env_world_size() > 1:
+        exit_rank(code)  # not SystemExit: a rank could abort in the interpreter's teardown (see exit_rank)
+    raise SystemExit(code)
 
 
 def run_backends(settings: TrainerSettings) -> list[str]:
