@@ -10,7 +10,7 @@ from grpo.common.net import exposure_warning
 from grpo.common.settings import InvalidSettings, exit_on_invalid_settings
 from grpo.common.tiny_model import check_model
 from grpo.trainer.config import TrainerSettings, parse_settings
-from grpo.trainer.stages import MODEL_REFERENCES
+from grpo.trainer.sources import MODEL_REFERENCES
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from grpo.trainer.sources import check_train_data
+from grpo.trainer.sources import MODEL_REFERENCES, check_train_data
 
 if TYPE_CHECKING:
     from grpo.algo.presets import LossConfig
@@ -108,8 +108,6 @@ def check_tools(settings: TrainerSettings, credit: str) -> None:
 
 def check_data_settings(settings: TrainerSettings) -> None:
     """train_data's list form, model and data references, task_weights and default_checks."""
-    from grpo.trainer.stages import MODEL_REFERENCES  # stages imports config, which imports this module
-
     if settings.model in MODEL_REFERENCES:
         raise ValueError(f"model: {settings.model} names a stage's model; it is only known inside `stages` (a "
                          "stage's `model`), not for the whole run")  # fmt: skip

@@ -1,4 +1,5 @@
-"""The train_data setting's sources: data files with their mixing weights, and references to an earlier stage's data.
+"""The train_data setting's sources: data files with their mixing weights, and references to an earlier stage's data
+(and the names a stage's `model` may reference).
 
 Loads no data and no torch: the settings check a train_data value here at start-up (check_train_data), and the run
 reads its files and weights from here (data_sources); stages.py resolves the references before either sees them.
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from grpo.trainer.config import TrainerSettings
+
+MODEL_REFERENCES = ("base", "previous")  # a stage's `model`: the run's model, the latest trained stage's final/
 
 
 @dataclass(frozen=True)

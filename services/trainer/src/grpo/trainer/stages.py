@@ -31,7 +31,6 @@ RS_DATA_FILE = "data.jsonl"  # what a rejection_sampling stage writes into its f
 # Settings of the whole run, which a stage may not set: its folders, its name and its servers.
 STAGE_FIXED = ("stages", "output_dir", "run_id", "resume", "when_done", "host", "grpc_port", "http_port")
 STAGE_MODES = ("sft", "grpo", "rejection_sampling")
-MODEL_REFERENCES = ("base", "previous")  # a stage's `model`: the run's model, the latest trained stage's final/
 
 
 @dataclass(frozen=True)
