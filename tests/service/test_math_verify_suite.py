@@ -28,12 +28,19 @@ DELIBERATE = {
         "unparseable_gold",
         "the gold has an unclosed brace: a malformed gold is not trusted, whatever the answer",
     ),
+    ("$10$", "Answer \\( (9+1) \\)"): (
+        "incorrect",
+        "an expression for an integer gold, not the number: paid, a policy restates the question (allow_unevaluated)",
+    ),
+    ("$1$", "$\\frac3{3} $"): ("incorrect", "an expression for an integer gold, not the number (allow_unevaluated)"),
 }
+UNEVALUATED = [key for key, (_, why) in DELIBERATE.items() if "allow_unevaluated" in why]
 
 
 def judge(service: Any, case: dict[str, Any]) -> dict[str, Any]:
     body = {"answer": case["pred"], "gold": case["gold"]}
-    body.update({k: case[k] for k in ("extraction", "precision", "strict", "allow_set_relation_comp")})
+    keys = ("extraction", "precision", "strict", "allow_set_relation_comp", "allow_unevaluated")
+    body.update({k: case[k] for k in keys if k in case})
     r = httpx.post(f"{service.http_url}/v1/verify/math", json=body, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
@@ -56,3 +63,11 @@ def test_math_verify_suite_through_the_api(live_reward: Any) -> None:
         map(str, misses)
     )
     assert deliberate == len(DELIBERATE)
+
+
+def test_allow_unevaluated_answers_as_math_verify_does(live_reward: Any) -> None:
+    cases = [c for c in SUITE["cases"] if (c["gold"], c["pred"]) in UNEVALUATED]
+    assert len(cases) == len(UNEVALUATED) == 2
+    for case in cases:
+        verdict = judge(live_reward, {**case, "allow_unevaluated": True})
+        assert verdict["correct"] is case["expected"] is True, (case, verdict)

@@ -89,6 +89,13 @@ def test_math_settings_over_grpc(stub: reward_pb2_grpc.RewardServiceStub) -> Non
     reply = stub.Score(pb.ScoreRequest(items=[pb.ScoreItem(id=str(i), completion="\\boxed{0.3333}", checks=c)
                                               for i, c in enumerate(checks)]), timeout=30)  # fmt: skip
     assert [r.reward for r in reply.results] == [0.0, 1.0]
+    restated = {"answer": "<answer>047+586</answer>", "gold": "633"}  # the question copied as its answer
+    assert stub.VerifyMath(pb.VerifyMathRequest(**restated), timeout=30).status == "incorrect"
+    assert stub.VerifyMath(pb.VerifyMathRequest(**restated, allow_unevaluated=True), timeout=30).status == "correct"
+    checks = [pb.Checks(math=pb.MathCheck(gold="633", allow_unevaluated=a)) for a in (False, True)]
+    reply = stub.Score(pb.ScoreRequest(items=[pb.ScoreItem(id=str(i), completion="\\boxed{586+47}", checks=c)
+                                              for i, c in enumerate(checks)]), timeout=30)  # fmt: skip
+    assert [r.reward for r in reply.results] == [0.0, 1.0]
 
 
 def test_judge_options_over_grpc(stub: reward_pb2_grpc.RewardServiceStub) -> None:

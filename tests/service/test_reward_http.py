@@ -205,6 +205,11 @@ def test_score_combines_components(live_reward: Any) -> None:
             "weights": {"format": 0.5},
         },
         {"id": "math-wrong", "completion": "\\boxed{5}", "checks": {"math": {"gold": "4"}}},
+        {  # a renamed answer block is where math reads the answer too (it read the whole text: the box in <think>)
+            "id": "math-own-tags",
+            "completion": "<reason>first \\boxed{5}, then 4</reason><final>4</final>",
+            "checks": {"math": {"gold": "4"}, "format": {"think_tag": "reason", "answer_tag": "final"}},
+        },
         {"id": "bad-gold", "completion": "\\boxed{5}", "checks": {"math": {"gold": ""}, "format": {}}},
         {
             "id": "code-half",
@@ -225,6 +230,7 @@ def test_score_combines_components(live_reward: Any) -> None:
     assert [res["id"] for res in r.json()["results"]] == [i["id"] for i in items]
     assert results["math-right"]["reward"] == pytest.approx(1.0 + 0.5 + 1.0)
     assert results["math-wrong"]["reward"] == 0.0
+    assert results["math-own-tags"]["reward"] == 2.0, results["math-own-tags"]
     assert results["bad-gold"]["reward"] is None and results["bad-gold"]["status"] == "ok"
     assert "unparseable_gold" in results["bad-gold"]["error"]
     assert results["code-half"]["reward"] == pytest.approx(0.5)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from grpo.reward.sandbox import ExecResult, Sandbox
+from grpo.reward.verifiers.assert_guard import GUARD, guarded
 from grpo.reward.verifiers.code import (
+    CANDIDATE_NAME,
     Judge,
     extract_code,
     first_difference,
@@ -34,6 +36,14 @@ from grpo.reward.verifiers.code import (
         ("```Python3\nz = 1\n```", "python", "z = 1\n"),
         ("```python title=sol.py\nw = 1\n```", "python", "w = 1\n"),
         ("", "python", ""),
+        # A fence inside a list item is indented: its indentation is not the code's (an IndentationError before).
+        (
+            "1. Solution:\n   ```python\n   def f():\n       return 1\n\n   ```\n",
+            "python",
+            "def f():\n    return 1\n\n",
+        ),
+        ("- x\n\t```python\n\tif a:\n\t  b()\n\t```", "python", "if a:\n  b()\n"),
+        ("  ```python\nx = 1\n    y = 2\n  ```", "python", "x = 1\n  y = 2\n"),  # at most the fence's own
     ],
 )
 def test_extract_code(completion: str, language: str, expected: str) -> None:
@@ -82,6 +92,15 @@ ASSERT = {"assert": "assert f() == 1"}
         ("float", "inf", "1e308", False),
         ("float", "abc 1.0", "abc 1", True),
         ("float", "abd 1.0", "abc 1", False),
+        # Exactly at the tolerance in decimal: within it, though the binary floats differ by a hair more.
+        ("float", "0.000015", "0.000014", True),
+        ("float", "0.300001", "0.3", True),
+        ("float", "0.000016", "0.000014", False),
+        ("float", "0.3000011", "0.3", False),
+        ("float", "-nan", "nan", True),  # glibc's printf of 0.0 / 0.0; any NaN is the expected NaN (testlib)
+        ("float", "Infinity", "inf", True),  # node's spelling
+        ("float", "-inf", "inf", False),
+        ("float", "nan", "1", False),
     ],
 )
 def test_compare_modes(compare: str, actual: str, expected: str, match: bool) -> None:
@@ -192,10 +211,43 @@ def test_validate_tests_names_the_bad_test(tests: list[object], message: str) ->
 
 def test_program_for_appends_the_assert_program() -> None:
     assert program_for("def f(): return 1", {"assert": "assert f() == 1"}) == (
-        "def f(): return 1\nassert f() == 1\n",
+        f"__name__ = {CANDIDATE_NAME!r}; __import__('sys').modules[__name__] = __import__('sys').modules['__main__']"
+        "\ndef f(): return 1\n__name__ = '__main__'\n" + guarded("assert f() == 1") + "\n",
         "",
     )
     assert program_for("print(input())", {"stdin": "7\n", "expected_stdout": "7"}) == ("print(input())", "7\n")
+
+
+@pytest.mark.parametrize(
+    "candidate",
+    [
+        '"""Adds."""\nfrom __future__ import annotations\nfrom __future__ import division\ndef f(x: int) -> int:\n    return x',
+        "from __future__ import (\n    annotations,\n)  # note\ndef f(x): return x",
+        "from __future__ import annotations; import sys\ndef f(x): return x",
+        "@staticmethod\ndef g(): pass\ndef f(x): return x",
+        "def f(x):\r\n    return x\r\n",
+    ],
+)
+def test_the_candidate_of_an_assert_program_is_not_main_and_still_compiles(candidate: str) -> None:
+    """Its `__name__` is set after its `from __future__` imports, which must come first."""
+    program, _ = program_for(candidate, {"assert": "assert __name__ == '__main__' and f(1) == 1"})
+    scope: dict[str, object] = {"__name__": "__main__"}
+    exec(compile(program, "main.py", "exec"), scope)
+    assert scope["__name__"] == "__main__"
+    assert f"__name__ = {CANDIDATE_NAME!r}" in program
+
+
+@pytest.mark.parametrize(
+    "candidate",
+    [
+        "def f(:\n",
+        "from __future__ import annotations\rdef f(): pass\n",
+        "x = " + "-" * 100_000 + "1\n",  # MemoryError in ast.parse
+        "x = " + "1+" * 100_000 + "1\n",  # RecursionError in ast.parse
+    ],
+)
+def test_a_candidate_that_does_not_parse_or_ends_lines_in_cr_is_run_as_it_is(candidate: str) -> None:
+    assert program_for(candidate, {"assert": "f()"})[0] == candidate + "\n__name__ = '__main__'\nf()\n"
 
 
 def _verdicts(sandbox: Sandbox, code: str, tests: list[dict[str, str]], **kw: float) -> list[str]:
@@ -218,6 +270,41 @@ def test_assert_tests(sandbox: Sandbox) -> None:
     check = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n"
     tests = [{"assert": check + "check(add)"}, {"assert": "assert add(2, 2) == 5"}]
     assert _verdicts(sandbox, code, tests) == ["pass", "runtime_error"]
+
+
+@pytest.mark.parametrize(
+    "main",
+    [
+        "print(add(*map(int, input().split())))",  # reads stdin, which an assert test does not give: EOFError
+        "import unittest\n    unittest.main()",  # exits
+        "import sys\n    sys.exit(1)",
+    ],
+)
+def test_the_candidates_main_block_does_not_run_in_assert_tests(sandbox: Sandbox, main: str) -> None:
+    """As in HumanEval's harness (and LiveCodeBench's, evalplus'), an assert test calls the candidate's functions:
+    its `if __name__ == "__main__":` demo is not run. The tests run as `__main__`, so their own guard still runs."""
+    code = f"def add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n    {main}\n"
+    tests = [{"assert": "assert add(2, 3) == 5"}, {"assert": "if __name__ == '__main__':\n    assert add(2, 2) == 5"}]
+    assert _verdicts(sandbox, code, tests) == ["pass", "runtime_error"]
+
+
+def test_a_candidate_that_is_not_main_still_defines_dataclasses_and_pickles(sandbox: Sandbox) -> None:
+    """dataclasses (with string annotations) and pickle look a class's module up by its name, `__candidate__`."""
+    code = (
+        "from __future__ import annotations\nimport dataclasses, pickle\n\n@dataclasses.dataclass\nclass P:\n"
+        "    x: int\n\ndef roundtrip(x):\n    return pickle.loads(pickle.dumps(P(x))).x\n"
+    )
+    tests = [{"assert": "assert roundtrip(3) == 3"}, {"assert": "assert roundtrip(3) == 4"}]
+    assert _verdicts(sandbox, code, tests) == ["pass", "runtime_error"]
+
+
+def test_a_program_runs_as_the_main_module(sandbox: Sandbox) -> None:
+    """As under `python main.py`: its classes pickle (looked up in `sys.modules['__main__']`), `import __main__` is
+    the program itself."""
+    code = (
+        "import __main__, pickle\nclass P:\n    pass\nn = int(input())\nprint(len(pickle.dumps(P())) > 0, __main__.n)"
+    )
+    assert _verdicts(sandbox, code, [{"stdin": "7\n", "expected_stdout": "True 7"}]) == ["pass"]
 
 
 @pytest.mark.parametrize(
@@ -267,13 +354,89 @@ def test_float_judge_through_the_sandbox(sandbox: Sandbox) -> None:
 
 def test_per_test_limits(sandbox: Sandbox) -> None:
     """A test's own time and memory limits replace the request's for that test only."""
-    code = "import time\nn = int(input())\ntime.sleep(n / 10)\nx = bytearray(n * (32 << 20))\nprint('ok')"
+    # n / 10 s of CPU time (the time limit's measure: a sleep that long would be within 0.2 s's wall-clock limit)
+    code = (
+        "import time\nn = int(input())\nt = time.process_time()\nwhile time.process_time() - t < n / 10: pass\n"
+        "x = bytearray(n * (32 << 20))\nprint('ok')"
+    )
     tests = [
         {"stdin": "5", "expected_stdout": "ok"},  # 0.5 s, 160 MiB: fits the request's limits
-        {"stdin": "5", "expected_stdout": "ok", "timeout_s": 0.2},  # its own, shorter deadline
+        {"stdin": "5", "expected_stdout": "ok", "timeout_s": 0.2},  # its own, shorter time limit
         {"stdin": "5", "expected_stdout": "ok", "memory_mb": 64},  # its own, smaller memory
     ]
     results = run_code_tests(sandbox, code, tests, timeout_s=5.0, memory_mb=512)
     assert [r.verdict for r in results] == ["pass", "timeout", "memory_limit"], [r.stderr[-200:] for r in results]
     with pytest.raises(ValueError, match=r"tests\[0\].timeout_s must be a number above 0"):
         run_code_tests(sandbox, code, [{"stdin": "", "expected_stdout": "", "timeout_s": -1}])
+
+
+ALWAYS_EQUAL = """class AlwaysEqual:
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    def __lt__(self, other): return True
+    def __sub__(self, other): return self
+    def __abs__(self): return self
+    def __hash__(self): return 0
+def add(a, b): return AlwaysEqual()
+def pair(a): return [AlwaysEqual(), a]
+"""
+
+
+@pytest.mark.parametrize(
+    "tests",
+    [
+        "assert add(1, 2) == 3",
+        "assert 3 == add(1, 2)",
+        "assert not (add(1, 2) != 3)",
+        "assert abs(add(1, 2) - 3) < 1e-6",
+        "assert pair(1) == [3, 1]",
+        "assert add(1, 2) in [3, 4]",
+        "def check(candidate):\n    assert candidate(1, 2) == 3\n\ncheck(add)",
+        "assert all(add(a, b) == a + b for a, b in [(1, 2), (2, 2)])",
+    ],
+)
+def test_an_object_built_to_equal_anything_does_not_pass(sandbox: Sandbox, tests: str) -> None:
+    """The AlwaysEqual hack: a returned object whose `__eq__` (and `__lt__`, `__sub__`, ...) answers true passed."""
+    assert _verdicts(sandbox, ALWAYS_EQUAL, [{"assert": tests}]) == ["runtime_error"]
+
+
+@pytest.mark.parametrize(
+    ("code", "tests"),
+    [
+        ("def add(a, b): return a + b", "assert add(1, 2) == 3 and add(1, 2) in {3} and not add(1, 2) < 3"),
+        (  # the tests' own helper with its own __eq__
+            "def add(a, b): return a + b",
+            "class Approx:\n    def __init__(s, v): s.v = v\n    def __eq__(s, o): return abs(o - s.v) < 1e-6\n"
+            "assert add(0.1, 0.2) == Approx(0.3)",
+        ),
+        (
+            "from collections import namedtuple\nP = namedtuple('P', 'x y')\ndef f(): return P(1, 2)",
+            "assert f() == (1, 2)",
+        ),
+        (
+            "from dataclasses import dataclass\n@dataclass\nclass P:\n    x: int\ndef f(): return P(1)",
+            "assert f() == P(1)",
+        ),
+        (  # the candidate's class on both sides compares by its own __eq__
+            "class Node:\n    def __init__(s, v, n=None): s.v, s.n = v, n\n"
+            "    def __eq__(s, o): return isinstance(o, Node) and (s.v, s.n) == (o.v, o.n)\n"
+            "def f(): return Node(1, Node(2))",
+            "assert f() == Node(1, Node(2))\nassert f() != Node(1)",
+        ),
+        ("from collections import Counter\ndef f(): return Counter('aab')", "assert f() == {'a': 2, 'b': 1}"),
+        ("def f(): return 2.0", "assert f() == 2\nassert 1 < f() <= 2\nassert f() is not None"),
+    ],
+)
+def test_right_answers_still_pass_the_guarded_comparisons(sandbox: Sandbox, code: str, tests: str) -> None:
+    assert _verdicts(sandbox, code, [{"assert": tests}]) == ["pass"]
+
+
+def test_guarded_rewrites_only_the_comparisons_of_asserts() -> None:
+    tests = "x = 1 == 1\nassert f(1) == 3, 'message'\nassert f(2) is None\n"
+    program = guarded(tests)
+    assert program.startswith(GUARD)
+    body = program[len(GUARD) :]
+    assert "x = 1 == 1" in body and "assert f(2) is None" in body
+    assert "assert __grpo_compare__('==', f(1), 3), 'message'" in body
+    assert guarded("print(1 == 1)") == "print(1 == 1)"  # no assert: as written
+    assert guarded("assert (") == "assert ("  # does not parse: fails as written

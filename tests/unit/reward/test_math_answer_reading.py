@@ -148,7 +148,153 @@ def test_a_gold_with_digits_and_no_math_still_cannot_judge() -> None:
         (R("", "30°"), "30", "correct"),
         (R("", "30°"), "30^\\circ", "correct"),
         ("\\boxed{72.5}", "72", "incorrect"),
+        # A repeating decimal is its fraction: math-verify read 0.\\overline{3} as 0 (so 1/3 scored 0, and such a
+        # gold was unparseable) and 0.1\\overline{6} as 0.1 times a symbol.
+        ("\\boxed{0.\\overline{3}}", "\\frac{1}{3}", "correct"),
+        ("\\boxed{\\frac{1}{7}}", "0.\\overline{142857}", "correct"),
+        ("\\boxed{0.1\\overline{6}}", "\\frac{1}{6}", "correct"),
+        ("\\boxed{1.\\overline{27}}", "\\frac{14}{11}", "correct"),
+        ("\\boxed{0.\\overline{6}}", "0.\\overline{3}", "incorrect"),
+        ("\\boxed{0.\\overline{3}}", "0", "incorrect"),
+        ("\\boxed{0.33}", "0.\\overline{3}", "incorrect"),
+        # \\varnothing is the empty set, as \\emptyset is (math-verify read it as a symbol).
+        ("\\boxed{\\varnothing}", "\\emptyset", "correct"),
+        ("\\boxed{\\emptyset}", "\\varnothing", "correct"),
+        ("\\boxed{\\varnothing}", "\\{1\\}", "incorrect"),
+        # Plain spaces between groups of three digits in a box: one number (was the product 1·000 = 0).
+        ("\\boxed{1 000 000}", "1000000", "correct"),
+        ("\\boxed{12 345}", "12345", "correct"),
+        ("\\boxed{1 000}", "0", "incorrect"),  # was correct
+        ("\\boxed{12 345}", "4140", "incorrect"),  # was correct (12·345)
+        # \\fbox is a box (math-verify found it only inside `$...$`: the answer was unparseable, 0).
+        ("The answer is \\fbox{3}.", "3", "correct"),
+        ("\\fbox{4}", "3", "incorrect"),
     ],
 )
 def test_notation_is_normalised(answer: str, gold: str, status: str) -> None:
     check(answer, gold, status)
+
+
+# 9. Letters after a number are variables when the gold is algebraic: math-verify strips a trailing "unit" from its
+# list (t, h, c, l, s, g, m, d, ab, bc, ...), so gold `4s` was 4 and `\frac{1}{2}ab` was 1/2.
+@pytest.mark.parametrize(
+    ("answer", "gold", "status"),
+    [
+        ("\\boxed{4}", "4s", "incorrect"),  # was correct
+        ("\\boxed{2}", "2ab", "incorrect"),  # was correct
+        ("\\boxed{a^2+b^2-2}", "a^2+b^2-2ab", "incorrect"),  # was correct
+        ("\\boxed{\\frac{\\sqrt{3}}{4}}", "\\frac{\\sqrt{3}}{4}s", "incorrect"),  # was correct
+        ("$100$", "100t", "incorrect"),  # was correct
+        ("\\boxed{4s}", "4s", "correct"),
+        ("\\boxed{2ba}", "2ab", "correct"),  # was incorrect (2ba against 2)
+        ("\\boxed{\\frac{1}{2}ab}", "\\frac{ab}{2}", "correct"),  # was incorrect (1/2 against ab/2)
+        ("\\boxed{\\frac{ab}{2}}", "\\frac{1}{2}ab", "correct"),  # was incorrect
+        (R("", "2ab"), "2ab", "correct"),
+        ("\\boxed{2 + 3i}", "3i + 2", "correct"),  # i is not a unit: still the imaginary unit
+        ("\\boxed{2ab \\text{ cm}^2}", "2ab", "correct"),  # the unit goes, the variables stay
+        ("\\boxed{2 \\text{ cm}^2}", "2ab", "incorrect"),
+        # Against a number the letters are units, as math-verify reads them.
+        ("\\boxed{5m}", "5", "correct"),
+        ("\\boxed{5 \\text{ cm}}", "5", "correct"),
+        ("\\boxed{5}", "5 \\text{ m}", "correct"),
+    ],
+)
+def test_letters_after_a_number_are_variables_against_an_algebraic_gold(answer: str, gold: str, status: str) -> None:
+    check(answer, gold, status)
+
+
+# 10. A multiple-choice option with its value (`\textbf{(C)}\ 12`, AMC as NuminaMath boxes it) was the product 12·C:
+# neither `C` nor `12` matched such a gold, and that answer scored 0 against the gold `C`.
+@pytest.mark.parametrize(
+    ("answer", "gold", "status"),
+    [
+        ("\\boxed{C}", "\\textbf{(C)}\\ 12", "correct"),  # was incorrect
+        ("\\boxed{\\textbf{(C)}}", "\\textbf{(C)}\\ 12", "correct"),  # was incorrect
+        ("\\boxed{12}", "\\textbf{(C)}\\ 12", "correct"),  # was incorrect
+        ("\\boxed{\\textbf{(C)}\\ 12}", "C", "correct"),  # was incorrect
+        ("\\boxed{\\textbf{(C) }12}", "\\text{(C)}", "correct"),  # was incorrect
+        (R("", "(C) 12"), "12", "correct"),  # was incorrect
+        ("\\boxed{\\mathrm{(E)}\\ 2\\sqrt{3}}", "\\sqrt{12}", "correct"),  # was incorrect
+        ("\\boxed{\\textbf{(C)}\\ 12}", "\\textbf{(C)}\\ 12", "correct"),
+        ("\\boxed{B}", "\\textbf{(C)}\\ 12", "incorrect"),
+        ("\\boxed{13}", "\\textbf{(C)}\\ 12", "incorrect"),
+        ("\\boxed{\\textbf{(B)}\\ 12}", "\\textbf{(C)}\\ 12", "incorrect"),  # the letter decides
+        ("\\boxed{\\textbf{(D)}\\ 12}", "C", "incorrect"),
+        ("\\boxed{\\textbf{(C)}\\ 13}", "12", "incorrect"),
+        # Two options are no choice: hedging never pays.
+        ("\\boxed{\\textbf{(C)}\\ 12}, \\boxed{\\textbf{(D)}\\ 13}", "C", "incorrect"),
+        ("\\boxed{\\textbf{(C)}\\ 12 \\text{ or } \\textbf{(D)}\\ 13}", "C", "incorrect"),
+        ("\\boxed{C, D}", "\\textbf{(C)}\\ 12", "incorrect"),
+        # An option named in prose at the end of the answer (was unparseable_answer: no math in it).
+        ("Answer: C", "C", "correct"),
+        (R("", "The answer is (C)."), "\\textbf{(C)}\\ 12", "correct"),
+        ("**Answer: (A)**", "A", "correct"),
+        ("The correct option is (B).", "C", "incorrect"),
+        ("The answer is C or D.", "C", "unparseable_answer"),  # no one option
+        ("Answer: C, not D", "C", "unparseable_answer"),
+    ],
+)
+def test_a_lettered_option_with_its_value_is_read_as_a_choice(answer: str, gold: str, status: str) -> None:
+    check(answer, gold, status)
+
+
+# 11. A system's solution (`x = 1, y = 2`) against bare values: math-verify sorted both sides by value, so the swapped
+# `2, 1` and `(2, 1)` were paid and `(1, 2)` was not. The values come in the variables' order (by name, or as written).
+@pytest.mark.parametrize(
+    ("answer", "gold", "status"),
+    [
+        ("\\boxed{2, 1}", "x=1, y=2", "incorrect"),  # was correct
+        ("\\boxed{(2,1)}", "x=1, y=2", "incorrect"),  # was correct
+        ("\\boxed{3, \\frac12}", "x=0.5, y=3", "incorrect"),  # was correct
+        ("\\boxed{(3,2,1)}", "a=1, b=2, c=3", "incorrect"),
+        ("\\boxed{(1,2)}", "x=1, y=2", "correct"),  # was incorrect
+        ("\\boxed{1, 2}", "x=1, y=2", "correct"),
+        (R("", "1, 2"), "x=1, y=2", "correct"),
+        ("\\boxed{(1,2,3)}", "a=1, b=2, c=3", "correct"),
+        ("\\boxed{y=2, x=1}", "x=1, y=2", "correct"),  # assignments name their variables: any order
+        ("\\boxed{2, 1}", "x=1, x=2", "correct"),  # one variable's roots are a set
+    ],
+)
+def test_a_system_solution_pairs_values_with_variables_in_order(answer: str, gold: str, status: str) -> None:
+    check(answer, gold, status)
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold", "status"),
+    [
+        # The question copied into the answer: math-verify evaluates it and paid it.
+        (R("", "047+586"), "633", "incorrect"),
+        (R("", "4821 \\times 317"), "1528257", "incorrect"),
+        ("\\boxed{4821*317}", "1,528,257", "incorrect"),
+        ("\\boxed{2^{10}}", "1024", "incorrect"),
+        ("\\boxed{\\frac{8}{2}}", "4", "incorrect"),
+        ("\\boxed{\\sqrt{16}}", "4", "incorrect"),
+        ("\\boxed{5!}", "120", "incorrect"),
+        ("\\boxed{\\left(9+1\\right)}", "10", "incorrect"),
+        # The number itself, however written, still is.
+        (R("", "633"), "633", "correct"),
+        ("\\boxed{1,528,257}", "1528257", "correct"),
+        ("\\boxed{-5}", "-5", "correct"),
+        ("\\boxed{x = -5}", "-5", "correct"),
+        ("\\boxed{3 \\times 6 = 18}", "18", "correct"),  # an equation that states the number
+        ("The answer is $18 = 3 \\times 6$.", "18", "correct"),
+        ("\\boxed{x = 3 \\times 6}", "18", "incorrect"),
+        ("\\boxed{1.2 \\times 10^{3}}", "1200", "correct"),
+        ("\\boxed{30^\\circ}", "30", "correct"),
+        ("\\boxed{633 \\text{ apples}}", "#### 633", "correct"),
+        # Only an integer gold asks for the number: other golds keep math-verify's equivalence.
+        ("\\boxed{2^{10}}", "2^{10}", "correct"),
+        ("\\boxed{\\frac{1}{2}}", "0.5", "correct"),
+        ("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\sqrt{2}}", "correct"),
+        ("\\boxed{586+47}", "586+47", "correct"),
+    ],
+)
+def test_an_integer_gold_wants_the_number_not_an_expression_for_it(answer: str, gold: str, status: str) -> None:
+    check(answer, gold, status)
+
+
+def test_allow_unevaluated_pays_an_expression_as_math_verify_does() -> None:
+    from grpo.reward.verifiers.math_types import MathOptions
+
+    assert verify_math(R("", "047+586"), "633", MathOptions(allow_unevaluated=True)).correct is True
+    assert verify_math(R("", "047+587"), "633", MathOptions(allow_unevaluated=True)).correct is False

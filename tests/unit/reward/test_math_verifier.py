@@ -34,6 +34,11 @@ CASES = [
     # \boxed first, then <answer>
     ("<think>maybe 3</think><answer>\\boxed{4} is it</answer>", "4", "correct"),
     ("I think \\boxed{3}, no wait: \\boxed{4}", "4", "correct"),
+    # a correction in other words: the boxes were a set {12, 13}, and the corrected answer scored 0
+    ("\\boxed{12} is wrong; the answer is \\boxed{13}", "13", "correct"),
+    ("\\boxed{12} is wrong; the answer is \\boxed{13}", "12", "incorrect"),
+    ("\\boxed{5}\n\nHmm, let me recheck.\n\n\\boxed{6}", "6", "correct"),
+    ("\\boxed{5}, or \\boxed{6}", "6", "incorrect"),  # no correction: two answers, never full credit
     ("<think>7</think><answer>6</answer>", "6", "correct"),
     # several boxes, a final-answer sentence after an intermediate box, boxes with text, number formats
     ("\\boxed{1},\\boxed{2},\\boxed{3}", "\\{1,2,3\\}", "correct"),
@@ -139,6 +144,22 @@ def test_a_gsm8k_gold_is_read_after_its_marker(gold: str) -> None:
     """GSM8K's answers end "#### 72": that gold was read as the text "#### 72", and every answer scored 0."""
     assert verify_math("<answer>72</answer>", gold).status == "correct"
     assert verify_math("<answer>71</answer>", gold).status == "incorrect"
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold", "status"),
+    [
+        ("#### 72", "72", "correct"),  # was incorrect: the answer's marker was read as text
+        ("<answer>#### 72</answer>", "72", "correct"),
+        ("#### 72", "#### 72", "correct"),  # was incorrect
+        ("#### 1,200", "1200", "correct"),
+        ("She sold 72 clips.\n#### 71", "72", "incorrect"),  # the marked answer decides
+        ("#### 71", "#### 72", "incorrect"),
+    ],
+)
+def test_an_answer_is_read_after_its_gsm8k_marker(answer: str, gold: str, status: str) -> None:
+    verdict = verify_math(answer, gold)
+    assert verdict.status == status, verdict
 
 
 def test_a_gold_read_only_as_text_cannot_judge_another_answer() -> None:

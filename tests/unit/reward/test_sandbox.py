@@ -83,14 +83,14 @@ def test_long_sleep_times_out(sandbox: Sandbox) -> None:
     started = time.monotonic()
     result = sandbox.run("import time\nprint('before', flush=True)\ntime.sleep(60)", limits=Limits(timeout_s=1.0))
     assert result.status == "timeout" and result.stdout == "before\n"
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < sandbox.idle_factor * 1.0 + 1.0  # its wall-clock limit, and slack
 
 
 def test_closing_every_pipe_does_not_escape_the_deadline(sandbox: Sandbox) -> None:
     program = "import os, time\nfor fd in range(5):\n    os.close(fd)\ntime.sleep(60)"
     started = time.monotonic()
     assert sandbox.run(program, limits=Limits(timeout_s=1.0)).status == "timeout"
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < sandbox.idle_factor * 1.0 + 1.0  # its wall-clock limit, and slack
 
 
 def test_cpu_limit_below_the_deadline_is_a_timeout(sandbox: Sandbox) -> None:

@@ -50,6 +50,7 @@ def test_code_tests_are_either_shape() -> None:
         ({"weights": {"reward_model": 1.0}}, "not in checks"),
         ({"checks": {"language": {"target": "fr"}}}, "target"),
         ({"checks": {"overlong": {"max_tokens": 10, "buffer_tokens": 20}}}, "buffer_tokens"),
+        ({"checks": {"format": {"think_tag": "answer"}}}, "must differ"),  # else every completion scores 0
         ({"checks": {"code": {"tests": [{"stdin": "x"}]}}}, "expected_stdout"),
         ({"checks": {"code": {"tests": []}}}, "at least 1"),
         ({"completion": 5}, "completion"),

@@ -126,3 +126,12 @@ def test_column_addition_of_operands_longer_than_int_conversion_allows() -> None
     assert (right.score, right.status) == (1.0, "ok")
     [wrong] = column_addition(f"{a}+1=", "<answer>12</answer>")
     assert (wrong.score, wrong.status) == (0.0, "ok") and "(5001 digits), not 12" in wrong.detail
+
+
+def test_a_zero_padded_right_answer_is_a_right_answer_step() -> None:
+    """The operands are zero-padded (`047+012=`); an answer padded the same way (`059`) is the sum, and the outcome's
+    math check pays it 1: the answer step must not call it wrong beside that reward."""
+    assert scores("047+012=", "<think>09 05 00</think><answer>059</answer>") == [1.0, 1.0, 1.0, 1.0]
+    assert scores("047+012=", "<think>09 05 00</think><answer>000</answer>")[-1] == 0.0
+    assert scores("000+000=", "<answer>000</answer>") == [1.0]
+    assert scores("047+012=", "<answer>59.0</answer>") == [0.0]  # the rule reads digits only

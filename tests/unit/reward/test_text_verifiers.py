@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import time
+
 import pytest
 
-from grpo.reward.verifiers.format import format_reward, split_think_answer
+from grpo.reward.verifiers.format import format_reward, split_think_answer, tag_blocks
 from grpo.reward.verifiers.language import detect_language, language_reward, word_counts
 from grpo.reward.verifiers.overlong import overlong_penalty, overlong_reward
+from grpo.reward.verifiers.steps import column_addition
 
 
 @pytest.mark.parametrize(
@@ -50,7 +54,13 @@ def test_split_think_answer() -> None:
     [
         ("hello world", {"zh": 0, "en": 2, "other": 0}),
         ("我们计算", {"zh": 4, "en": 0, "other": 0}),
-        ("先算 x plus 1", {"zh": 2, "en": 2, "other": 0}),
+        ("先算 x plus 1", {"zh": 2, "en": 1, "other": 0}),  # a letter alone is a variable
+        # math and code are in no language (they counted as English words)
+        ("设 $x + y = 10$，则 \\(x = 3\\)，所以 y = 7", {"zh": 4, "en": 0, "other": 0}),
+        ("所以 \\frac{\\sqrt{2}}{2} 是答案", {"zh": 5, "en": 0, "other": 0}),
+        ("运行 `print(total)` 和\n```python\nfor item in items:\n    pass\n```\n结束", {"zh": 5, "en": 0, "other": 0}),
+        ("$$\\text{area} = \\pi r^2$$ so the area", {"zh": 0, "en": 3, "other": 0}),
+        ("an unclosed $ sign stays text", {"zh": 0, "en": 5, "other": 0}),
         ("12 + 3 = 15", {"zh": 0, "en": 0, "other": 0}),
         ("привет world", {"zh": 0, "en": 1, "other": 1}),
     ],
@@ -72,6 +82,8 @@ def test_word_counts(text: str, counts: dict[str, int]) -> None:
         # no think block: the whole completion is the reasoning
         ("add them up", "en", "", 1.0, "ok"),
         ("<think>12+3</think><answer>15</answer>", "en", "", 0.0, "ok"),
+        # a Chinese solution with formulas is all Chinese (it was 0.5)
+        ("<think>设 x + y = 10，则 x = 3，所以 y = 7</think><answer>7</answer>", "zh", "", 1.0, "ok"),
         # auto from the prompt
         ("<think>先相加</think><answer>4</answer>", "auto", "计算二加二", 1.0, "ok"),
         ("<think>先相加</think><answer>4</answer>", "auto", "What is 2+2?", 0.0, "ok"),
@@ -125,3 +137,34 @@ def test_accented_english_reasoning_is_all_english() -> None:
     judged = language_reward("<think>résumé naïve café</think><answer>x</answer>", "en")
     assert (judged.score, judged.status) == (1.0, "ok")
     assert language_reward("<think>привет résumé</think>", "en").score == 0.5
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "<think>" * 40_000,  # a repetition loop cut by the length limit: no closer anywhere
+        "<think>x" + "</think>\n<answer>42</answer>\n" * 8_000 + "</thi",
+        "<think>x</think><answer>" * 20_000,
+    ],
+)
+def test_degenerate_repeated_tags_are_judged_in_linear_time(completion: str) -> None:
+    """Format and language run inline in the service's event loop: a lazy regex over repeated tags took 5-50 s on
+    these (quadratic), stalling every other item. Each is judged in well under a second, with the same verdicts."""
+    started = time.perf_counter()
+    judged = [format_reward(completion), language_reward(completion, "en"), *column_addition("1+2=", completion)]
+    assert time.perf_counter() - started < 1.0
+    assert judged[0].score == 0.0
+
+
+@pytest.mark.parametrize(
+    ("text", "tag", "spans"),
+    [
+        ("a<t>x</t>b<t>y</t>", "t", [(4, 5), (13, 14)]),
+        ("<t><t>x</t>", "t", [(3, 7)]),  # the first opener's block, nested opener included (as the regex)
+        ("<t>x</t><t>y", "t", [(3, 4)]),
+        ("</t><t>", "t", []),
+    ],
+)
+def test_tag_blocks_finds_what_the_regex_found(text: str, tag: str, spans: list[tuple[int, int]]) -> None:
+    assert tag_blocks(text, tag) == spans
+    assert spans == [m.span(1) for m in re.finditer(rf"<{tag}>(.*?)</{tag}>", text, re.DOTALL)]

@@ -194,6 +194,34 @@ def test_an_episode_is_scored_on_its_last_turn_and_recorded_with_its_mask(servic
     assert decode(episode.token_ids[episode.answer_start : end]) == "<answer>42"
 
 
+@pytest.mark.parametrize(
+    ("limit", "end", "text"),
+    [
+        ({"max_turns": 1}, "max_turns", "<code>print(6*7)</code>"),
+        ({"max_tool_calls": 0}, "max_tool_calls", "<code>print(6*7)</code>"),
+        ({"max_total_tokens": 10}, "max_total_tokens", "<code>print"),  # the call cut off by the budget
+    ],
+)
+def test_an_episode_a_limit_ends_on_a_call_is_scored_without_the_call(
+    service: RolloutService, limit: dict[str, int], end: str, text: str
+) -> None:
+    """The tool model's first turn is `<code>print(6*7)</code>`; a limit ends the episode there, the call not run.
+    The model gave no answer, so the code is not scored as one (a call's literal number was paid as the answer)."""
+    from grpo.rollout.records import Generated, score_items
+    from grpo.v1 import rollout_pb2
+
+    r = runner(service, lambda args: "42")
+    batch = r.run(prompt(service), rules(**limit), GREEDY)
+    r.close()
+    for episode in batch.episodes[0]:
+        assert episode.stats.end == end and episode.stats.tool_calls == 0
+        assert episode.text == text  # recorded whole, as the model wrote it
+        assert episode.answer == ""
+    task = queue_pb2.PromptTask(task_id="t", prompt=rollout_pb2.Prompt(text=tm.TOOL_PROMPT))
+    generated = Generated(prompt(service), batch.episodes, batch.weight_version, batch.weight_checksum, r.decode)
+    assert [i.completion for i in score_items([task], generated)] == ["", ""]
+
+
 class CountingGenerate:
     """service.generate, recording how many episodes each engine call held; `on_call(k)` runs as call k starts."""
 

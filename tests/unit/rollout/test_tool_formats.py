@@ -19,6 +19,7 @@ from grpo.common.tool_formats import (
     render_chat_result,
     render_tagged_result,
     result_text,
+    without_calls,
 )
 from grpo.v1 import reward_pb2
 
@@ -53,6 +54,25 @@ def test_a_turn_that_does_not_end_in_a_code_block_is_an_answer(turn: str) -> Non
 def test_empty_code_is_a_malformed_call(turn: str) -> None:
     call = parse_tagged(turn)
     assert call is not None and call.error == "empty code block"
+
+
+@pytest.mark.parametrize(
+    ("turn", "fmt", "left"),
+    [
+        ("Check: <code>print(4821*317 - 1528257)</code>", "tagged", "Check: "),
+        ("<answer>42</answer><code>print(1)</code>\n", "tagged", "<answer>42</answer>\n"),
+        ("Computing: <code>\nans = 1528257\nprint(an", "tagged", "Computing: "),  # cut off by a limit
+        ("It is 42.", "tagged", "It is 42."),
+        ('Sure.\n<tool_call>{"name": "python", "arguments": {"code": "x = 1528257"}}</tool_call>', "chat", "Sure.\n"),
+        ("<tool_call>{oops}</tool_call> The answer is 7.", "chat", " The answer is 7."),  # a malformed call too
+        ('<tool_call>{"code": "x = 3"}</tool_call>a<tool_call>{"code": "x = 4"}</tool_call>b', "chat", "ab"),
+        ('Let me compute.<tool_call>{"name": "python", "arguments": {"code": "x = 15282', "chat", "Let me compute."),
+    ],
+)
+def test_a_turn_without_its_calls_keeps_everything_but_the_code(turn: str, fmt: str, left: str) -> None:
+    """What an episode that ends on a turn other than an answer is scored on: the code of a call that was never
+    run, or that a limit cut off, is no answer (its number was read as one and paid by the math check)."""
+    assert without_calls(turn, fmt) == left
 
 
 def test_tagged_result_is_exactly_output_tags() -> None:

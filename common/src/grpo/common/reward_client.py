@@ -26,6 +26,9 @@ from grpo.v1 import reward_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+# The largest wall-clock limit of a code run, as a multiple of its CPU-time limit (the reward service's
+# code_idle_factor is at most this).
+IDLE_FACTOR_MAX = 10.0
 RETRYABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 )
@@ -128,7 +131,9 @@ class RewardClient:
         The program's own failures (an exception, its timeout, its memory limit) come back in the response's
         `status`; RewardServiceError means the service could not run it at all (unreachable after the retries,
         or a request it rejected: INVALID_ARGUMENT names what to change). The rpc's deadline is the client's
-        `timeout_s` plus the program's, so a slow program is never mistaken for an unreachable service."""
+        `timeout_s` plus the program's wall-clock limit, so a slow program is never mistaken for an unreachable
+        service: `timeout_s` is CPU time, and the server lets a run take up to its `code_idle_factor` (at most
+        IDLE_FACTOR_MAX) times that on the wall clock."""
         request = pb.ExecuteRequest(language=language, code=code, stdin=stdin)
         if timeout_s is not None:
             request.timeout_s = timeout_s
@@ -136,7 +141,7 @@ class RewardClient:
             request.memory_mb = memory_mb
         if return_output_bytes is not None:
             request.return_output_bytes = return_output_bytes
-        return self._call(self.stub.Execute, request, "Execute", extra_s=timeout_s or 0.0)  # type: ignore[no-any-return]
+        return self._call(self.stub.Execute, request, "Execute", extra_s=IDLE_FACTOR_MAX * (timeout_s or 0.0))  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self.channel.close()

@@ -178,6 +178,28 @@ def chat_tool_suffix(tokenizer: Any, result: str) -> str | None:
     return tail + added
 
 
+def without_calls(turn_text: str, tool_format: str) -> str:
+    """The turn's text less its tool calls, one a limit cut off included (from its opener on): what is scored when
+    an episode ends on a turn that is not an answer. Code is never the answer: read as one, ``print(4821*317 -
+    1528257)`` or a ``<tool_call>`` whose code holds ``x = 1528257`` was paid as the answer 1528257 by the math check,
+    though the model never gave one.
+
+    >>> without_calls("It is 42. <code>print(6*7)</code>", TAGGED)
+    'It is 42. '
+    >>> without_calls('Sure.<tool_call>{"name": "python", "arguments": {"code": "x = 15', CHAT)
+    'Sure.'
+    """
+    opener, closer = (_CODE_OPEN, TAGGED_STOP) if tool_format == TAGGED else ("<tool_call>", "</tool_call>")
+    kept, at = [], 0
+    while (start := turn_text.find(opener, at)) >= 0:
+        kept.append(turn_text[at:start])
+        end = turn_text.find(closer, start + len(opener))
+        if end < 0:  # a call the turn's limit cut off: the rest is its code
+            return "".join(kept)
+        at = end + len(closer)
+    return "".join(kept) + turn_text[at:]
+
+
 # ---- results ----------------------------------------------------------------------------------------------------
 
 

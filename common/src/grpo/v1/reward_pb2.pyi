@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class VerifyMathRequest(_message.Message):
-    __slots__ = ("answer", "gold", "timeout_s", "extraction", "precision", "strict", "allow_set_relation_comp")
+    __slots__ = ("answer", "gold", "timeout_s", "extraction", "precision", "strict", "allow_set_relation_comp", "allow_unevaluated")
     ANSWER_FIELD_NUMBER: _ClassVar[int]
     GOLD_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class VerifyMathRequest(_message.Message):
     PRECISION_FIELD_NUMBER: _ClassVar[int]
     STRICT_FIELD_NUMBER: _ClassVar[int]
     ALLOW_SET_RELATION_COMP_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_UNEVALUATED_FIELD_NUMBER: _ClassVar[int]
     answer: str
     gold: str
     timeout_s: float
@@ -22,7 +23,8 @@ class VerifyMathRequest(_message.Message):
     precision: int
     strict: bool
     allow_set_relation_comp: bool
-    def __init__(self, answer: _Optional[str] = ..., gold: _Optional[str] = ..., timeout_s: _Optional[float] = ..., extraction: _Optional[_Iterable[str]] = ..., precision: _Optional[int] = ..., strict: _Optional[bool] = ..., allow_set_relation_comp: _Optional[bool] = ...) -> None: ...
+    allow_unevaluated: bool
+    def __init__(self, answer: _Optional[str] = ..., gold: _Optional[str] = ..., timeout_s: _Optional[float] = ..., extraction: _Optional[_Iterable[str]] = ..., precision: _Optional[int] = ..., strict: _Optional[bool] = ..., allow_set_relation_comp: _Optional[bool] = ..., allow_unevaluated: _Optional[bool] = ...) -> None: ...
 
 class VerifyMathResponse(_message.Message):
     __slots__ = ("correct", "status", "extracted_answer", "detail", "wall_s")
@@ -205,18 +207,20 @@ class VerifyCodeResponse(_message.Message):
     def __init__(self, passed: _Optional[int] = ..., total: _Optional[int] = ..., tests: _Optional[_Iterable[_Union[CodeTestResult, _Mapping]]] = ...) -> None: ...
 
 class MathCheck(_message.Message):
-    __slots__ = ("gold", "extraction", "precision", "strict", "allow_set_relation_comp")
+    __slots__ = ("gold", "extraction", "precision", "strict", "allow_set_relation_comp", "allow_unevaluated")
     GOLD_FIELD_NUMBER: _ClassVar[int]
     EXTRACTION_FIELD_NUMBER: _ClassVar[int]
     PRECISION_FIELD_NUMBER: _ClassVar[int]
     STRICT_FIELD_NUMBER: _ClassVar[int]
     ALLOW_SET_RELATION_COMP_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_UNEVALUATED_FIELD_NUMBER: _ClassVar[int]
     gold: str
     extraction: _containers.RepeatedScalarFieldContainer[str]
     precision: int
     strict: bool
     allow_set_relation_comp: bool
-    def __init__(self, gold: _Optional[str] = ..., extraction: _Optional[_Iterable[str]] = ..., precision: _Optional[int] = ..., strict: _Optional[bool] = ..., allow_set_relation_comp: _Optional[bool] = ...) -> None: ...
+    allow_unevaluated: bool
+    def __init__(self, gold: _Optional[str] = ..., extraction: _Optional[_Iterable[str]] = ..., precision: _Optional[int] = ..., strict: _Optional[bool] = ..., allow_set_relation_comp: _Optional[bool] = ..., allow_unevaluated: _Optional[bool] = ...) -> None: ...
 
 class CodeCheck(_message.Message):
     __slots__ = ("tests", "language", "timeout_s", "compare", "abs_tol", "rel_tol", "stop_on_first_failure", "partial_credit", "checker")

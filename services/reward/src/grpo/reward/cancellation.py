@@ -76,7 +76,7 @@ class RequestSandbox(Sandbox):
     def __init__(self, inner: Sandbox, gate: SandboxGate, ticket: Ticket) -> None:
         self._inner, self._gate, self._ticket = inner, gate, ticket
         self.isolation, self.workers, self.languages = inner.isolation, inner.workers, inner.languages
-        self.build_caches = inner.build_caches
+        self.build_caches, self.idle_factor = inner.build_caches, inner.idle_factor
 
     def execute(
         self, launch: Launch, stdin: str = "", limits: Limits | None = None, cancel: threading.Event | None = None

@@ -7,6 +7,7 @@ scoring rules in grpo.reward.scoring decide what they mean for the reward.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -171,9 +172,12 @@ class ComponentRunner:
 
         s = self.settings
         timeout = min(timeout_s or s.code_timeout_s, s.max_code_timeout_s)
-        if deadline is not None:
-            timeout = max(0.05, min(timeout, deadline - time.monotonic()))
-        return Limits(timeout_s=timeout, memory_mb=min(memory_mb or s.code_memory_mb, s.max_code_memory_mb))
+        wall = timeout * s.code_idle_factor  # timeout_s is CPU time; this, its wall-clock limit
+        if deadline is not None:  # a run the request's deadline would cut short is stopped by it
+            wall = max(0.05, min(wall, deadline - time.monotonic()))
+            timeout = min(timeout, wall)
+        memory = min(memory_mb or s.code_memory_mb, s.max_code_memory_mb)
+        return Limits(timeout_s=timeout, wall_s=wall, memory_mb=memory)
 
     async def execute(self, req: ExecuteRequest, deadline: float) -> ExecuteResponse:
         """One sandboxed run; its output comes back as a head and tail of each stream, files exactly."""
@@ -202,12 +206,12 @@ class ComponentRunner:
             return _failed_run(f"{type(exc).__name__}: {exc}")
         if res.status == "timeout":
             metrics.SANDBOX_KILLS.labels("sandbox").inc()
-            asked = self._limits(req.timeout_s, req.memory_mb).timeout_s
-            if limits.timeout_s < asked:  # the request's deadline stopped it, not its own limit
+            asked = self._limits(req.timeout_s, req.memory_mb)
+            if _cut_by_deadline(res, limits, asked):
                 _observe("execute", "deadline", started)
                 raise DeadlineExceeded(
-                    f"request deadline exceeded: the program was stopped after {limits.timeout_s:.2f}s, the time "
-                    f"left before the call's deadline, short of its own {asked:g}s limit"
+                    f"request deadline exceeded: the program was stopped after {res.wall_s:.2f}s, the time left "
+                    f"before the call's deadline, short of its own {asked.timeout_s:g}s limit"
                 )
         _observe("execute", res.status, started)
         keep = share(req.return_output_bytes, 2, self.settings.max_response_output_bytes)
@@ -386,7 +390,10 @@ class ScoreBatch:
         judged: dict[str, Judgement] = {}
         waits: dict[str, Any] = {}
         if checks.math is not None:
-            waits["math"] = runner.math(item.completion, checks.math.gold, self.deadline, checks.math.math_options())
+            options = checks.math.math_options()
+            if checks.format is not None:  # the answer is in the format's answer block, renamed or not
+                options = dataclasses.replace(options, answer_tag=checks.format.answer_tag)
+            waits["math"] = runner.math(item.completion, checks.math.gold, self.deadline, options)
         if checks.code is not None:
             tests = [code_test_dict(t) for t in checks.code.tests]
             code = checks.code
@@ -450,6 +457,12 @@ def _streams(out: Returned, err: Returned) -> dict[str, Any]:
         "stdout_truncated": out.truncated, "stderr": err.text, "stderr_bytes": err.total,
         "stderr_truncated": err.truncated,
     }  # fmt: skip
+
+
+def _cut_by_deadline(res: Any, limits: Any, asked: Any) -> bool:
+    """A run that timed out under `limits` was stopped by the request's deadline, not by its own `asked` limits:
+    the deadline had shortened its wall-clock limit, and it did not use up the CPU time it asked for."""
+    return limits.wall_s < asked.wall_s and (limits.timeout_s < asked.timeout_s or res.cpu_s < limits.timeout_s)
 
 
 def _failed_run(why: str) -> ExecuteResponse:

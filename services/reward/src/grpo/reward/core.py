@@ -43,6 +43,7 @@ from grpo.reward.scoring import error_result
 from grpo.reward.settings import RewardSettings
 
 log = logging.getLogger(__name__)
+EXECUTE_SLACK_S = 1.0  # an execute request's deadline past its run's wall-clock limit (_execute_budget_s)
 T = TypeVar("T")
 TEST_DATA_FIELDS = ("stdin", "expected_stdout")  # a test's fields capped by max_test_chars, not max_code_chars
 
@@ -85,6 +86,7 @@ class RewardCore:
                 max_output_bytes=self.settings.max_output_bytes,
                 mode=self.settings.sandbox_mode,
                 user=self.settings.sandbox_user,
+                idle_factor=self.settings.code_idle_factor,
             )
         except (SandboxUnavailable, OSError, ValueError) as exc:
             # The service still verifies math; code requests answer sandbox_error (never a 0).
@@ -240,8 +242,9 @@ class RewardCore:
         for name, text in req.files.items():
             self._check_text(f"files[{name!r}]", text, self.settings.max_text_chars, "max_text_chars")
         self._check_text("stdin", req.stdin, self.settings.max_test_chars, "max_test_chars")
-        # req.timeout_s limits the program; the request itself may take the default deadline.
-        deadline = self.deadline(None, remaining_s)
+        # req.timeout_s limits the program; the request itself may take the default deadline, or what its build
+        # and its run's wall-clock limit add up to when that is more.
+        deadline = self.deadline(self._execute_budget_s(req), remaining_s)
         with self.admit(1, deadline, code_units=1):
             result = await self._within(self.components.execute(req, deadline), deadline + 1.0)
         return result
@@ -269,16 +272,26 @@ class RewardCore:
             )
         return _code_response(tests)
 
+    def _execute_budget_s(self, req: ExecuteRequest) -> float:
+        """execute's deadline before the cap: default_timeout_s, or its build and its run's wall-clock limit
+        (code_idle_factor x its time limit, which is CPU time) when that is more, with a second for the run's
+        set-up and answer: a deadline no later than the wall-clock limit would cut every run that reaches it."""
+        s = self.settings
+        run = min(req.timeout_s or s.code_timeout_s, s.max_code_timeout_s) * s.code_idle_factor
+        build = BUILD_LIMITS.wall_limit_s(s.code_idle_factor) * compiled(req.language)
+        return max(s.default_timeout_s, build + run + EXECUTE_SLACK_S)
+
     def _code_budget_s(self, req: VerifyCodeRequest) -> float:
-        """verify_code's deadline before the cap: default_timeout_s, or what its builds and its tests' own limits
-        add up to when that is more (seven tests of 9 s at a 10 s limit once hit a 60 s deadline no field moved)."""
+        """verify_code's deadline before the cap: default_timeout_s, or what its builds and its tests' own
+        wall-clock limits (code_idle_factor x their time limits, which are CPU time) add up to when that is more
+        (seven tests of 9 s at a 10 s limit once hit a 60 s deadline no field moved)."""
         s = self.settings
         per_test = min(req.timeout_s or s.code_timeout_s, s.max_code_timeout_s)
         runs = sum(min(code_test_dict(t).get("timeout_s", per_test), s.max_code_timeout_s) for t in req.tests)
         # An interpreted language has no build: a phantom 30 s let admission queue Python tests that long.
         built = [req.language, *([req.checker.language] if req.checker is not None else [])]
-        builds = BUILD_LIMITS.timeout_s * sum(map(compiled, built))
-        return max(s.default_timeout_s, builds + runs * (2 if req.checker is not None else 1))
+        builds = BUILD_LIMITS.wall_limit_s(s.code_idle_factor) * sum(map(compiled, built))
+        return max(s.default_timeout_s, builds + runs * s.code_idle_factor * (2 if req.checker is not None else 1))
 
     async def score_iter(self, req: ScoreRequest, remaining_s: float | None = None) -> AsyncIterator[ScoreResult]:
         """Yield each item's result as soon as it is done (any order)."""

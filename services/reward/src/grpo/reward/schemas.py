@@ -68,6 +68,11 @@ class MathOptions(Model):
     allow_set_relation_comp: bool = Field(
         default=False, description="A gold set or interval may equal a relation (x ∈ [a, b] vs a ≤ x ≤ b)."
     )
+    allow_unevaluated: bool = Field(
+        default=False,
+        description="An integer gold may be matched by an expression that evaluates to it (`586+47`, `2^{10}`), "
+        "as math-verify pays it; by default such an answer restates the question and is incorrect.",
+    )
 
     @field_validator("extraction")
     @classmethod
@@ -79,7 +84,9 @@ class MathOptions(Model):
     def math_options(self) -> Any:
         from grpo.reward.verifiers.math_types import MathOptions as Options
 
-        return Options(tuple(self.extraction), self.precision, self.strict, self.allow_set_relation_comp)
+        return Options(
+            tuple(self.extraction), self.precision, self.strict, self.allow_set_relation_comp, self.allow_unevaluated
+        )
 
 
 class VerifyMathRequest(MathOptions, Body):
@@ -301,6 +308,13 @@ class FormatCheck(Model):
     think_tag: TagName = "think"
     answer_tag: TagName = "answer"
     think_prefilled: bool = Field(default=False, description="The chat template already opened <think>.")
+
+    @model_validator(mode="after")
+    def _distinct_tags(self) -> FormatCheck:
+        # One tag for both blocks can never appear exactly once in each: every completion would score 0, silently.
+        if self.think_tag == self.answer_tag:
+            raise ValueError(f"think_tag and answer_tag are both {self.think_tag!r}: they must differ")
+        return self
 
 
 class LanguageCheck(Model):

@@ -95,9 +95,14 @@ class RewardSettings(ServiceSettings):
     math_timeout_s: float = Field(default=10.0, gt=0)
     """Deadline of one math verification; the worker is killed past it."""
     code_timeout_s: float = Field(default=10.0, gt=0)
-    """Default wall-clock limit per code run / test."""
+    """Default time limit per code run / test: CPU time (user + system), as contest judges count it, so that a
+    loaded host does not turn a correct program into a timeout."""
     max_code_timeout_s: float = Field(default=60.0, gt=0)
     """Cap on a requested per-run code limit."""
+    code_idle_factor: float = Field(default=3.0, ge=1.0, le=10.0)  # le: grpo.common.reward_client.IDLE_FACTOR_MAX
+    """A code run's wall-clock limit, as a multiple of its time limit: a run that sleeps, blocks, or cannot get its
+    CPU time on a host this loaded is stopped as a timeout after timeout_s x this of wall time. Request deadlines
+    allow for it."""
     code_memory_mb: int = Field(default=512, ge=16)
     """Default memory limit per code run."""
     max_code_memory_mb: int = Field(default=4096, ge=16)

@@ -58,7 +58,8 @@ def score_items(tasks: Sequence[queue_pb2.PromptTask], generated: Generated) -> 
     """One ScoreItem per completion, id "<task_id>/<i>"; overlong checks get the exact token count.
 
     An episode is scored on its final answer, the text of the model's last turn (a tool's output is never the
-    answer); its overlong check counts all its tokens, the environment's included."""
+    answer, nor is a call in that turn: Episode.answer); its overlong check counts all its tokens, the
+    environment's included."""
     items = []
     for task, completions in zip(tasks, generated.completions, strict=True):
         prompt = prompt_text(task)

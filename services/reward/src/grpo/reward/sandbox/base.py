@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 # A run's stdout cap unless its limits or the sandbox set one (the service: settings.max_output_bytes). As large as
 # the expected output a test may hold (settings.max_test_chars): a correct program must be able to print it.
 DEFAULT_MAX_OUTPUT_BYTES = 16 << 20
+# A run's wall-clock limit unless its limits set one, as a multiple of its CPU-time limit (the service:
+# settings.code_idle_factor): room for a host so loaded that the run gets a third of a CPU, while a program that
+# sleeps or blocks is still stopped.
+DEFAULT_IDLE_FACTOR = 3.0
 
 STATUSES = ("ok", "runtime_error", "timeout", "memory_limit", "process_limit", "output_limit", "sandbox_error")
 
@@ -67,7 +71,12 @@ class Limits:
     """Per-run resource limits."""
 
     timeout_s: float = 10.0
-    """Wall-clock deadline; past it the whole process tree is killed."""
+    """CPU-time limit (user + system, the program and the children it waited for), as contest judges count it:
+    when it is reached the whole process tree is killed (timeout). CPU time, not wall time, so that a correct
+    program on a loaded host, waiting for a CPU, is not judged too slow."""
+    wall_s: float | None = None
+    """Wall-clock limit (idleness): past it the run is killed as a timeout too, however little CPU it used (it
+    sleeps, blocks, or could not get a CPU). None: the sandbox's idle_factor x timeout_s."""
     memory_mb: int = 512
     """Address-space limit per process (RLIMIT_AS)."""
     max_output_bytes: int | None = None
@@ -82,16 +91,21 @@ class Limits:
     scratch_mb: int = 64
     """Size of the private writable tmpfs (cwd, /tmp)."""
     cpu_s: float | None = None
-    """CPU-time limit per process; None derives it from the deadline."""
+    """RLIMIT_CPU per process, a backstop under the sandbox's own watch of timeout_s; None derives it from it."""
+
+    def wall_limit_s(self, idle_factor: float) -> float:
+        """The wall-clock limit: wall_s, or `idle_factor` x timeout_s where it is None."""
+        return self.wall_s if self.wall_s is not None else idle_factor * self.timeout_s
 
     def effective_cpu_s(self) -> int:
-        """CPU seconds per process: the deadline (rounded up) plus one, unless set explicitly."""
+        """RLIMIT_CPU seconds per process: timeout_s (rounded up) plus one, unless set explicitly."""
         return max(1, math.ceil(self.cpu_s if self.cpu_s is not None else self.timeout_s + 1))
 
     def validate(self) -> None:
         """Raise ValueError naming the first limit that is out of range."""
         checks = {
             "timeout_s": 0 < self.timeout_s <= 3600,
+            "wall_s": self.wall_s is None or 0 < self.wall_s <= 36000,
             "memory_mb": 16 <= self.memory_mb <= 1 << 20,
             "max_output_bytes": self.max_output_bytes is None or 0 < self.max_output_bytes <= 1 << 30,
             "max_processes": 1 <= self.max_processes <= 4096,
@@ -156,6 +170,8 @@ class Sandbox(ABC):
     """Language -> {tool: real path} for the toolchains this sandbox can run."""
     build_caches: BuildCaches | None = None
     """Builds kept between requests (build_cache.py); the service sets them, without them every request builds."""
+    idle_factor: float = DEFAULT_IDLE_FACTOR
+    """A run's wall-clock limit as a multiple of its timeout_s, where its limits set no wall_s."""
 
     @abstractmethod
     def execute(

@@ -41,7 +41,7 @@ from grpo.reward.sandbox import confine, protocol, rlimits, run_files, run_outpu
 
 HELD_REPLY_BYTES = 4 << 20  # replies held back before they are written anyway
 HELD_REPLY_S = 0.5  # ... or for this long
-BATCH_SLACK_S = 2.0  # past a run's deadline, how long the supervisor has to end it before the whole box is killed
+BATCH_SLACK_S = 2.0  # past a run's wall_s, how long the supervisor has to end it before the whole box is killed
 BATCH_START_S = 5.0  # how long a supervisor may take to get ready
 SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}
 
@@ -122,8 +122,8 @@ def _scratch_state() -> tuple:
 
 
 def _receive(control: socket.socket) -> dict:
-    """The zygote's next message, a run ({"run": index, "timeout_s": ...} with fds 0-2) or {"kill": index}; at
-    EOF our exit."""
+    """The zygote's next message, a run ({"run": index, "timeout_s": ..., "wall_s": ...} with fds 0-2) or
+    {"kill": index}; at EOF our exit."""
     message, fds = protocol.receive_fds(control, 4096, 3)
     if not message:
         os._exit(0)  # the zygote closed the batch: our exit takes the namespace with it
@@ -157,25 +157,26 @@ def _spawn(req: dict, run: dict, null: int) -> dict:
     finally:
         for fd in fds:
             os.close(fd)
-    return {"pid": pid, "run": run["run"], "timeout_s": run["timeout_s"], "started": started}
+    return {"pid": pid, "run": run["run"], "timeout_s": run["timeout_s"], "wall_s": run["wall_s"], "started": started}
 
 
 def _wait(run: dict, control: socket.socket) -> tuple[dict, dict | None]:
-    """Wait for a run `_spawn` started (kill it at the deadline or when the zygote asks), then kill and reap
-    whatever else it left in the namespace. The zygote may queue the next run meanwhile: (this run's reply, the
-    queued run or None)."""
+    """Wait for a run `_spawn` started (kill it at its CPU-time or wall-clock limit, reading its CPU time every
+    CPU_POLL_S: run_output.py; or when the zygote asks), then kill and reap whatever else it left in the
+    namespace. The zygote may queue the next run meanwhile: (this run's reply, the queued run or None)."""
     pid, started, queued = run["pid"], run["started"], None
     exited = os.pidfd_open(pid)
     poller = select.poll()
     poller.register(exited, select.POLLIN)
     poller.register(control, select.POLLIN)
-    deadline, why = started + run["timeout_s"], None
+    deadline, why = started + run["wall_s"], None
     while why is None:
         left = deadline - time.monotonic()
-        events = dict(poller.poll(max(1, int(left * 1000) + 1))) if left > 0 else {}
+        wait = min(left, run_output.CPU_POLL_S)
+        events = dict(poller.poll(max(1, int(wait * 1000) + 1))) if left > 0 else {}
         if exited in events:
             break
-        if left <= 0:
+        if left <= 0 or run_output.over_cpu(run_output.stat_cpu_s(pid) or 0.0, run):
             why = "timeout"
         elif control.fileno() in events:
             said = _receive(control)
@@ -199,6 +200,8 @@ def _wait(run: dict, control: socket.socket) -> tuple[dict, dict | None]:
     except ChildProcessError:
         pass
     cpu_s, wall_s = usage.ru_utime + usage.ru_stime, time.monotonic() - started
+    if why is None and run_output.over_cpu(cpu_s, run):
+        why = "timeout"
     return {"status": status, "why": why, "cpu_s": cpu_s, "peak_mb": usage.ru_maxrss / 1024, "wall_s": wall_s}, queued
 
 
@@ -234,7 +237,7 @@ class Box:
             raise OSError(f"the batch supervisor did not start: {ready and ready.get('setup_error')}")
 
     def start(self, stdin: bytes | int, limits: dict) -> dict:
-        """Queue one run with the supervisor: its index, stdin, fresh pipes for its output, and its deadline. It
+        """Queue one run with the supervisor: its index, stdin, fresh pipes for its output, and its limits. It
         starts once the run before it has ended. (Batches are for stdin/stdout tests, so no proof of
         completion: fds 3 and 4 are /dev/null.)"""
         out_r, out_w = os.pipe()
@@ -242,7 +245,7 @@ class Box:
         theirs = [run_files.stdin_fd(stdin), out_w, err_w]
         index, self.sent = self.sent, self.sent + 1
         try:
-            message = json.dumps({"run": index, "timeout_s": limits["timeout_s"]}).encode()
+            message = json.dumps({"run": index, "timeout_s": limits["timeout_s"], "wall_s": limits["wall_s"]}).encode()
             socket.send_fds(self.control, [message], theirs)
         except OSError:
             pass  # the supervisor is gone; its setup error, if any, is waiting to be read
@@ -255,7 +258,7 @@ class Box:
         """Wait for the oldest queued run: (its reply, whether this box can take the next run)."""
         readers = run["readers"]
         started = max(run["queued"], self.answered)  # it started when the run before it was answered
-        deadline = started + limits["timeout_s"] + BATCH_SLACK_S  # the supervisor ends a run at its own deadline
+        deadline = started + limits["wall_s"] + BATCH_SLACK_S  # the supervisor ends a run by its wall_s
         try:
             verdict, got = run_output.read_outputs(self.control.fileno(), readers, limits, deadline)
         finally:

@@ -41,6 +41,7 @@ CAP_LAST_CAP = 63  # read at start-up from /proc/sys/kernel/cap_last_cap
 PER_RUN_IPC = False  # set at start-up when SysV IPC cannot be disabled for the zygote's IPC namespace
 ROOTLESS = False  # set at start-up in rootless mode: the zygote is root only in a user namespace of its own
 CLEAR_REFS = -1  # the zygote's /proc/self/clear_refs, opened at start-up (forget_peak)
+PROC = -1  # a /proc of the zygote's own PID namespace, opened at start-up (open_proc): its runs' CPU time
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
 
@@ -124,9 +125,28 @@ def mount_visible_proc(path: str) -> None:
         ) from exc
 
 
+def open_proc(path: str) -> int:
+    """An fd of the proc at `path` where it shows our own PID namespace (its "self" is our pid), else -1: the
+    zygote reads its runs' CPU time in it while they run (run_output.stat_cpu_s). Root mode: the proc
+    disable_sysv_ipc mounted, or the container's (our PID namespace is the container's), opened before the pivot;
+    the fd keeps it readable to us once it is detached, and out of every run's reach. Rootless: the one
+    mount_visible_proc mounted, which runs cover with their own."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    try:
+        if os.readlink("self", dir_fd=fd) == str(os.getpid()):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return -1
+
+
 def build_root(cfg: dict, uid: int) -> None:
     """Enter private mount/net/uts namespaces and pivot into a minimal read-only root."""
-    global PER_RUN_IPC
+    global PER_RUN_IPC, PROC
     unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC)
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     try:
@@ -149,6 +169,7 @@ def build_root(cfg: dict, uid: int) -> None:
         os.makedirs(f"{new}/{d}", exist_ok=True)
     if ROOTLESS:
         mount_visible_proc(new + "/proc")
+    PROC = open_proc(new + "/proc" if ROOTLESS else "/proc")
     if cfg.get("init") is not None:  # a copy of what the service holds open: the file it checked, whatever the
         fd = os.open(new + INIT, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o755)  # path names now
         try:

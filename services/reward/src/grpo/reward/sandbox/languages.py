@@ -12,7 +12,8 @@ printing or replaying a nonce seen in an earlier run does not help.
 
 What it does not stop: code that knows this protocol and deliberately forges it from inside the same
 interpreter (copying fd 4 to fd 3 itself, rewriting frames with `sys.settrace`), or that tampers with state the
-tests share with it (e.g. replacing `builtins.abs` that an assert relies on) — HumanEval's contract runs
+tests share with it (e.g. replacing `builtins.abs` that an assert relies on; an object that equals anything is
+caught apart, by grpo/reward/verifiers/assert_guard.py) — HumanEval's contract runs
 candidate and tests in one namespace. Nothing in-process can stop that; the defences there are that the
 candidate never sees the tests, and that the sandbox still confines whatever it does. Treat a pass as "the tests ran to completion in an interpreter the candidate shared", not as a proof
 against a program written to attack this harness.
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 # `posix` is built in and already loaded; `import os` would cost about a millisecond under -S.
 # -S also skips `site`, which is what defines `exit` and `quit`: contest solutions and checkers call them, so they
 # are sys.exit here (a SystemExit that leaves `exec` early, before the proof is written, as `exit()` does in python3).
+# The program runs in a module of its own registered as `__main__`, as `python main.py` runs it: pickle (and
+# multiprocessing, dataclasses) look its classes up there, and would not find them in the driver's `__main__`.
 PYTHON_DRIVER = (
     "import posix, sys\n"
     "__builtins__.exit = __builtins__.quit = sys.exit\n"
@@ -43,7 +46,10 @@ PYTHON_DRIVER = (
     "with open('main.py', 'rb') as f:\n"
     "    code = compile(f.read(), 'main.py', 'exec')\n"
     "del f\n"
-    "exec(code, {'__name__': '__main__', '__file__': 'main.py', '__builtins__': __builtins__})\n"
+    "main = type(sys)('__main__')\n"
+    "main.__file__, main.__builtins__ = 'main.py', __builtins__\n"
+    "sys.modules['__main__'] = main\n"
+    "exec(code, main.__dict__)\n"
     "posix.write(3, posix.read(4, 64))\n"
 )
 
@@ -222,7 +228,11 @@ def run_launch(
 # scratch: past this, a program (a C file with 200 MB of initialised data, say) is a compile_error, not a
 # worker that fills its scratch or times out copying it.
 MAX_BUILD_OUTPUT_BYTES = 32 << 20
-BUILD_LIMITS = Limits(timeout_s=30.0, memory_mb=2048, max_processes=64, max_file_bytes=256 << 20, scratch_mb=512)
+# A build keeps a wall-clock limit (wall_s), as it always had: its CPU time would count a parallel build's processes
+# (Go's) together. 30 s of CPU time stops it too, which a build that fits 30 s of wall time rarely reaches.
+BUILD_LIMITS = Limits(
+    timeout_s=30.0, wall_s=30.0, memory_mb=2048, max_processes=64, max_file_bytes=256 << 20, scratch_mb=512
+)
 
 
 def build(sandbox: Sandbox, language: str, program: str) -> tuple[ExecResult | None, dict[str, bytes]]:

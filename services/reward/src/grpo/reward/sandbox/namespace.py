@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo.reward.sandbox.base import (
+    DEFAULT_IDLE_FACTOR,
     DEFAULT_MAX_OUTPUT_BYTES,
     ExecResult,
     Limits,
@@ -34,14 +35,15 @@ from grpo.reward.sandbox.zygote_client import REMEDY, Zygote, ZygoteError
 log = logging.getLogger(__name__)
 
 RUN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/scratch", "LANG": "C.UTF-8", "TMPDIR": "/scratch"}
-REPLY_SLACK_S = 5.0  # the zygote enforces the deadline itself; this only catches a wedged zygote
+REPLY_SLACK_S = 5.0  # the zygote enforces a run's limits itself; this only catches a wedged zygote
 MODES = ("auto", "root", "rootless")
 NEVER_UNCONFINED = "the sandbox never falls back to running code unconfined"
 ISOLATION = (
     "linux namespaces (pid, mount, net, ipc, uts) from a zygote pool: minimal read-only root (/usr, /bin, /lib*), "
     "private size-capped tmpfs scratch, own /proc, no network interface up, SysV IPC disabled, unprivileged "
     "per-worker uid, no capabilities, no_new_privs, seccomp (no new namespaces, ptrace, bpf, io_uring, perf, "
-    "keyrings, mounts), rlimits (address space, cpu, nproc, fsize, nofile), whole PID namespace killed at the deadline; "
+    "keyrings, mounts), rlimits (address space, cpu, nproc, fsize, nofile), whole PID namespace killed at the time "
+    "limit (CPU time, read while it runs) or the wall-clock limit; "
     "a program's stdin/stdout tests batched in one namespace under an unprivileged pid-1 supervisor that spawns each "
     "run and kills all it left"
 )
@@ -75,7 +77,7 @@ def _default_interpreter() -> str:
 
 def request_for(launch: Launch, limits: Limits) -> dict[str, Any]:
     """The zygote's request: what to write, what to exec, with which limits (stdin follows it raw). `limits` has
-    its output cap resolved (NamespaceSandbox._limits)."""
+    its output cap and wall-clock limit resolved (NamespaceSandbox._limits)."""
     resident_extra = launch.extra_memory_mb if launch.resident_extra_mb is None else launch.resident_extra_mb
     return {
         "argv": launch.argv,
@@ -84,6 +86,7 @@ def request_for(launch: Launch, limits: Limits) -> dict[str, Any]:
         "env": {**RUN_ENV, **launch.env},
         "limits": {
             "timeout_s": limits.timeout_s,
+            "wall_s": limits.wall_s,
             "memory_mb": limits.memory_mb + launch.extra_memory_mb,
             "resident_mb": limits.memory_mb + resident_extra,
             "memory_kind": launch.memory_kind,
@@ -99,7 +102,7 @@ def request_for(launch: Launch, limits: Limits) -> dict[str, Any]:
 
 
 BATCH_MIN_MEMORY_MB = 64  # a batch's supervisor lives under the runs' memory limit; below this it would not fit
-BATCH_RUN_SLACK_S = 8.0  # past a run's deadline: batch.py's BATCH_SLACK_S, BATCH_START_S and HELD_REPLY_S
+BATCH_RUN_SLACK_S = 8.0  # past a run's wall_s: batch.py's BATCH_SLACK_S, BATCH_START_S and HELD_REPLY_S
 
 
 class NamespaceSandbox(Sandbox):
@@ -121,14 +124,17 @@ class NamespaceSandbox(Sandbox):
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         mode: str = "auto",
         user: int | None = None,
+        idle_factor: float = DEFAULT_IDLE_FACTOR,
     ) -> None:
-        """`mode`: root (today's: root with four capabilities, a uid per worker), rootless (a user namespace, no
+        """`idle_factor`: a run's wall-clock limit as a multiple of its timeout_s where its limits set none.
+        `mode`: root (today's: root with four capabilities, a uid per worker), rootless (a user namespace, no
         privilege: docs/reward.md#sandbox-modes), or auto (root where root mode's capabilities are in effect, else
         rootless). `user`: a root service starts its zygotes as this uid and gid, rootless (tests run that way)."""
         self.mode = self._resolve_mode(mode, user)
         self._user = user
         self.workers = workers
         self.max_output_bytes = max_output_bytes  # the stdout cap of runs whose limits set none
+        self.idle_factor = idle_factor
         self.acquire_timeout_s = acquire_timeout_s
         self.interpreter = interpreter or _default_interpreter()
         self.languages = available(self.interpreter)
@@ -212,10 +218,12 @@ class NamespaceSandbox(Sandbox):
                 self._all.remove(zygote)
 
     def _limits(self, limits: Limits | None) -> Limits:
-        """`limits` (or the defaults) checked, with this sandbox's stdout cap where they set none."""
+        """`limits` (or the defaults) checked, with this sandbox's stdout cap and wall-clock limit where they set
+        none."""
         limits = limits or Limits()
         if limits.max_output_bytes is None:
             limits = replace(limits, max_output_bytes=self.max_output_bytes)
+        limits = replace(limits, wall_s=limits.wall_limit_s(self.idle_factor))
         limits.validate()
         return limits
 
@@ -232,7 +240,7 @@ class NamespaceSandbox(Sandbox):
             return ExecResult("sandbox_error", None, "", why, 0.0)
         started = time.monotonic()
         try:
-            deadline = started + limits.timeout_s + REPLY_SLACK_S
+            deadline = started + limits.wall_limit_s(self.idle_factor) + REPLY_SLACK_S
             reply = zygote.request(req, deadline, stdin.encode(), launch.binary_files, launch.held, cancel)
         except RunCancelled:
             self._replace(zygote)  # killing the zygote kills the run's whole PID namespace
@@ -305,11 +313,10 @@ class NamespaceSandbox(Sandbox):
         for _ in range(len(stdins) - done if failure else 0):
             yield ExecResult("sandbox_error", None, "", failure, 0.0)
 
-    @staticmethod
-    def _batch_deadline(limits: Limits) -> float:
+    def _batch_deadline(self, limits: Limits) -> float:
         """When the next reply of a batch is overdue: held replies are written at least once a run (or every
-        HELD_REPLY_S), a run ends by its deadline plus the zygote's slack, and a fresh namespace may start first."""
-        return time.monotonic() + limits.timeout_s + BATCH_RUN_SLACK_S + REPLY_SLACK_S
+        HELD_REPLY_S), a run ends by its wall_s plus the zygote's slack, and a fresh namespace may start first."""
+        return time.monotonic() + limits.wall_limit_s(self.idle_factor) + BATCH_RUN_SLACK_S + REPLY_SLACK_S
 
     def _stop(self, zygote: Zygote, limits: Limits) -> bool:
         """Send a batch's "stop" and read replies up to its end; False when the zygote did not play along."""

@@ -1,4 +1,11 @@
-"""A run's output: its stdout, stderr and proof fd read under its deadline and output cap, and the reply's fields.
+"""A run's output: its stdout, stderr and proof fd read under its limits and output cap, and the reply's fields;
+and the run's CPU time read while it runs.
+
+A run's time limit (timeout_s) is CPU time, as contest judges count it: on a loaded host a correct program waits
+for a CPU, and a wall-clock limit would judge it too slow at random. Its wall-clock limit (wall_s, by default a
+multiple of timeout_s) stops a program that sleeps or blocks. Whoever waits for the run anyway (the zygote for a
+single run, a batch's supervisor) reads its CPU time every CPU_POLL_S and kills it at the limit, so a CPU-bound
+loop on an idle host still ends after about timeout_s of wall time; RLIMIT_CPU stays as a backstop.
 
 Stdlib only, like confine.py: it runs in the zygote's process (`python3 -I -S`); the service imports only its
 stderr bound (grpo/reward/output.py reads the sandbox's cut).
@@ -10,10 +17,38 @@ import base64
 import os
 import select
 import time
+from collections.abc import Callable
 
 STDERR_KEEP_BYTES = 32 << 10  # a run's stderr is kept to its first and its last this many bytes
 STDERR_FLOOD_BYTES = 256 << 20  # past this much stderr the run is stopped (output_limit): a flood, not debugging
 PROOF_KEEP_BYTES = 64  # more than the nonce on the proof fd is no proof; the rest is read and dropped
+CPU_POLL_S = 0.03  # how often a run's CPU time is read while it runs: a CPU-bound loop overruns its limit by this
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # /proc/PID/stat counts CPU time in these
+
+
+def stat_cpu_s(pid: int, proc: int | None = None) -> float | None:
+    """CPU seconds process `pid` has used (user + system), the children it waited for included as wait4 counts
+    them, from /proc/PID/stat (`proc`: a /proc directory's fd; None: /proc). None when it is gone (reaped)."""
+    try:
+        fd = os.open(f"{pid}/stat" if proc is not None else f"/proc/{pid}/stat", os.O_RDONLY, dir_fd=proc)
+    except OSError:
+        return None
+    try:
+        stat = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    # After the command name (in parentheses, which it may itself hold): field 3 on; utime, stime, cutime and
+    # cstime are fields 14 to 17.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS if len(fields) >= 15 else None
+
+
+def over_cpu(cpu_s: float, limits: dict) -> bool:
+    """The run used its CPU time up: a program that ended on its own between two reads of its CPU time, past its
+    limit, is judged as if the read had caught it (the verdict does not depend on when the reads fell)."""
+    return cpu_s >= limits["timeout_s"]
 
 
 class Output:
@@ -44,22 +79,33 @@ class Output:
         return bytes(self.head) + f"\n[... {cut} bytes of stderr cut ...]\n".encode() + bytes(tail)
 
 
-def read_outputs(done: int, readers: dict[str, int], limits: dict, deadline: float) -> tuple[str | None, dict]:
-    """Read outputs until every writer is gone and `done` is readable, the deadline passes, or the output limit
-    is hit: (None, or the verdict "timeout" / "output_limit"; the bytes read per reader name). Only stdout counts
-    against the cap; stderr is kept bounded (Output) and stops the run only as a flood; the proof fd never counts."""
+def read_outputs(
+    done: int, readers: dict[str, int], limits: dict, deadline: float, cpu: Callable[[], float] | None = None
+) -> tuple[str | None, dict]:
+    """Read outputs until every writer is gone and `done` is readable, the deadline (wall clock) passes, the run's
+    CPU time (`cpu`, read every CPU_POLL_S) reaches limits["timeout_s"], or the output limit is hit: (None, or the
+    verdict "timeout" / "output_limit"; the bytes read per reader name). Only stdout counts against the cap;
+    stderr is kept bounded (Output) and stops the run only as a flood; the proof fd never counts."""
     outputs = {fd: Output(name) for name, fd in readers.items()}
     poller = select.poll()
     for fd in (*outputs, done):
         poller.register(fd, select.POLLIN)
     open_fds, verdict = {*outputs, done}, None
     stop_at = {"out": limits["max_output_bytes"], "err": STDERR_FLOOD_BYTES}
+    next_read = time.monotonic() + CPU_POLL_S
     while open_fds:
-        left = deadline - time.monotonic()
+        now = time.monotonic()
+        left = deadline - now
         if left <= 0:
             verdict = "timeout"
             break
-        for fd, _ in poller.poll(max(1, int(left * 1000) + 1)):
+        if cpu is not None and now >= next_read:  # at most every CPU_POLL_S, however much output arrives
+            next_read = now + CPU_POLL_S
+            if over_cpu(cpu(), limits):
+                verdict = "timeout"
+                break
+        wait = left if cpu is None else min(left, max(0.0, next_read - now))
+        for fd, _ in poller.poll(max(1, int(wait * 1000) + 1)):
             chunk = b"" if fd == done else os.read(fd, 65536)
             if not chunk:
                 poller.unregister(fd)

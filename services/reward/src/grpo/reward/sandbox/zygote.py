@@ -28,10 +28,11 @@ signals it sends itself, and a program must see what a normal process sees (its 
 SIGABRT), as a batch's runs always did. The init exits with the program: the kernel then kills everything left in
 the PID namespace (daemons, setsid children, fork-bomb remnants), and no privileged process exists inside it. The
 init shares the program's uid but is out of its reach: every signal at its default (the kernel drops what the
-program sends it), not dumpable, and seccomp refuses ptrace and prlimit64 on another process. On the wall-clock
-deadline or the output limit the zygote SIGKILLs the init, with the same effect; if the zygote dies, the
-parent-death signal does it. The zygote reads stdout/stderr itself and enforces both limits, and holds the run's
-mount namespace until its reply is written (`release`), so that tearing it down is not on the run's path.
+program sends it), not dumpable, and seccomp refuses ptrace and prlimit64 on another process. At the run's time
+limit (CPU time, which the zygote reads while it waits: run_output.py), its wall-clock limit or the output limit
+the zygote SIGKILLs the init, with the same effect; if the zygote dies, the parent-death signal does it. The
+zygote reads stdout/stderr itself and enforces these limits, and holds the run's mount namespace until its reply
+is written (`release`), so that tearing it down is not on the run's path.
 
 A batch (many runs of one program, a submission's tests) shares one PID namespace between its runs: batch.py.
 
@@ -53,7 +54,7 @@ import socket
 import sys
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import cast
 
 if __name__ == "__main__":
@@ -274,11 +275,14 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
     # every other process of its PID namespace is gone; a program that closes its pipes is still waited for.
     exited = os.pidfd_open(pid)
     try:
-        verdict, got = run_output.read_outputs(exited, readers, req["limits"], started + req["limits"]["timeout_s"])
+        cpu = _run_cpu(pid, warm["setup_cpu_s"])
+        verdict, got = run_output.read_outputs(exited, readers, req["limits"], started + req["limits"]["wall_s"], cpu)
     finally:
         for fd in (*readers.values(), exited):
             os.close(fd)
     wall = time.monotonic() - started
+    # A run we kill is never reaped by its init, whose rusage then lacks it: its CPU time is what we read last.
+    killed_cpu_s = cpu() if verdict is not None and cpu is not None else 0.0
     if verdict is not None:
         os.kill(pid, signal.SIGKILL)  # init dies -> the kernel kills the whole PID namespace
     # The init's rusage counts the program's (and the orphans' it reaped): it waited for them.
@@ -287,6 +291,11 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
     collected, collect_error = run_files.collect_files(
         req.get("collect", []), req["limits"].get("collect_max_bytes", 0)
     )
+    # The init's own set-up (mounts, uid, seccomp; a millisecond or two where it is a forked interpreter) is not
+    # the program's CPU time; what it spends from its request on (the fork and exec included) is.
+    cpu_s = max(0.0, killed_cpu_s, usage.ru_utime + usage.ru_stime - warm["setup_cpu_s"])
+    if verdict is None and run_output.over_cpu(cpu_s, req["limits"]):
+        verdict = "timeout"
     setup_error, wait_status = _program_status(got["status"], init_status, verdict)
     return {
         "files": collected,
@@ -299,12 +308,44 @@ def run_one(req: dict, warm: dict, uid: int) -> dict:
             req["limits"],
             warm["nonce"],
             wait_status,
-            # The init's own set-up (mounts, uid, seccomp; a millisecond or two where it is a forked interpreter)
-            # is not the program's CPU time; what it spends from its request on (the fork and exec included) is.
-            max(0.0, usage.ru_utime + usage.ru_stime - warm["setup_cpu_s"]),
+            cpu_s,
             usage.ru_maxrss / 1024,
         ),
     }
+
+
+def _run_cpu(init: int, setup_cpu_s: float) -> Callable[[], float] | None:
+    """How read_outputs reads a single run's CPU time while it runs: its init's (less the set-up, as the reply
+    counts it; the program's too once reaped) and its program's, with what the program reaped. None without a
+    /proc to read it in (confine.PROC): the run then ends at RLIMIT_CPU or its wall_s, and is judged by
+    run_output.over_cpu. Children the program has not reaped are not counted; their own RLIMIT_CPU holds them."""
+    if confine.PROC < 0:
+        return None
+    program = 0
+
+    def used() -> float:
+        nonlocal program
+        program = program or _first_child(init)
+        # The init first: a program reaped between the two reads is then counted once (at the next read), not twice.
+        total = (run_output.stat_cpu_s(init, confine.PROC) or 0.0) - setup_cpu_s
+        return total + ((run_output.stat_cpu_s(program, confine.PROC) or 0.0) if program else 0.0)
+
+    return used
+
+
+def _first_child(pid: int) -> int:
+    """The first child of `pid` (a run's init: its program), 0 while it has none."""
+    try:
+        fd = os.open(f"{pid}/task/{pid}/children", os.O_RDONLY, dir_fd=confine.PROC)
+    except OSError:
+        return 0
+    try:
+        children = os.read(fd, 4096).split()
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    return int(children[0]) if children else 0
 
 
 def _program_status(said: bytes, init_status: int, verdict: str | None) -> tuple[str, int]:

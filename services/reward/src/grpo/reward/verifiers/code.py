@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import functools
 import math
 import re
 import sys
@@ -14,6 +16,7 @@ from grpo.reward.output import returned_stderr, returned_stdout, stream_bytes
 from grpo.reward.sandbox import ExecResult, Limits, Sandbox
 from grpo.reward.sandbox.build_cache import build_checker, build_program
 from grpo.reward.sandbox.languages import Launch, run_launch
+from grpo.reward.verifiers.assert_guard import guarded
 
 VERDICTS = ("pass", "fail", "compile_error", "timeout", "runtime_error", "memory_limit", "process_limit",
             "output_limit", "skipped", "checker_error", "sandbox_error")  # fmt: skip
@@ -64,7 +67,9 @@ class Judge:
     checker: Checker | None = None
 
 
-_FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+# A fence's indentation (where only whitespace precedes it on its line) is taken from its code's lines, as
+# CommonMark does: a fence in a list item is indented, the code in it is not.
+_FENCE = re.compile(r"(^[ \t]*)?```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL | re.MULTILINE)
 _ALIASES = {
     "python": {"python", "py", "python3", "py3"},
     "c": {"c"},
@@ -123,12 +128,20 @@ def extract_code(completion: str, language: str = "python") -> str:
     >>> extract_code("Here:\\n```python\\nprint(1)\\n```\\nDone.")
     'print(1)\\n'
     """
-    blocks = [(tag.lower(), body) for tag, body in _FENCE.findall(completion)]
+    blocks = [(tag.lower(), _outdented(body, len(indent))) for indent, tag, body in _FENCE.findall(completion)]
     if not blocks:
         return completion
     names = _ALIASES.get(language, {language})
     tagged = [body for tag, body in blocks if tag in names]
     return (tagged or [body for _, body in blocks])[-1]
+
+
+def _outdented(body: str, indent: int) -> str:
+    """`body` with up to `indent` leading spaces or tabs taken from each line."""
+    if not indent:
+        return body
+    lines = body.split("\n")
+    return "\n".join(line[min(indent, len(line) - len(line.lstrip(" \t"))) :] for line in lines)
 
 
 def _lines(text: str) -> list[str]:
@@ -145,9 +158,15 @@ def _close(actual: str, expected: str, abs_tol: float, rel_tol: float) -> bool:
         a, e = float(actual), float(expected)
     except ValueError:
         return False
-    if not (math.isfinite(a) and math.isfinite(e)):
-        return False
-    return abs(a - e) <= max(abs_tol, rel_tol * abs(e))
+    if math.isnan(a) or math.isnan(e):  # any NaN is the expected NaN, as testlib's doubleCompare ("-nan": glibc)
+        return math.isnan(a) and math.isnan(e)
+    if math.isinf(a) or math.isinf(e):
+        return a == e
+    bound = max(abs_tol, rel_tol * abs(e))
+    # Reading the decimals, the tolerance itself and the subtraction each round by half an ulp: without this slack
+    # an answer exactly at the tolerance in decimal ("0.000015" against "0.000014") failed (testlib adds 1e-15).
+    slack = 2 * (math.ulp(a) + math.ulp(e) + math.ulp(bound))
+    return abs(a - e) <= bound + slack
 
 
 def stdout_matches(actual: str, expected: str, judge: Judge | None = None) -> bool:
@@ -311,11 +330,44 @@ def validate_tests(tests: list[dict[str, Any]]) -> None:
                 raise ValueError(f"tests[{i}].{key} must be a number above {low}, got {value!r}")
 
 
+CANDIDATE_NAME = "__candidate__"  # the candidate's `__name__` in an assert program
+
+
 def program_for(code: str, test: dict[str, Any]) -> tuple[str, str]:
-    """(program, stdin) for one test: assert tests run after the candidate in the same program."""
+    """(program, stdin) for one test: assert tests run after the candidate in the same program, the candidate as a
+    module that is not `__main__` (as HumanEval's harness runs it: its `if __name__ == "__main__":` demo, which may
+    read stdin or exit, is not the function under test), the tests as `__main__` (their own guard runs), their
+    comparisons guarded against the candidate's always-equal objects (assert_guard)."""
     if "assert" in test:
-        return code + "\n" + test["assert"] + "\n", test.get("stdin", "")
+        program = _not_main(code) + "\n__name__ = '__main__'\n" + guarded(test["assert"]) + "\n"
+        return program, test.get("stdin", "")
     return code, test.get("stdin", "")
+
+
+@functools.lru_cache(maxsize=16)  # parsed once per candidate, not once per assert test (200,000 chars: 0.15 s)
+def _not_main(code: str) -> str:
+    """`code` with `__name__` set to CANDIDATE_NAME before its first statement that is not its docstring or a
+    `from __future__` import (which must come first); `code` itself when it does not parse (it fails either way)."""
+    if re.search("\r(?!\n)", code):  # a line end Python reads and str.split("\n") does not: left as it is
+        return code
+    try:
+        body = ast.parse(code).body
+    # ValueError: a null byte; RecursionError, MemoryError: an expression nested too deep (`-` 100,000 times), which
+    # the sandboxed run fails as well; never this service's failure
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return code
+    after = 0  # lines of the prelude
+    for i, node in enumerate(body):
+        docstring = i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if not (docstring or (isinstance(node, ast.ImportFrom) and node.module == "__future__")):
+            break
+        after = node.end_lineno or after
+    # The module is registered under that name too: dataclasses and pickle look a class's module up by name.
+    alias = (
+        f"__name__ = {CANDIDATE_NAME!r}; __import__('sys').modules[__name__] = __import__('sys').modules['__main__']"
+    )
+    lines = code.split("\n")
+    return "\n".join([*lines[:after], alias, *lines[after:]])
 
 
 def run_code_tests(

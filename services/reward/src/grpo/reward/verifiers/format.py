@@ -27,9 +27,24 @@ def split_think_answer(
 ) -> tuple[str | None, str | None]:
     """The (think, answer) block contents, each None when absent."""
     text = open_think(completion, think_tag, think_prefilled)
-    think = re.search(rf"<{re.escape(think_tag)}>(.*?)</{re.escape(think_tag)}>", text, re.DOTALL)
-    answer = re.search(rf"<{re.escape(answer_tag)}>(.*?)</{re.escape(answer_tag)}>", text, re.DOTALL)
-    return (think.group(1) if think else None, answer.group(1) if answer else None)
+    think, answer = tag_blocks(text, think_tag)[:1], tag_blocks(text, answer_tag)[:1]
+    return (text[slice(*think[0])] if think else None, text[slice(*answer[0])] if answer else None)
+
+
+def tag_blocks(text: str, tag: str) -> list[tuple[int, int]]:
+    """The content spans of `<tag>…</tag>` blocks, as re.finditer(r"<tag>(.*?)</tag>", DOTALL) finds them.
+
+    With str.find, in linear time: that regex rescans to the end from every opener that has no closer after it,
+    and a degenerate completion repeating `<think>` took minutes inline in the service's event loop."""
+    opener, closer = f"<{tag}>", f"</{tag}>"
+    spans, at = [], 0
+    while (start := text.find(opener, at)) >= 0:
+        end = text.find(closer, start + len(opener))
+        if end < 0:  # no closer after this opener, so none after a later one either
+            break
+        spans.append((start + len(opener), end))
+        at = end + len(closer)
+    return spans
 
 
 def format_reward(
@@ -37,13 +52,15 @@ def format_reward(
 ) -> Judgement:
     """Score the R1 response format of one completion."""
     text = open_think(completion, think_tag, think_prefilled)
+    tags = [f"<{think_tag}>", f"</{think_tag}>", f"<{answer_tag}>", f"</{answer_tag}>"]
+    # Counted before the regex: with a tag repeated its lazy groups backtrack over every repeat (quadratic, minutes
+    # for a degenerate completion, inline in the event loop); with each tag at most once it is linear.
+    if any(text.count(tag) > 1 for tag in tags):
+        return Judgement(0.0, "ok", "each tag must appear exactly once")
     t, a = re.escape(think_tag), re.escape(answer_tag)
     whole = re.fullmatch(rf"\s*<{t}>(.*?)</{t}>\s*<{a}>(.*?)</{a}>\s*", text, re.DOTALL)
     if whole is None:
         return Judgement(0.0, "ok", f"not <{think_tag}>…</{think_tag}><{answer_tag}>…</{answer_tag}>")
-    tags = [f"<{think_tag}>", f"</{think_tag}>", f"<{answer_tag}>", f"</{answer_tag}>"]
-    if any(text.count(tag) != 1 for tag in tags):
-        return Judgement(0.0, "ok", "each tag must appear exactly once")
     think, answer = whole.group(1).strip(), whole.group(2).strip()
     if not think:
         return Judgement(0.5, "ok", f"empty <{think_tag}> block")

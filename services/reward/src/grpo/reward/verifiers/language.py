@@ -3,8 +3,11 @@
 Words: each CJK ideograph counts as one word (Chinese has no spaces); a run of Latin-script
 letters is one English word, accented letters (résumé, naïve, decomposed accents too) and an
 apostrophe between letters (don't) included; runs of other letters count against both targets;
-digits and symbols do not count. The reasoning is the think block, or the whole completion
-when there is none. `auto` picks the prompt's dominant language.
+digits and symbols do not count. Math and code are in no language: `$…$`, `$$…$$`, `\\(…\\)`, `\\[…\\]`, fenced
+and inline code, LaTeX commands (`\\frac`) and single Latin letters (the `x` of `设 x + y = 10`) are left out, so
+a Chinese solution with formulas is all Chinese (it scored 0.5 for its variables and `\\frac`s counted as English).
+The reasoning is the think block, or the whole completion when there is none. `auto` picks the prompt's dominant
+language.
 """
 
 from __future__ import annotations
@@ -29,9 +32,31 @@ _LATIN = re.compile(
 _OTHER = re.compile(rf"[^\W\d_{_LATIN_LETTER}\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ffff]+")
 
 
+# Spans of math or code, in the order they are cut (a fence before its backticks, `$$` before `$`).
+_SPANS = (("```", "```"), ("$$", "$$"), ("$", "$"), ("\\[", "\\]"), ("\\(", "\\)"), ("`", "`"))
+_COMMAND = re.compile(r"\\[a-zA-Z]+")
+
+
+def prose(text: str) -> str:
+    """`text` without its math and code: the spans in _SPANS, then LaTeX commands. By str.find, in linear time (a
+    lazy regex rescans to the end from every opener that has no closer)."""
+    for opener, closer in _SPANS:
+        kept, at = [], 0
+        while (start := text.find(opener, at)) >= 0:
+            end = text.find(closer, start + len(opener))
+            if end < 0:  # an opener never closed is text
+                break
+            kept.append(text[at:start])
+            at = end + len(closer)
+        text = " ".join([*kept, text[at:]])
+    return _COMMAND.sub(" ", text)
+
+
 def word_counts(text: str) -> dict[str, int]:
-    """Words per language class in `text`: {"zh": ..., "en": ..., "other": ...}."""
-    return {"zh": len(_CJK.findall(text)), "en": len(_LATIN.findall(text)), "other": len(_OTHER.findall(text))}
+    """Words per language class in the prose of `text`: {"zh": ..., "en": ..., "other": ...}."""
+    text = prose(text)
+    english = sum(1 for word in _LATIN.findall(text) if len(word) > 1)  # one letter alone is a variable
+    return {"zh": len(_CJK.findall(text)), "en": english, "other": len(_OTHER.findall(text))}
 
 
 def detect_language(text: str) -> str | None:

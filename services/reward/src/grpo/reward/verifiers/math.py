@@ -13,6 +13,9 @@ to `1/2^{98}` and `1/2004!` equal to `1/2006!`. Every pair it accepts is re-chec
 exact rationals are compared exactly, other closed numbers by a relative difference at
 50 digits. The guard only ever turns a "correct" into "incorrect", never the reverse.
 
+Lettered options (`\\textbf{(C)}\\ 12`, math_choice) and bare values against a system's solution (`x = 1, y = 2`,
+math_systems) are judged apart from math-verify's reading, which loses the letter and the variables' order.
+
 `verify_math` has no deadline of its own (sympy cannot be interrupted in-process); run it
 in a `WorkerPool`, which kills the worker when the deadline passes.
 """
@@ -21,11 +24,17 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import sympy
+from latex2sympy2_extended.math_normalization import units_regex
+from latex2sympy2_extended.sets import FiniteSet as OrderedSet
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
+from grpo.reward.verifiers.format import tag_blocks
+from grpo.reward.verifiers.math_choice import choice, stated_letter
+from grpo.reward.verifiers.math_systems import assigned_values, listed_values
 from grpo.reward.verifiers.math_types import MathOptions, MathVerdict
 
 log = logging.getLogger(__name__)
@@ -38,7 +47,6 @@ STATUSES = ("correct", "incorrect", "unparseable_gold", "unparseable_answer", "t
 _EXTRACTORS = {"latex": LatexExtractionConfig(boxed_match_priority=0), "expr": ExprExtractionConfig()}
 # Relative tolerance when both sides are exact (pure rounding noise at 50 digits).
 _EXACT_REL_TOL = sympy.Float("1e-40", 50)
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")
 # Short answers are prose too ("It is 72.", "So n = 72.", "A: 72", "= 72"): read as LaTeX they became products
 # of letters (x·i·s·72) or a/72. Two-letter English words standing alone between spaces or punctuation are prose;
@@ -59,10 +67,16 @@ _PLAIN_NUMBER = re.compile(r"^[+-]?[\d\s.,]*\d[\d\s.,]*%?$")  # 1 000, 1,000.5, 
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?%?$")
 _DECIMAL_COMMA = re.compile(r"^[+-]?\d+,\d+%?$")
 _EMPTY_ITEM = re.compile(r"^\s*,|(?<!\\),\s*,|,\s*$")  # `1,,2`, `, 2`, `2,`: a list with an item missing
+_FBOX = re.compile(r"\\fbox(?=\s*\{)")
+_BOXES_REWRITTEN = 16  # in_boxes: the last boxes, where math-verify reads an answer
 _BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # Between two boxes, a self-correction ("\\boxed{3}, no wait: \\boxed{4}") makes the last box the answer; without
 # one, nearby boxes joined by commas or "and" are one answer with several parts (math-verify's rule).
-_CORRECTION = re.compile(r"\b(?:wait|no|actually|instead|rather|correction|sorry|oops|mistake)\b", re.IGNORECASE)
+_CORRECTION = re.compile(
+    r"\b(?:wait|no|actually|instead|rather|correction|sorry|oops|mistaken?|wrong|incorrect|error|hmm+|re-?check"
+    r"|reconsider)\b",
+    re.IGNORECASE,
+)
 # Upright constants (ISO style): math-verify reads \mathrm{e} as text and then loses the rest of the expression,
 # so `1 - \frac{1}{\mathrm{e}}` and `1 + \frac{1}{\mathrm{e}}` both became 1.
 _UPRIGHT_CONSTANT = re.compile(r"\\(?:mathrm|operatorname)\s*\{\s*(e|i|\\pi)\s*\}")
@@ -72,15 +86,36 @@ _FINAL_ANSWER = re.compile(r"final answer.{0,100}?\s+is\b", re.IGNORECASE | re.D
 _ESCAPED_DOLLAR = re.compile(r"(?<!\\)\\\$")
 _TRAILING_POINT = re.compile(r"(?<=\d)\.(?=\s*\})")  # \boxed{72.}: the sentence's full stop, not a decimal point
 _DIGIT_GROUP_SPACE = re.compile(r"(?<=\d)\\[, ](?=\d{3}(?!\d))")  # 1\,000 and 1\ 000: thousands, not 1·000
+# `\\boxed{1 000 000}` was the product 1·0·0 (0; `\\boxed{12 345}` was 4140): in a box, plain spaces group thousands.
+_SPACED_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?: \d{3})+(?!\d)")
 _WORDS_ONLY = re.compile(r"[^\W\d_]+(?:[\s'-]+[^\W\d_]+)*")  # "Yes", "Evelyn", "not possible": no digits
+# 0.\\overline{3}, 0.1\\overline{6}: math-verify reads the first as 0 and the second as 0.1·bar(6), so 1/3 was
+# "incorrect" against the first and a gold written so was unparseable. \\varnothing is read as a symbol, not ∅.
+_REPEATING = re.compile(r"(?<!\d)(\d*)\.(\d*)\s*\\overline\s*\{\s*(\d+)\s*\}")
+_VARNOTHING = re.compile(r"\\varnothing(?![a-zA-Z])")
+# math-verify strips a unit word from the end of what it reads (`units_regex`), and its list holds single letters and
+# pairs (t, h, c, l, s, g, m, d, o, ab, bc): gold `4s` was 4 (so `\\boxed{4}` was paid) and `\\frac{1}{2}ab` was 1/2
+# (so `\\frac{ab}{2}` scored 0). Longer ones (`5cm`, `3kg`) stay units. Those letters right after a digit or a brace,
+# at the end of a box, a `$` span or the text, or before a `\\text{}` unit there (`2ab \\text{ cm}^2`).
+_TRAILING_LETTERS = re.compile(
+    r"(?<=[\d}])([a-z]|ab|bc)(?=\s*(?:\\(?:text|mathrm|mbox)\s*\{[^{}]*\}(?:\^\{?\d\}?)?\s*)?(?:\$|\\\)|\\\]|$))"
+)
+# An integer gold wants the number itself. math-verify evaluates what it reads, so `047+586`, `4821 \\times 317`,
+# `2^{10}` and `\\frac{8}{2}` were paid: a policy on arithmetic tasks could copy the question into its answer.
+_INTEGER = re.compile(r"[+-]?\d+")
+_OPERATION = re.compile(
+    r"(?:[\d)}]|\\right\s*[)\]])\s*(?:[-+*/×÷·!]|\^(?!\s*\{?\s*\\circ)|\\(?:times|cdot|div|ast|bmod|pmod|mod)(?![a-zA-Z]))"
+    r"|\\(?:[dt]?frac|sqrt|[dt]?binom)(?![a-zA-Z])"
+)
+_SCIENTIFIC = re.compile(r"[+-]?\d+(?:\.\d+)?\s*(?:\\times|\\cdot|×|\*)\s*10\s*\^\s*\{?\s*[+-]?\d+\s*\}?")
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|boxed|fbox)\s*\{([^{}]*)\}")
 
 
-def answer_region(completion: str) -> str:
-    """The text the final answer is extracted from: the last <answer> block's content, else everything."""
-    tagged = _ANSWER_TAG.findall(completion)
+def answer_region(completion: str, tag: str = "answer") -> str:
+    """The text the final answer is extracted from: the last <answer> (`tag`) block's content, else everything."""
+    tagged = tag_blocks(completion, tag)  # not a lazy regex: 40,000 `<answer>` took it 49 s
     if tagged:  # even when empty: falling back to everything let `<answer></answer>` pass off a box in <think>
-        return tagged[-1].strip()
+        return completion[slice(*tagged[-1])].strip()
     return completion.strip()
 
 
@@ -131,25 +166,71 @@ def malformed(gold: str) -> str | None:
     opened, closed = gold.count("(") + gold.count("["), gold.count(")") + gold.count("]")
     if opened != closed:
         return f"{opened} opening and {closed} closing brackets"
-    answer = gold_answer(gold)
+    answer = after_marker(gold)
     if _EMPTY_ITEM.search(answer) and not _prose(answer):  # `1,,2`: the number reader kept 1 and paid it
         return "a list with an empty item"
     return None
 
 
-def gold_answer(gold: str) -> str:
-    """The answer part of a gold: what follows GSM8K's `####` marker (a whole solution, or `#### 72`), else all."""
-    marker = _GSM8K_MARKER.search(gold)
-    return gold[marker.end() :] if marker else gold
+def after_marker(text: str) -> str:
+    """The answer part of a gold or an answer: what follows GSM8K's `####` marker on the last line (a whole
+    solution, or `#### 72`), else all. A model trained on GSM8K ends so: its `#### 72` was read as text, 0."""
+    marker = _GSM8K_MARKER.search(text)
+    return text[marker.end() :] if marker else text
 
 
 def normalise(text: str) -> str:
     """Notation math-verify misreads, rewritten before parsing: escaped dollars, thin spaces in numbers, `°`."""
     text = _UPRIGHT_CONSTANT.sub(r"\1", text.strip())
+    text = _FBOX.sub(r"\\boxed", text)  # math-verify finds `\\fbox{3}` only inside `$...$`: elsewhere no answer
     text = _ESCAPED_DOLLAR.sub("", text)  # its `$` opened a math span: `\$18.90` could not be read at all
     text = _TRAILING_POINT.sub("", text)
     text = _DIGIT_GROUP_SPACE.sub("", text)
+    text = in_boxes(text, lambda box: _SPACED_THOUSANDS.sub(lambda number: number.group().replace(" ", ""), box))
+    text = _REPEATING.sub(_repeating_fraction, text)
+    text = _VARNOTHING.sub(r"\\emptyset", text)
     return text.replace("°", "^\\circ")
+
+
+def _repeating_fraction(match: re.Match[str]) -> str:
+    """`1.2\\overline{34}` as the exact fraction it denotes, `\\frac{p}{q}` in lowest terms."""
+    whole, fixed, period = match.group(1) or "0", match.group(2), match.group(3)
+    denominator = 10 ** len(fixed) * (10 ** len(period) - 1)
+    value = int(whole) + sympy.Rational(int(fixed + period) - int(fixed or "0"), denominator)
+    return f"\\frac{{{value.p}}}{{{value.q}}}"
+
+
+def keep_variables(text: str) -> str:
+    """Trailing letters after a number (`4s`, `\\frac{1}{2}ab`) braced as a factor, `4{s}`, which math-verify keeps.
+
+    Only for an algebraic gold (verify_math): against a number, `\\boxed{5m}` is 5 metres, as math-verify reads it.
+    """
+    text = in_boxes(text, lambda box: _TRAILING_LETTERS.sub(_braced_unit, box))
+    return _TRAILING_LETTERS.sub(_braced_unit, text)
+
+
+def in_boxes(text: str, rewrite: Callable[[str], str]) -> str:
+    """The text with the content of its last closed `\\boxed{}`/`\\fbox{}` boxes rewritten (inner ones as part of theirs).
+
+    Only the last few: math-verify reads the last box and the few joined to it, and finding the end of every box of
+    thousands (`\\boxed{1 \\boxed{1 ...`, never closed) took minutes.
+    """
+    for box in list(_BOX_START.finditer(text))[-_BOXES_REWRITTEN:][::-1]:
+        end = _box_end(text, box.end()) - 1  # the box's closing brace
+        if text[end : end + 1] == "}":
+            text = text[: box.end()] + rewrite(text[box.end() : end]) + text[end:]
+    return text
+
+
+def _braced_unit(match: re.Match[str]) -> str:
+    """Letters math-verify would strip as a unit, braced; others (`3i`, `2xy`) as they are."""
+    letters = match.group(1)
+    return f"{{{letters}}}" if units_regex.search(f"0{letters}") else letters
+
+
+def _algebraic(parsed: list[Any]) -> bool:
+    """Whether a parse holds variables (`2ab`, `x = 5`): then letters in an answer are variables, never units."""
+    return any(isinstance(p, sympy.Basic) and p.free_symbols for p in parsed)
 
 
 def _has_math(parsed: list[Any]) -> bool:
@@ -196,7 +277,7 @@ def _number_list(text: str, options: MathOptions) -> list[Any]:
         if len(parsed) != 1 or not _closed_number(parsed[0]):
             return []
         items.append(parsed[0])
-    return [sympy.FiniteSet(*items), text]
+    return [OrderedSet(*items), text]  # a sympy FiniteSet that keeps the written order (math_systems reads it)
 
 
 def _parse_answer(region: str, options: MathOptions) -> tuple[list[Any], str]:
@@ -269,6 +350,12 @@ def interval_against_points(gold: Any, answer: Any, answer_text: str = "", optio
 
 
 def _pair_correct(gold: Any, answer: Any, options: MathOptions, answer_text: str = "") -> bool:
+    orders, values = assigned_values(gold), listed_values(answer)
+    if orders and values is not None:  # gold `x = 1, y = 2`, answer `2, 1`: math-verify pairs them sorted by value
+        return any(
+            len(order) == len(values) and all(_pair_correct(g, a, options) for g, a in zip(order, values, strict=True))
+            for order in orders
+        )
     if interval_against_points(gold, answer, answer_text, options):
         return False
     # Gold first: math-verify is asymmetric (assignments and intervals are read from the gold side).
@@ -333,12 +420,50 @@ def _word_verdict(words: str, region: str) -> MathVerdict:
     return MathVerdict("correct" if correct else "incorrect", correct, said[:200], "compared as words")
 
 
+def unevaluated(answer_text: str, gold_text: str) -> bool:
+    """Whether an answer to an integer gold is an expression for it (`047+586`, `2^{10}`, `\\frac{8}{2}`) rather than
+    the number. An equation that states a number is the number (`3 \\times 6 = 18`, `x = 18`), and so is scientific
+    notation (`1.2 \\times 10^{3}`)."""
+    if not _INTEGER.fullmatch(re.sub(r"[\s,]|\\[,; !]", "", gold_text)):
+        return False
+    sides = [side.strip() for side in answer_text.split("=") if re.search(r"\d", side)]
+    return bool(sides) and all(_OPERATION.search(side) and not _SCIENTIFIC.fullmatch(side) for side in sides)
+
+
+def _choice_correct(gold: tuple[str, list[Any]], answer: tuple[str, list[Any]], options: MathOptions) -> bool | None:
+    """A multiple-choice verdict when a side (its text, its parse) names an option with its value (`\\textbf{(C)}\\ 12`,
+    read by math-verify as 12·C), else None.
+
+    Two options: the letters decide (`C` and `(C) 12` agree, `(B) 12` does not). An option against a side with no
+    letter: its value is compared with that side (`12`, or an answer's `(C) 12` against a gold `12`).
+    """
+    gold_choice, answer_choice = choice(gold[0]), choice(answer[0])
+    if not ((gold_choice and gold_choice.value) or (answer_choice and answer_choice.value)):
+        return None
+    if gold_choice and answer_choice:
+        return gold_choice.letter == answer_choice.letter
+    gold_values = _parse(gold_choice.value, options) if gold_choice else gold[1]
+    answer_text = answer_choice.value if answer_choice else answer[0]
+    answer_values = _parse(answer_text, options) if answer_choice else answer[1]
+    return any(_pair_correct(g, a, options, answer_text) for g in gold_values for a in answer_values)
+
+
+def _stated_option(gold_text: str, region: str) -> MathVerdict | None:
+    """The verdict on a prose answer naming an option ("Answer: C", where math-verify reads no math) for a gold that
+    is one; else None."""
+    gold_choice, letter = choice(gold_text), stated_letter(region)
+    if not (gold_choice and letter):
+        return None
+    correct = letter == gold_choice.letter
+    return MathVerdict("correct" if correct else "incorrect", correct, letter, "compared as an option")
+
+
 def check_gold(gold: str, options: MathOptions | None = None) -> MathVerdict:
     """The gold alone: parsed and compared with itself (run apart, to tell whose fault a timeout was)."""
     options = options or MathOptions()
     if malformed(gold):
         return MathVerdict("unparseable_gold", None)
-    parsed = _parse(gold_answer(gold), options)
+    parsed = _parse(keep_variables(after_marker(gold)), options)
     for g in parsed:
         _pair_correct(g, g, options)
     return MathVerdict("correct" if parsed else "unparseable_gold", bool(parsed) or None)
@@ -355,18 +480,29 @@ def verify_math(answer: str, gold: str, options: MathOptions | None = None) -> M
         why = malformed(gold)
         if why:
             return MathVerdict("unparseable_gold", None, detail=f"gold {gold[:200]!r} is malformed: {why}")
-        gold_parsed = _parse(gold_answer(gold), options)
-        region = after_correction(answer_region(answer))
-        words = word_gold(gold_answer(gold)) if not _has_math(gold_parsed) else None
+        gold_parsed = _parse(keep_variables(after_marker(gold)), options)
+        region = after_correction(after_marker(answer_region(answer, options.answer_tag)))
+        region = keep_variables(region) if _algebraic(gold_parsed) else region
+        words = word_gold(after_marker(gold)) if not _has_math(gold_parsed) else None
         if words:  # `Yes`: no math in it, so nothing else could judge the answer
             return _word_verdict(words, region)
         if not gold_parsed:
             return MathVerdict("unparseable_gold", None, detail=f"cannot parse gold {gold[:200]!r}")
         answer_parsed, region = _parse_answer(region, options)
         if not answer_parsed:
-            return MathVerdict("unparseable_answer", False, region[:200], "no final answer could be parsed")
+            return _stated_option(_extracted(gold_parsed, gold), region) or MathVerdict(
+                "unparseable_answer", False, region[:200], "no final answer could be parsed"
+            )
         extracted = _extracted(answer_parsed, region)
-        correct = any(_pair_correct(g, a, options, extracted) for g in gold_parsed for a in answer_parsed)
+        by_choice = _choice_correct((_extracted(gold_parsed, gold), gold_parsed), (extracted, answer_parsed), options)
+        correct = (
+            by_choice
+            if by_choice is not None
+            else any(_pair_correct(g, a, options, extracted) for g in gold_parsed for a in answer_parsed)
+        )
+        if correct and not options.allow_unevaluated and unevaluated(extracted, _extracted(gold_parsed, gold)):
+            return MathVerdict("incorrect", False, extracted, "an expression for the integer gold, not the number "
+                               "itself (allow_unevaluated: true accepts it, as math-verify does)")  # fmt: skip
         # A gold of 1/0 against a real answer: no answer could be judged right, so it is the data's fault, not
         # the answer's. Both undefined (`12:00` against `1:00`, read as ratios) their texts decide, as above.
         if not correct and not any(isinstance(p, sympy.Basic | sympy.MatrixBase) for p in gold_parsed):

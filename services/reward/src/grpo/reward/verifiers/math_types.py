@@ -14,6 +14,8 @@ class MathOptions:
     precision: int = 6  # decimal places numbers are rounded to before comparing
     strict: bool = True  # False: variable and function names may differ (f(x) equals f(y))
     allow_set_relation_comp: bool = False  # a gold set/interval may equal a relation (x ∈ [a, b] vs a ≤ x ≤ b)
+    allow_unevaluated: bool = False  # an integer gold may be matched by an expression for it (`586+47`)
+    answer_tag: str = "answer"  # the block the final answer is read from (a Score item's format check may rename it)
 
 
 @dataclass(frozen=True)

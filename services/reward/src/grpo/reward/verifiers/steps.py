@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from grpo.reward.verifiers.format import tag_blocks
+
 Span = tuple[int, int]
 
 
@@ -63,8 +65,6 @@ def check_spans(spans: list[Span], completion: str) -> None:
 # ---- rules --------------------------------------------------------------------------------------------------
 
 _SUM = re.compile(r"^\s*(\d+)\s*\+\s*(\d+)\s*=\s*$")
-_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def column_addition(prompt: str, completion: str) -> list[StepJudgement]:
@@ -85,11 +85,11 @@ def column_addition(prompt: str, completion: str) -> list[StepJudgement]:
     width = max(len(a), len(b))
     digits_a, digits_b = a.zfill(width)[::-1], b.zfill(width)[::-1]
     steps: list[StepJudgement] = []
-    think = _THINK.search(completion)
-    if think is not None:
+    think = tag_blocks(completion, "think")[:1]  # linear, where a regex is quadratic on repeated tags
+    if think:
         carry = 0
-        for k, entry in enumerate(re.finditer(r"\S+", think.group(1))):
-            start, end = think.start(1) + entry.start(), think.start(1) + entry.end()
+        for k, entry in enumerate(re.finditer(r"\S+", completion[slice(*think[0])])):
+            start, end = think[0][0] + entry.start(), think[0][0] + entry.end()
             text = entry.group()
             if k >= width:
                 steps.append(StepJudgement(start, end, 0.0, "ok", f"column {k + 1} does not exist"))
@@ -99,12 +99,14 @@ def column_addition(prompt: str, completion: str) -> list[StepJudgement]:
             detail = "" if right else f"column {k + 1}: {digits_a[k]}+{digits_b[k]}+{carry} is {want:02d}, not {text}"
             steps.append(StepJudgement(start, end, float(right), "ok", detail))
             carry = int(text[0]) if re.fullmatch(r"[01]\d", text) else want // 10
-    answers = list(_ANSWER.finditer(completion))
+    answers = tag_blocks(completion, "answer")
     start = steps[-1].end if steps else 0
-    end = answers[-1].end() if answers else len(completion)
-    said = answers[-1].group(1).strip() if answers else ""
+    end = answers[-1][1] + len("</answer>") if answers else len(completion)
+    said = completion[slice(*answers[-1])].strip() if answers else ""
     total = add_decimal(a, b)
-    right = said == total
+    # Leading zeros as the zero-padded operands have them (`059` for 047+012) are the same number, as the outcome's
+    # math check reads it: compared as a string only, a right answer's step was scored 0 beside a reward of 1.
+    right = (said.lstrip("0") or "0") == total if re.fullmatch(r"[0-9]+", said) else False
     detail = "" if right else f"the answer is {_clip(total)}, not {_clip(said) or 'missing'}"
     steps.append(StepJudgement(start, max(start, end), float(right), "ok", detail))
     return steps

@@ -38,6 +38,7 @@ from grpo.common.tool_formats import (
     parse_tagged,
     render_chat_result,
     render_tagged_result,
+    without_calls,
 )
 from grpo.rollout.engines.base import PromptOutput, Sample, SamplingParams
 from grpo.rollout.episodes.spec import Episode, Rules, episode_seed
@@ -178,13 +179,20 @@ class EpisodeRunner:
         e.stats.turns += 1
         e.answer = self.decode(tokens) if cut else sample.text
         full = len(e.token_ids) >= rules.max_total_tokens
-        if cut or sample.finish_reason == "length":
+        call = parse_tagged(e.answer) if rules.tool_format == TAGGED else parse_chat(e.answer)
+        stopped = cut or sample.finish_reason == "length"
+        if call is not None or stopped:
+            # Code is never the answer: should the episode end on this turn (a limit, or the call's result filling
+            # the budget), it is scored without its calls, a cut-off one too. Should it go on, the next turn's text
+            # replaces this. (An answer turn is scored as written.)
+            e.answer = without_calls(e.answer, rules.tool_format)
+        if stopped:
             e.end("max_total_tokens" if full else "length", "length")
             return None
-        call = parse_tagged(e.answer) if rules.tool_format == TAGGED else parse_chat(e.answer)
         if call is None:
             e.end("answer")
-        elif e.stats.turns >= rules.max_turns:
+            return None
+        if e.stats.turns >= rules.max_turns:
             e.end("max_turns")
         elif e.stats.tool_calls >= rules.max_tool_calls:
             e.end("max_tool_calls")  # the call past the limit is not run

@@ -68,7 +68,7 @@ class Episode:
     logprobs: list[float] = field(default_factory=list)
     token_mask: list[int] = field(default_factory=list)
     stats: queue_pb2.EpisodeStats = field(default_factory=queue_pb2.EpisodeStats)
-    answer: str = ""  # the text of the model's last turn: what the reward scores
+    answer: str = ""  # the model's last turn, less any tool call in it: what the reward scores
     answer_start: int = 0  # where that turn's tokens begin in token_ids
     finish_reason: str = "stop"
     text: str = ""  # the whole episode decoded, once it has ended
