@@ -425,6 +425,10 @@ def test_an_object_built_to_equal_anything_does_not_pass(sandbox: Sandbox, tests
         ),
         ("from collections import Counter\ndef f(): return Counter('aab')", "assert f() == {'a': 2, 'b': 1}"),
         ("def f(): return 2.0", "assert f() == 2\nassert 1 < f() <= 2\nassert f() is not None"),
+        (  # a list of the candidate's own, with methods that are not comparisons
+            "class Row(list):\n    def __getitem__(s, i): return list.__getitem__(s, i)\ndef f(): return Row([1, 2])",
+            "assert f() == [1, 2] and 2 in f()",
+        ),
     ],
 )
 def test_right_answers_still_pass_the_guarded_comparisons(sandbox: Sandbox, code: str, tests: str) -> None:

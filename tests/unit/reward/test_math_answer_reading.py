@@ -280,6 +280,7 @@ def test_a_system_solution_pairs_values_with_variables_in_order(answer: str, gol
         ("The answer is $18 = 3 \\times 6$.", "18", "correct"),
         ("\\boxed{x = 3 \\times 6}", "18", "incorrect"),
         ("\\boxed{1.2 \\times 10^{3}}", "1200", "correct"),
+        ("\\boxed{10^{16}}", "10000000000000000", "correct"),  # a power of ten is how large numbers are written
         ("\\boxed{30^\\circ}", "30", "correct"),
         ("\\boxed{633 \\text{ apples}}", "#### 633", "correct"),
         # Only an integer gold asks for the number: other golds keep math-verify's equivalence.

@@ -58,3 +58,12 @@ def test_plugin_name_clash_and_half_tls(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.delenv("GRPO_REWARD_PLUGINS")
     with pytest.raises(ValidationError, match="tls_cert_file and tls_key_file"):
         parse_settings(["--tls-cert-file", "/x.pem"])
+
+
+def test_a_code_runs_wall_clock_limit_fits_the_longest_request_deadline() -> None:
+    """idle_factor x the time limit, unless the server's max_timeout_s is shorter: then a second less, so a run that
+    reaches it is judged `timeout`, never cut off as a request past its deadline (504)."""
+    assert parse_settings([]).code_wall_s(2.0) == 6.0
+    assert parse_settings(["--code-idle-factor", "5"]).code_wall_s(2.0) == 10.0
+    assert parse_settings(["--max-timeout-s", "8"]).code_wall_s(3.0) == 7.0
+    assert parse_settings(["--max-timeout-s", "2"]).code_wall_s(3.0) == 3.0  # never below the time limit itself

@@ -172,7 +172,7 @@ class ComponentRunner:
 
         s = self.settings
         timeout = min(timeout_s or s.code_timeout_s, s.max_code_timeout_s)
-        wall = timeout * s.code_idle_factor  # timeout_s is CPU time; this, its wall-clock limit
+        wall = s.code_wall_s(timeout)  # timeout_s is CPU time; this, its wall-clock limit
         if deadline is not None:  # a run the request's deadline would cut short is stopped by it
             wall = max(0.05, min(wall, deadline - time.monotonic()))
             timeout = min(timeout, wall)

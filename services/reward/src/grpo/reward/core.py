@@ -274,24 +274,26 @@ class RewardCore:
 
     def _execute_budget_s(self, req: ExecuteRequest) -> float:
         """execute's deadline before the cap: default_timeout_s, or its build and its run's wall-clock limit
-        (code_idle_factor x its time limit, which is CPU time) when that is more, with a second for the run's
+        (settings.code_wall_s of its time limit, which is CPU time) when that is more, with a second for the run's
         set-up and answer: a deadline no later than the wall-clock limit would cut every run that reaches it."""
         s = self.settings
-        run = min(req.timeout_s or s.code_timeout_s, s.max_code_timeout_s) * s.code_idle_factor
+        run = s.code_wall_s(min(req.timeout_s or s.code_timeout_s, s.max_code_timeout_s))
         build = BUILD_LIMITS.wall_limit_s(s.code_idle_factor) * compiled(req.language)
         return max(s.default_timeout_s, build + run + EXECUTE_SLACK_S)
 
     def _code_budget_s(self, req: VerifyCodeRequest) -> float:
         """verify_code's deadline before the cap: default_timeout_s, or what its builds and its tests' own
-        wall-clock limits (code_idle_factor x their time limits, which are CPU time) add up to when that is more
+        wall-clock limits (settings.code_wall_s of their time limits, which are CPU time) add up to when that is more
         (seven tests of 9 s at a 10 s limit once hit a 60 s deadline no field moved)."""
         s = self.settings
         per_test = min(req.timeout_s or s.code_timeout_s, s.max_code_timeout_s)
-        runs = sum(min(code_test_dict(t).get("timeout_s", per_test), s.max_code_timeout_s) for t in req.tests)
+        runs = sum(
+            s.code_wall_s(min(code_test_dict(t).get("timeout_s", per_test), s.max_code_timeout_s)) for t in req.tests
+        )
         # An interpreted language has no build: a phantom 30 s let admission queue Python tests that long.
         built = [req.language, *([req.checker.language] if req.checker is not None else [])]
         builds = BUILD_LIMITS.wall_limit_s(s.code_idle_factor) * sum(map(compiled, built))
-        return max(s.default_timeout_s, builds + runs * s.code_idle_factor * (2 if req.checker is not None else 1))
+        return max(s.default_timeout_s, builds + runs * (2 if req.checker is not None else 1))
 
     async def score_iter(self, req: ScoreRequest, remaining_s: float | None = None) -> AsyncIterator[ScoreResult]:
         """Yield each item's result as soon as it is done (any order)."""

@@ -143,6 +143,12 @@ class RewardSettings(ServiceSettings):
     plugin_timeout_s: float = Field(default=30.0, gt=0)
     """Deadline of one plug-in call (the whole batch)."""
 
+    def code_wall_s(self, timeout_s: float) -> float:
+        """A code run's wall-clock limit: code_idle_factor x its time limit (CPU time), within the longest request
+        deadline less a second, so that a run reaching it is judged `timeout` rather than cut off as a request past
+        its deadline (a 3 s limit under a 8 s max_timeout_s: 7 s, not 9)."""
+        return min(self.code_idle_factor * timeout_s, max(timeout_s, self.max_timeout_s - 1.0))
+
     @model_validator(mode="after")
     def _check(self) -> RewardSettings:
         self._refuse_open_code_execution()

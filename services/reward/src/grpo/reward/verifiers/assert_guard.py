@@ -30,8 +30,8 @@ def {GUARD_NAME}_make():
     import operator
     ops = {{"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
            ">=": operator.ge, "in": lambda a, b: a in b, "not in": lambda a, b: a not in b}}
-    names = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__", "__bool__", "__len__",
-             "__iter__", "__getitem__", "__hash__")
+    # What a comparison calls (a list subclass of the candidate's with its own __getitem__ still compares as a list).
+    names = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__")
 
     def foreign(value, budget, depth=0):
         """The candidate's class with comparisons of its own, in value or its items (10,000 items at most, 20 deep),

@@ -107,7 +107,8 @@ _OPERATION = re.compile(
     r"(?:[\d)}]|\\right\s*[)\]])\s*(?:[-+*/×÷·!]|\^(?!\s*\{?\s*\\circ)|\\(?:times|cdot|div|ast|bmod|pmod|mod)(?![a-zA-Z]))"
     r"|\\(?:[dt]?frac|sqrt|[dt]?binom)(?![a-zA-Z])"
 )
-_SCIENTIFIC = re.compile(r"[+-]?\d+(?:\.\d+)?\s*(?:\\times|\\cdot|×|\*)\s*10\s*\^\s*\{?\s*[+-]?\d+\s*\}?")
+# `1.2 \\times 10^{3}`, and `10^{16}` alone: how large numbers are written, not a restated question.
+_SCIENTIFIC = re.compile(r"(?:[+-]?\d+(?:\.\d+)?\s*(?:\\times|\\cdot|×|\*)\s*)?10\s*\^\s*\{?\s*[+-]?\d+\s*\}?")
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|boxed|fbox)\s*\{([^{}]*)\}")
 
 
@@ -423,7 +424,7 @@ def _word_verdict(words: str, region: str) -> MathVerdict:
 def unevaluated(answer_text: str, gold_text: str) -> bool:
     """Whether an answer to an integer gold is an expression for it (`047+586`, `2^{10}`, `\\frac{8}{2}`) rather than
     the number. An equation that states a number is the number (`3 \\times 6 = 18`, `x = 18`), and so is scientific
-    notation (`1.2 \\times 10^{3}`)."""
+    notation (`1.2 \\times 10^{3}`, `10^{16}`)."""
     if not _INTEGER.fullmatch(re.sub(r"[\s,]|\\[,; !]", "", gold_text)):
         return False
     sides = [side.strip() for side in answer_text.split("=") if re.search(r"\d", side)]
