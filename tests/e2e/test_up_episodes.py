@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.compose_episode import STEPS, TRAINER, episode_files
+from tests.support.compose_episode import GROUP_SIZE, PROMPTS_PER_STEP, STEPS, TRAINER, episode_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -34,8 +34,13 @@ def test_grpo_up_runs_episodes_whose_tool_calls_run_in_the_sandbox(tmp_path: Pat
     steps = [r for r in rows if "rollout/tool_calls_mean" in r]
     assert len(steps) == STEPS, rows
     for r in steps:  # sampled at T=1: most episodes call the tool; the calls ran (a broken program is a result)
-        assert r["rollout/tool_calls_mean"] >= 0.5 and r["rollout/tool_success_rate"] >= 0.5, r
+        assert r["rollout/tool_calls_mean"] >= 0.5 and r["rollout/tool_timeouts"] == 0, r
         assert 0.0 < r["rollout/env_token_share"] < 1.0, r  # the result's tokens are in the episode, masked out
+    # Most calls succeed, over both steps: T=1 samples a broken program now and then (0.71-1.0 of one step's ~7
+    # calls here, and 3 of 7 once in CI), so one step's share alone is a coin.
+    calls = [r["rollout/tool_calls_mean"] * PROMPTS_PER_STEP * GROUP_SIZE for r in steps]
+    succeeded = sum(n * r["rollout/tool_success_rate"] for n, r in zip(calls, steps, strict=True))
+    assert succeeded >= 0.5 * sum(calls), steps
     evals = [r for r in rows if "eval/tool_calls_mean" in r]
     assert evals, rows
     for r in evals:  # greedy: print(6*7) ran, printed 42, and the model answered from <output>42</output>
