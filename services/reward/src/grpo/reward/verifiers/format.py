@@ -32,11 +32,15 @@ def split_think_answer(
 
 
 def tag_blocks(text: str, tag: str) -> list[tuple[int, int]]:
-    """The content spans of `<tag>…</tag>` blocks, as re.finditer(r"<tag>(.*?)</tag>", DOTALL) finds them.
+    """The content spans of `<tag>…</tag>` blocks, as re.finditer(r"<tag>(.*?)</tag>", DOTALL) finds them."""
+    return delimited(text, f"<{tag}>", f"</{tag}>")
+
+
+def delimited(text: str, opener: str, closer: str) -> list[tuple[int, int]]:
+    """The content spans of `opener`…`closer` blocks, as a lazy regex `opener(.*?)closer` (DOTALL) finds them.
 
     With str.find, in linear time: that regex rescans to the end from every opener that has no closer after it,
     and a degenerate completion repeating `<think>` took minutes inline in the service's event loop."""
-    opener, closer = f"<{tag}>", f"</{tag}>"
     spans, at = [], 0
     while (start := text.find(opener, at)) >= 0:
         end = text.find(closer, start + len(opener))

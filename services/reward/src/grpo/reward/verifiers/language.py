@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from grpo.reward.verifiers.format import split_think_answer
+from grpo.reward.verifiers.format import delimited, split_think_answer
 from grpo.reward.verifiers.result import Judgement
 
 LANGUAGES = ("en", "zh")
@@ -38,15 +38,12 @@ _COMMAND = re.compile(r"\\[a-zA-Z]+")
 
 
 def prose(text: str) -> str:
-    """`text` without its math and code: the spans in _SPANS, then LaTeX commands. By str.find, in linear time (a
-    lazy regex rescans to the end from every opener that has no closer)."""
+    """`text` without its math and code: the spans in _SPANS (an opener never closed is text), then LaTeX
+    commands."""
     for opener, closer in _SPANS:
         kept, at = [], 0
-        while (start := text.find(opener, at)) >= 0:
-            end = text.find(closer, start + len(opener))
-            if end < 0:  # an opener never closed is text
-                break
-            kept.append(text[at:start])
+        for start, end in delimited(text, opener, closer):
+            kept.append(text[at : start - len(opener)])
             at = end + len(closer)
         text = " ".join([*kept, text[at:]])
     return _COMMAND.sub(" ", text)

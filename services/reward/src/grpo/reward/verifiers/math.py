@@ -494,14 +494,14 @@ def verify_math(answer: str, gold: str, options: MathOptions | None = None) -> M
             return _stated_option(_extracted(gold_parsed, gold), region) or MathVerdict(
                 "unparseable_answer", False, region[:200], "no final answer could be parsed"
             )
-        extracted = _extracted(answer_parsed, region)
-        by_choice = _choice_correct((_extracted(gold_parsed, gold), gold_parsed), (extracted, answer_parsed), options)
+        extracted, gold_text = _extracted(answer_parsed, region), _extracted(gold_parsed, gold)
+        by_choice = _choice_correct((gold_text, gold_parsed), (extracted, answer_parsed), options)
         correct = (
             by_choice
             if by_choice is not None
             else any(_pair_correct(g, a, options, extracted) for g in gold_parsed for a in answer_parsed)
         )
-        if correct and not options.allow_unevaluated and unevaluated(extracted, _extracted(gold_parsed, gold)):
+        if correct and not options.allow_unevaluated and unevaluated(extracted, gold_text):
             return MathVerdict("incorrect", False, extracted, "an expression for the integer gold, not the number "
                                "itself (allow_unevaluated: true accepts it, as math-verify does)")  # fmt: skip
         # A gold of 1/0 against a real answer: no answer could be judged right, so it is the data's fault, not
