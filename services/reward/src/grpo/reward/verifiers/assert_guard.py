@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import threading
 
 GUARD_NAME = "__grpo_compare__"
 _OPERATORS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.In: "in",
@@ -65,6 +66,17 @@ del {GUARD_NAME}_make
 '''
 
 
+# ast.parse from several threads at once (the sandbox's) raised "SystemError: AST constructor recursion depth
+# mismatch" (CPython gh-106905, fixed after 3.11), a sandbox_error for one HumanEval test in ~3 runs under load.
+_PARSING = threading.Lock()
+
+
+def parse(source: str) -> ast.Module:
+    """ast.parse, one thread at a time."""
+    with _PARSING:
+        return ast.parse(source)
+
+
 class _Comparisons(ast.NodeTransformer):
     """Every single comparison inside an assert statement, as a call of the guard."""
 
@@ -88,7 +100,7 @@ def guarded(tests: str) -> str:
     """The assert tests with their comparisons guarded, the guard defined before them; as they are when they do not
     parse (they fail as written) or hold no assert statement."""
     try:
-        tree = ast.parse(tests)
+        tree = parse(tests)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return tests
     if not any(isinstance(node, ast.Assert) for node in ast.walk(tree)):

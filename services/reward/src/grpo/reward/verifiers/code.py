@@ -16,7 +16,7 @@ from grpo.reward.output import returned_stderr, returned_stdout, stream_bytes
 from grpo.reward.sandbox import ExecResult, Limits, Sandbox
 from grpo.reward.sandbox.build_cache import build_checker, build_program
 from grpo.reward.sandbox.languages import Launch, run_launch
-from grpo.reward.verifiers.assert_guard import guarded
+from grpo.reward.verifiers.assert_guard import guarded, parse
 
 VERDICTS = ("pass", "fail", "compile_error", "timeout", "runtime_error", "memory_limit", "process_limit",
             "output_limit", "skipped", "checker_error", "sandbox_error")  # fmt: skip
@@ -351,7 +351,7 @@ def _not_main(code: str) -> str:
     if re.search("\r(?!\n)", code):  # a line end Python reads and str.split("\n") does not: left as it is
         return code
     try:
-        body = ast.parse(code).body
+        body = parse(code).body
     # ValueError: a null byte; RecursionError, MemoryError: an expression nested too deep (`-` 100,000 times), which
     # the sandboxed run fails as well; never this service's failure
     except (SyntaxError, ValueError, RecursionError, MemoryError):
