@@ -341,6 +341,24 @@ def test_a_bad_task_fails_alone_with_its_reason(
     assert good.status == "ok" and len(good.samples) == 4
 
 
+def test_a_sample_the_reward_service_cannot_judge_keeps_its_reason(
+    service: RolloutService, queue: RunQueue, redis_url: str, live_reward: Any
+) -> None:
+    """A malformed gold: every sample comes back without a reward, and with the reward service's reason for it (the
+    trainer says it when it drops the group as unscored); a sample that has a reward carries no reason."""
+    bad = math_task("bad", 1, 2)
+    bad.checks.math.gold = "\\frac{1}{2"
+    queue.publish_tasks([bad, math_task("good", 2, 2)])
+    with worker(service, redis_url, live_reward.grpc_addr):
+        groups = wait_groups(queue, {"bad", "good"})
+    (unjudged,), (judged,) = groups["bad"], groups["good"]
+    assert unjudged.status == "ok" and len(unjudged.samples) == 4
+    for sample in unjudged.samples:
+        assert not sample.HasField("reward") and sample.components["math"].status == "unparseable_gold"
+        assert "math: unparseable_gold" in sample.score_error and "malformed" in sample.score_error, sample
+    assert all(s.HasField("reward") and s.score_error == "" for s in judged.samples)
+
+
 def test_a_task_that_keeps_killing_replicas_is_written_as_failed(
     service: RolloutService, queue: RunQueue, redis_url: str, live_reward: Any
 ) -> None:

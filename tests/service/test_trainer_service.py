@@ -184,6 +184,26 @@ def test_a_run_that_trained_on_no_group_fails_naming_why(tmp_path: Path, redis_u
     assert not (tmp_path / "out" / "final").exists()
 
 
+def test_groups_the_reward_service_cannot_judge_are_dropped_naming_its_reason(
+    tmp_path: Path, redis_url: str, rollout_for: Any
+) -> None:
+    """A data set whose golds are malformed (`\\frac{1}{2`): no sample gets a reward, so every group is dropped as
+    unscored, never trained on a guess. Each step's log, and the run's failure at the end, say why in the reward
+    service's words; they used to say only "unscored 6"."""
+    rollout_for("unjudged")
+    rows = [{"id": f"q{i}", "prompt": f"What is {i} + {i}?", "gold": f"\\frac{{{i}}}{{2"} for i in range(8)]
+    data = write_rows(tmp_path / "unjudged.jsonl", rows)
+    config = trainer_config(tmp_path, "unjudged", redis_url, steps=2, train_data=str(data),
+                            reward_weights={"math": 1.0}, overlong_soft_penalty=False)  # fmt: skip
+    text = run_failing_trainer(config, tmp_path / "trainer.log")
+    step0 = next(line for line in text.splitlines() if "step 0: " in line and "unscored" in line)
+    assert "step 0: 3 of 3 group(s) unscored, a sample had no reward" in step0, step0
+    assert "math: unparseable_gold" in step0 and "is malformed: 1 unclosed '{'" in step0, step0
+    assert "2 steps trained on no group (tasks dropped: unscored 6): the reward service could not judge the " \
+           "samples (1× \"cannot judge: math: unparseable_gold (gold '\\\\frac{" in text, text[-4000:]  # fmt: skip
+    assert not (tmp_path / "out" / "final").exists()
+
+
 def test_max_new_tokens_over_a_replicas_cap_is_refused_before_the_first_step(
     tmp_path: Path, redis_url: str, rollout_for: Any
 ) -> None:

@@ -206,7 +206,7 @@ def test_a_run_whose_every_group_keeps_failing_ends_naming_why() -> None:
     streak.add({"failed": 2, "duplicate": 4, "superseded": 1}, {CAP: 1, "reward service: timeout": 1})
     with pytest.raises(RunError, match=r"every group failed for 3 steps in a row") as exc:
         streak.add({"failed": 3}, {CAP: 3})
-    assert f"7× {CAP!r}; 1× 'reward service: timeout'" in str(exc.value)
+    assert f'7× "{CAP}"; 1× "reward service: timeout"' in str(exc.value)
 
 
 @pytest.mark.parametrize(
@@ -223,4 +223,4 @@ def test_a_step_that_did_not_fail_every_group_restarts_the_count(other: dict[str
 
 
 def test_failure_reasons_most_frequent_first() -> None:
-    assert describe_failures({"b": 1, "a": 1, "c": 5}) == "5× 'c'; 1× 'a'; 1× 'b'"
+    assert describe_failures({"b": 1, "a": 1, "c": 5}) == '5× "c"; 1× "a"; 1× "b"'

@@ -90,7 +90,7 @@ class EpisodeStats(_message.Message):
     def __init__(self, turns: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., tool_timeouts: _Optional[int] = ..., malformed_calls: _Optional[int] = ..., end: _Optional[str] = ..., tool_s: _Optional[float] = ...) -> None: ...
 
 class SampleRecord(_message.Message):
-    __slots__ = ("completion", "reward", "components", "steps", "step_token_ends", "token_mask", "episode")
+    __slots__ = ("completion", "reward", "components", "steps", "step_token_ends", "token_mask", "episode", "score_error")
     class ComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,7 @@ class SampleRecord(_message.Message):
     STEP_TOKEN_ENDS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_MASK_FIELD_NUMBER: _ClassVar[int]
     EPISODE_FIELD_NUMBER: _ClassVar[int]
+    SCORE_ERROR_FIELD_NUMBER: _ClassVar[int]
     completion: _rollout_pb2.Completion
     reward: float
     components: _containers.MessageMap[str, _reward_pb2.ComponentResult]
@@ -112,7 +113,8 @@ class SampleRecord(_message.Message):
     step_token_ends: _containers.RepeatedScalarFieldContainer[int]
     token_mask: _containers.RepeatedScalarFieldContainer[int]
     episode: EpisodeStats
-    def __init__(self, completion: _Optional[_Union[_rollout_pb2.Completion, _Mapping]] = ..., reward: _Optional[float] = ..., components: _Optional[_Mapping[str, _reward_pb2.ComponentResult]] = ..., steps: _Optional[_Iterable[_Union[_reward_pb2.StepScore, _Mapping]]] = ..., step_token_ends: _Optional[_Iterable[int]] = ..., token_mask: _Optional[_Iterable[int]] = ..., episode: _Optional[_Union[EpisodeStats, _Mapping]] = ...) -> None: ...
+    score_error: str
+    def __init__(self, completion: _Optional[_Union[_rollout_pb2.Completion, _Mapping]] = ..., reward: _Optional[float] = ..., components: _Optional[_Mapping[str, _reward_pb2.ComponentResult]] = ..., steps: _Optional[_Iterable[_Union[_reward_pb2.StepScore, _Mapping]]] = ..., step_token_ends: _Optional[_Iterable[int]] = ..., token_mask: _Optional[_Iterable[int]] = ..., episode: _Optional[_Union[EpisodeStats, _Mapping]] = ..., score_error: _Optional[str] = ...) -> None: ...
 
 class GroupRecord(_message.Message):
     __slots__ = ("group_id", "task_id", "policy_version", "weight_version", "weight_checksum", "prompt_token_ids", "samples", "status", "error", "replica_id", "generate_s", "score_s", "eval", "kind", "discarded_samples", "discarded_tokens")

@@ -144,6 +144,8 @@ def group_records(
                 continue
             if result.HasField("reward"):
                 sample.reward = result.reward
+            else:  # the trainer drops the group as unscored: it says why, with the service's own words
+                sample.score_error = result.error or f"no reward (status {result.status!r}, no error message)"
             for name, component in result.components.items():
                 sample.components[name].CopyFrom(component)
             if result.steps:

@@ -278,8 +278,9 @@ def resolved_groups(outcomes: Mapping[str, int]) -> int:
 
 
 def describe_failures(reasons: Mapping[str, int]) -> str:
-    """`3× 'invalid task: …'; 1× '…'`: each distinct reason once, the most frequent first."""
-    return "; ".join(f"{n}× {reason!r}" for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+    """`3× "invalid task: …"; 1× "…"`: each distinct reason once, the most frequent first (quoted as written: a repr
+    doubled every backslash of a gold the reason quotes)."""
+    return "; ".join(f'{n}× "{reason}"' for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 @dataclass

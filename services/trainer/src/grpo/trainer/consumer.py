@@ -36,6 +36,18 @@ def failure_reason(record: queue_pb2.GroupRecord, group_size: int, probe_size: i
     return f"{len(record.samples)} samples where the group size is {group_size}"
 
 
+def unscored_reason(record: queue_pb2.GroupRecord, steps: bool = False) -> str:
+    """Why triage called a group unscored: the reward service's reason for its first sample without a reward, or
+    (step credit) that a sample's steps were not all judged."""
+    for i, s in enumerate(record.samples):
+        if not s.HasField("reward"):
+            return s.score_error or f"sample {i} has no reward and no reason (a rollout older than this trainer?)"
+    for i, s in enumerate(record.samples):
+        if steps and step_scores(s) is None:
+            return f"sample {i}: its steps were not all judged and placed on its tokens (step credit needs them)"
+    return "no samples" if not record.samples else "no reason found"
+
+
 def mask_problem(record: queue_pb2.GroupRecord) -> str | None:
     """What is wrong with the group's episode token masks, None when nothing: a mask must have one entry per
     completion token, each 0 (environment) or 1 (model). Such a group is failed, never trained on a guess of which

@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -45,6 +46,7 @@ from grpo.trainer.consumer import (
     spend_metrics,
     task_metrics,
     to_samples,
+    unscored_reason,
 )
 from grpo.trainer.control import ReplicaView, RunControl
 from grpo.trainer.difficulty import SOLVED, bucket_metrics
@@ -93,6 +95,8 @@ class GrpoRun:
         # The last _collect's triage verdicts (verdict -> groups) and its failed groups' reasons (reason -> groups).
         self.outcomes: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
+        self.unscored: Counter[str] = Counter()  # the last _collect's unscored groups' reasons (reason -> groups)
+        self.last_unscored: Counter[str] = Counter()  # the reasons of the last step that had any (the end's error)
         r = p.resumed
         self.step, self.resumed_version, self.segment = r.step, r.version, r.segment
         self.eval_owed, self.resumed_row, self.last_checkpoint_step = r.eval_owed, r.row, r.last_checkpoint_step
@@ -146,7 +150,7 @@ class GrpoRun:
         # (service.final_evaluation_lost) before the run counts as finished.
         done = self.step >= s.steps and not self.eval_owed
         if done and self.acct.trained == 0:
-            raise RunError(nothing_trained(self.step, self.acct.dropped))
+            raise RunError(nothing_trained(self.step, self.acct.dropped, self.last_unscored))
         if done:
             self._save_final()
         self._serve_checkpoint_requests()
@@ -230,7 +234,7 @@ class GrpoRun:
         kept_ids: set[str] = set()
         sampled: list[queue_pb2.GroupRecord] = []  # every ok group that resolved its task, kept or dropped
         outcomes: Counter[str] = Counter()
-        self.outcomes, self.failures = outcomes, Counter()
+        self.outcomes, self.failures, self.unscored = outcomes, Counter(), Counter()
         staleness: list[int] = []
         settled: list[tuple[str, str, queue_pb2.GroupRecord | None]] = []  # (task id, verdict, group): task/<type>/*
         judged: list[tuple[str, float, float | None]] = []  # difficulty buckets: (bucket, reward, accuracy) per group
@@ -288,6 +292,8 @@ class GrpoRun:
             else:
                 if verdict == "failed":
                     self.failures[failure_reason(record, self.algo.group_size, s.probe_size)] += 1
+                if verdict == "unscored":
+                    self.unscored[unscored_reason(record, self.credit.steps)] += 1
                 self.acct.resolve(record.group_id, verdict)
                 self.reader.defer_ack(entry.entry_id)
             settled.append((record.group_id, verdict, record))
@@ -335,10 +341,16 @@ class GrpoRun:
                             reward_clip=self.algo.reward_clip, steps=self.credit.steps)  # fmt: skip
 
     def _judge_failures(self) -> None:
-        """Say why the step's groups failed (the rollout's reasons); end the run when every group keeps failing."""
+        """Say why the step's groups failed (the rollout's reasons) or came back unscored (the reward service's);
+        end the run when every group keeps failing."""
         if self.failures:
             log.warning("step %d: %d of %d group(s) failed: %s", self.step, sum(self.failures.values()),
                         resolved_groups(self.outcomes), describe_failures(self.failures))  # fmt: skip
+        if self.unscored:
+            self.last_unscored = self.unscored
+            log.warning("step %d: %d of %d group(s) unscored, a sample had no reward (dropped, never trained on a "
+                        "guess): %s", self.step, sum(self.unscored.values()), resolved_groups(self.outcomes),
+                        describe_failures(self.unscored))  # fmt: skip
         self.failed_streak.add(self.outcomes, self.failures)
 
     def _republish(self, tid: str) -> None:
@@ -472,11 +484,14 @@ def steps_since_ref_refresh(updates: int, every: int, beta: float) -> int:
     return updates % every if every > 0 and beta > 0 else -1
 
 
-def nothing_trained(steps: int, dropped: dict[str, int]) -> str:
-    """Why a run that updated the policy on no group is a failure, not a finished run with its starting weights."""
+def nothing_trained(steps: int, dropped: dict[str, int], unscored: Mapping[str, int] | None = None) -> str:
+    """Why a run that updated the policy on no group is a failure, not a finished run with its starting weights
+    (`unscored`: the reward service's reasons at the last step that had unscored groups)."""
     reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(dropped.items()) if n) or "none"
     hint = ""
     if dropped.get("zero_variance", 0) * 2 > sum(dropped.values()):
         hint = (": every sample of a group got the same reward, so no group had an advantage. Start from a model "
                 "that sometimes solves the task (an SFT stage, as the demo's), or check that the reward varies")  # fmt: skip
+    elif dropped.get("unscored", 0) * 2 > sum(dropped.values()) and unscored:
+        hint = f": the reward service could not judge the samples ({describe_failures(unscored)})"
     return f"{steps} steps trained on no group (tasks dropped: {reasons}){hint}; no final model was written"
