@@ -166,6 +166,14 @@ def test_a_gold_with_digits_and_no_math_still_cannot_judge() -> None:
         ("\\boxed{12 345}", "12345", "correct"),
         ("\\boxed{1 000}", "0", "incorrect"),  # was correct
         ("\\boxed{12 345}", "4140", "incorrect"),  # was correct (12·345)
+        # ... and in `$...$` or `\\(...\\)` outside a box (was the product 1·000 = 0, so 1000 scored 0).
+        ("The answer is $1 000$.", "1000", "correct"),
+        ("The answer is $12 345$.", "12345", "correct"),
+        ("So \\(1 000 000\\).", "1000000", "correct"),
+        ("The answer is $1 001$.", "1000", "incorrect"),
+        ("The answer is $1 000$.", "0", "incorrect"),
+        ("The answer is $1 2$.", "12", "incorrect"),  # only groups of three digits are thousands
+        ("The answer is $12 34$.", "1234", "incorrect"),
         # \\fbox is a box (math-verify found it only inside `$...$`: the answer was unparseable, 0).
         ("The answer is \\fbox{3}.", "3", "correct"),
         ("\\fbox{4}", "3", "incorrect"),
@@ -299,3 +307,71 @@ def test_allow_unevaluated_pays_an_expression_as_math_verify_does() -> None:
 
     assert verify_math(R("", "047+586"), "633", MathOptions(allow_unevaluated=True)).correct is True
     assert verify_math(R("", "047+587"), "633", MathOptions(allow_unevaluated=True)).correct is False
+
+
+# 12. A label in the box before the answer (`\\boxed{\\text{The answer is } 3}`) was read as a symbol times the answer.
+@pytest.mark.parametrize(
+    ("answer", "gold", "status"),
+    [
+        (R("", "\\boxed{\\text{The answer is } 3}"), "3", "correct"),  # was incorrect
+        ("\\boxed{\\text{Answer: } 3}", "3", "correct"),  # was incorrect
+        ("\\boxed{\\textbf{Final answer:} \\frac{1}{2}}", "0.5", "correct"),  # was incorrect
+        (R("", "\\boxed{\\text{The answer is } 4}"), "3", "incorrect"),
+        ("\\boxed{\\text{The answer is not } 3}", "3", "incorrect"),  # a label that says more stays
+        ("\\boxed{\\text{at most } 3}", "3", "incorrect"),
+        ("\\boxed{\\text{The answer is } 3 \\text{ or } 4}", "3", "incorrect"),
+    ],
+)
+def test_an_answer_label_in_a_box_is_not_part_of_the_answer(answer: str, gold: str, status: str) -> None:
+    check(answer, gold, status)
+
+
+# 13. Scientific notation in plain text (`1.2e3`) was 1.2·e·3, or 1.2 in a sentence; in LaTeX `e` stays Euler's number.
+@pytest.mark.parametrize(
+    ("answer", "gold", "status"),
+    [
+        (R("", "1.2e3"), "1200", "correct"),  # was incorrect
+        (R("", "The answer is 1.2e3."), "1200", "correct"),  # was incorrect
+        ("The answer is 2.5E-3.", "0.0025", "correct"),  # was incorrect (2.5)
+        (R("", "2.5e-3"), "0.0025", "correct"),  # was incorrect (2.5e − 3)
+        (R("", "1.5e10"), "1.5 \\times 10^{10}", "correct"),
+        (R("", "1200"), "1.2e3", "correct"),  # a gold so written: was incorrect
+        (R("", "1.3e3"), "1200", "incorrect"),
+        (R("", "The answer is 1.3e3."), "1200", "incorrect"),
+        (R("", "2.6E-3"), "0.0025", "incorrect"),
+        (R("", "1.25e1"), "12", "incorrect"),
+        # Euler's number keeps its meaning: no exponent digits, a power, or `2e-1` (2e − 1, read as LaTeX).
+        ("\\boxed{2e}", "2e", "correct"),
+        ("\\boxed{5.436563656918}", "2e", "correct"),
+        ("\\boxed{2}", "2e", "incorrect"),
+        ("\\boxed{3e^2}", "3e^{2}", "correct"),
+        ("\\boxed{300}", "3e^{2}", "incorrect"),
+        (R("", "2e-1"), "2e - 1", "correct"),
+        (R("", "2e-1"), "0.2", "incorrect"),
+    ],
+)
+def test_scientific_notation_in_plain_text_is_a_number(answer: str, gold: str, status: str) -> None:
+    check(answer, gold, status)
+
+
+def test_scientific_notation_is_the_number_an_integer_gold_wants() -> None:
+    assert judged(R("", "1.2e3"), "1200") == ("correct", True)  # not "an expression for the integer gold"
+
+
+# 14. `i` is the imaginary unit against a closed non-real number (math-verify reads it as a variable).
+@pytest.mark.parametrize(
+    ("answer", "gold", "status"),
+    [
+        (R("", "i"), "\\sqrt{-1}", "correct"),  # was incorrect
+        ("\\boxed{2i}", "\\sqrt{-4}", "correct"),  # was incorrect
+        ("\\boxed{\\sqrt{-1}}", "i", "correct"),  # was incorrect
+        ("\\boxed{1+i\\sqrt{3}}", "1+\\sqrt{-3}", "correct"),  # was incorrect
+        ("\\boxed{-i}", "\\sqrt{-1}", "incorrect"),
+        ("\\boxed{3i}", "\\sqrt{-4}", "incorrect"),
+        ("\\boxed{1-i\\sqrt{3}}", "1+\\sqrt{-3}", "incorrect"),
+        ("\\boxed{ix}", "\\sqrt{-1}", "incorrect"),  # `i` with another variable is not rewritten
+        ("\\boxed{i}", "1", "incorrect"),
+    ],
+)
+def test_i_is_the_imaginary_unit_against_a_non_real_gold(answer: str, gold: str, status: str) -> None:
+    check(answer, gold, status)

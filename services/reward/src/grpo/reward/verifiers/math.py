@@ -1,12 +1,13 @@
 """Math answer verification on HuggingFace math-verify, with an exactness guard on its numeric shortcuts.
 
-How the final answer is chosen: when the completion has `<answer>…</answer>` blocks, the last one's
-content is judged (the format our prompts ask for); otherwise the whole completion. math-verify then
+How the final answer is chosen (the text's part: math_text): when the completion has `<answer>…</answer>` blocks,
+the last one's content is judged (the format our prompts ask for); otherwise the whole completion. math-verify then
 extracts from that text: `\\boxed{}` content first (several boxes on the last line of answers form a
 set: `\\boxed{1}, \\boxed{2}` is {1, 2}), a "final answer is …" sentence after an intermediate box
 wins, else the last LaTeX or plain-number expression. Bare math (`1-\\frac1{e}`, a gold
 without `$`) is read as LaTeX; plain numbers with thousands separators as numbers, and a bare comma list of
-numbers (`-2, 1`) as the set of its items, never its last number (the comma rule above `_THOUSANDS`).
+numbers (`-2, 1`) as the set of its items, never its last number (the comma rule above `_THOUSANDS`). Scientific
+notation outside math (`1.2e3`, `2.5E-3`) is the number it denotes; in LaTeX `e` stays Euler's (math_text).
 
 math-verify compares numbers after rounding (`evalf` + chop), so it calls `1/2^{99}` equal
 to `1/2^{98}` and `1/2004!` equal to `1/2006!`. Every pair it accepts is re-checked here:
@@ -24,17 +25,25 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
 from typing import Any
 
 import sympy
-from latex2sympy2_extended.math_normalization import units_regex
 from latex2sympy2_extended.sets import FiniteSet as OrderedSet
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-from grpo.reward.verifiers.format import tag_blocks
 from grpo.reward.verifiers.math_choice import choice, stated_letter
 from grpo.reward.verifiers.math_systems import assigned_values, listed_values
+from grpo.reward.verifiers.math_text import (
+    BOX_START,
+    ESCAPED_DOLLAR,
+    after_correction,
+    after_marker,
+    answer_region,
+    box_end,
+    final_answer_sentence,
+    keep_variables,
+    normalise,
+)
 from grpo.reward.verifiers.math_types import MathOptions, MathVerdict
 
 log = logging.getLogger(__name__)
@@ -58,7 +67,6 @@ _SHORT_PROSE = re.compile(
 )
 _WORD_ARGUMENT = re.compile(r"\\(?:begin|end|text|mathrm|mathbf|operatorname)\s*\{[^{}]*\}")  # words, not prose
 _DELIMITED = re.compile(r"\$|\\\(|\\\[|\\boxed|\\fbox")
-_GSM8K_MARKER = re.compile(r"(?:^|\n)\s*####\s*(?=\S[^\n]*$)")  # the last line's "#### 72"
 _PLAIN_NUMBER = re.compile(r"^[+-]?[\d\s.,]*\d[\d\s.,]*%?$")  # 1 000, 1,000.5, 2, 3: numbers and commas only
 # Commas in plain numbers (docs/reward.md, "Lists"): groups of three digits are thousands (`1,000`, `12,345.6`); any
 # other comma separates the items of a list (`-2, 1`, `2,3`: math-verify's LaTeX reader, and MATH's `\boxed{2,3}`),
@@ -67,39 +75,7 @@ _PLAIN_NUMBER = re.compile(r"^[+-]?[\d\s.,]*\d[\d\s.,]*%?$")  # 1 000, 1,000.5, 
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?%?$")
 _DECIMAL_COMMA = re.compile(r"^[+-]?\d+,\d+%?$")
 _EMPTY_ITEM = re.compile(r"^\s*,|(?<!\\),\s*,|,\s*$")  # `1,,2`, `, 2`, `2,`: a list with an item missing
-_FBOX = re.compile(r"\\fbox(?=\s*\{)")
-_BOXES_REWRITTEN = 16  # in_boxes: the last boxes, where math-verify reads an answer
-_BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
-# Between two boxes, a self-correction ("\\boxed{3}, no wait: \\boxed{4}") makes the last box the answer; without
-# one, nearby boxes joined by commas or "and" are one answer with several parts (math-verify's rule).
-_CORRECTION = re.compile(
-    r"\b(?:wait|no|actually|instead|rather|correction|sorry|oops|mistaken?|wrong|incorrect|error|hmm+|re-?check"
-    r"|reconsider)\b",
-    re.IGNORECASE,
-)
-# Upright constants (ISO style): math-verify reads \mathrm{e} as text and then loses the rest of the expression,
-# so `1 - \frac{1}{\mathrm{e}}` and `1 + \frac{1}{\mathrm{e}}` both became 1.
-_UPRIGHT_CONSTANT = re.compile(r"\\(?:mathrm|operatorname)\s*\{\s*(e|i|\\pi)\s*\}")
-# math-verify's "final answer ... is" sentence (its priority-50 pattern, below a box at our priority 0).
-_FINAL_ANSWER = re.compile(r"final answer.{0,100}?\s+is\b", re.IGNORECASE | re.DOTALL)
-# `\$18.90` is a dollar sign, not a math delimiter (`\\$` is a line break and then one).
-_ESCAPED_DOLLAR = re.compile(r"(?<!\\)\\\$")
-_TRAILING_POINT = re.compile(r"(?<=\d)\.(?=\s*\})")  # \boxed{72.}: the sentence's full stop, not a decimal point
-_DIGIT_GROUP_SPACE = re.compile(r"(?<=\d)\\[, ](?=\d{3}(?!\d))")  # 1\,000 and 1\ 000: thousands, not 1·000
-# `\\boxed{1 000 000}` was the product 1·0·0 (0; `\\boxed{12 345}` was 4140): in a box, plain spaces group thousands.
-_SPACED_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?: \d{3})+(?!\d)")
 _WORDS_ONLY = re.compile(r"[^\W\d_]+(?:[\s'-]+[^\W\d_]+)*")  # "Yes", "Evelyn", "not possible": no digits
-# 0.\\overline{3}, 0.1\\overline{6}: math-verify reads the first as 0 and the second as 0.1·bar(6), so 1/3 was
-# "incorrect" against the first and a gold written so was unparseable. \\varnothing is read as a symbol, not ∅.
-_REPEATING = re.compile(r"(?<!\d)(\d*)\.(\d*)\s*\\overline\s*\{\s*(\d+)\s*\}")
-_VARNOTHING = re.compile(r"\\varnothing(?![a-zA-Z])")
-# math-verify strips a unit word from the end of what it reads (`units_regex`), and its list holds single letters and
-# pairs (t, h, c, l, s, g, m, d, o, ab, bc): gold `4s` was 4 (so `\\boxed{4}` was paid) and `\\frac{1}{2}ab` was 1/2
-# (so `\\frac{ab}{2}` scored 0). Longer ones (`5cm`, `3kg`) stay units. Those letters right after a digit or a brace,
-# at the end of a box, a `$` span or the text, or before a `\\text{}` unit there (`2ab \\text{ cm}^2`).
-_TRAILING_LETTERS = re.compile(
-    r"(?<=[\d}])([a-z]|ab|bc)(?=\s*(?:\\(?:text|mathrm|mbox)\s*\{[^{}]*\}(?:\^\{?\d\}?)?\s*)?(?:\$|\\\)|\\\]|$))"
-)
 # An integer gold wants the number itself. math-verify evaluates what it reads, so `047+586`, `4821 \\times 317`,
 # `2^{10}` and `\\frac{8}{2}` were paid: a policy on arithmetic tasks could copy the question into its answer.
 _INTEGER = re.compile(r"[+-]?\d+")
@@ -110,45 +86,6 @@ _OPERATION = re.compile(
 # `1.2 \\times 10^{3}`, and `10^{16}` alone: how large numbers are written, not a restated question.
 _SCIENTIFIC = re.compile(r"(?:[+-]?\d+(?:\.\d+)?\s*(?:\\times|\\cdot|×|\*)\s*)?10\s*\^\s*\{?\s*[+-]?\d+\s*\}?")
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|boxed|fbox)\s*\{([^{}]*)\}")
-
-
-def answer_region(completion: str, tag: str = "answer") -> str:
-    """The text the final answer is extracted from: the last <answer> (`tag`) block's content, else everything."""
-    tagged = tag_blocks(completion, tag)  # not a lazy regex: 40,000 `<answer>` took it 49 s
-    if tagged:  # even when empty: falling back to everything let `<answer></answer>` pass off a box in <think>
-        return completion[slice(*tagged[-1])].strip()
-    return completion.strip()
-
-
-def _box_end(text: str, start: int) -> int:
-    """Index just past the brace that closes the box whose content starts at `start` (len(text) if none)."""
-    depth, i = 1, start
-    while i < len(text) and depth:
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        i += 1
-    return i
-
-
-def after_correction(region: str) -> str:
-    """The region from its last box on when the text before that box corrects the previous box."""
-    boxes = list(_BOX_START.finditer(region))
-    if len(boxes) < 2:
-        return region
-    between = region[_box_end(region, boxes[-2].end()) : boxes[-1].start()]
-    return region[boxes[-1].start() :] if _CORRECTION.search(between) else region
-
-
-def final_answer_sentence(region: str) -> str | None:
-    """The region from its last "final answer ... is" sentence on, when that sentence follows the last box; else None.
-
-    math-verify ranks a box above that sentence wherever they stand, so `\\boxed{5} (pairs) ... the final answer is
-    $7$` was read as 5. Whichever comes last decides: a box after the sentence (or in it) still wins.
-    """
-    sentences = list(_FINAL_ANSWER.finditer(region))
-    boxes = list(_BOX_START.finditer(region))
-    if not sentences or not boxes or boxes[-1].start() > sentences[-1].start():
-        return None
-    return region[sentences[-1].start() :]
 
 
 def malformed(gold: str) -> str | None:
@@ -171,62 +108,6 @@ def malformed(gold: str) -> str | None:
     if _EMPTY_ITEM.search(answer) and not _prose(answer):  # `1,,2`: the number reader kept 1 and paid it
         return "a list with an empty item"
     return None
-
-
-def after_marker(text: str) -> str:
-    """The answer part of a gold or an answer: what follows GSM8K's `####` marker on the last line (a whole
-    solution, or `#### 72`), else all. A model trained on GSM8K ends so: its `#### 72` was read as text, 0."""
-    marker = _GSM8K_MARKER.search(text)
-    return text[marker.end() :] if marker else text
-
-
-def normalise(text: str) -> str:
-    """Notation math-verify misreads, rewritten before parsing: escaped dollars, thin spaces in numbers, `°`."""
-    text = _UPRIGHT_CONSTANT.sub(r"\1", text.strip())
-    text = _FBOX.sub(r"\\boxed", text)  # math-verify finds `\\fbox{3}` only inside `$...$`: elsewhere no answer
-    text = _ESCAPED_DOLLAR.sub("", text)  # its `$` opened a math span: `\$18.90` could not be read at all
-    text = _TRAILING_POINT.sub("", text)
-    text = _DIGIT_GROUP_SPACE.sub("", text)
-    text = in_boxes(text, lambda box: _SPACED_THOUSANDS.sub(lambda number: number.group().replace(" ", ""), box))
-    text = _REPEATING.sub(_repeating_fraction, text)
-    text = _VARNOTHING.sub(r"\\emptyset", text)
-    return text.replace("°", "^\\circ")
-
-
-def _repeating_fraction(match: re.Match[str]) -> str:
-    """`1.2\\overline{34}` as the exact fraction it denotes, `\\frac{p}{q}` in lowest terms."""
-    whole, fixed, period = match.group(1) or "0", match.group(2), match.group(3)
-    denominator = 10 ** len(fixed) * (10 ** len(period) - 1)
-    value = int(whole) + sympy.Rational(int(fixed + period) - int(fixed or "0"), denominator)
-    return f"\\frac{{{value.p}}}{{{value.q}}}"
-
-
-def keep_variables(text: str) -> str:
-    """Trailing letters after a number (`4s`, `\\frac{1}{2}ab`) braced as a factor, `4{s}`, which math-verify keeps.
-
-    Only for an algebraic gold (verify_math): against a number, `\\boxed{5m}` is 5 metres, as math-verify reads it.
-    """
-    text = in_boxes(text, lambda box: _TRAILING_LETTERS.sub(_braced_unit, box))
-    return _TRAILING_LETTERS.sub(_braced_unit, text)
-
-
-def in_boxes(text: str, rewrite: Callable[[str], str]) -> str:
-    """The text with the content of its last closed `\\boxed{}`/`\\fbox{}` boxes rewritten (inner ones as part of theirs).
-
-    Only the last few: math-verify reads the last box and the few joined to it, and finding the end of every box of
-    thousands (`\\boxed{1 \\boxed{1 ...`, never closed) took minutes.
-    """
-    for box in list(_BOX_START.finditer(text))[-_BOXES_REWRITTEN:][::-1]:
-        end = _box_end(text, box.end()) - 1  # the box's closing brace
-        if text[end : end + 1] == "}":
-            text = text[: box.end()] + rewrite(text[box.end() : end]) + text[end:]
-    return text
-
-
-def _braced_unit(match: re.Match[str]) -> str:
-    """Letters math-verify would strip as a unit, braced; others (`3i`, `2xy`) as they are."""
-    letters = match.group(1)
-    return f"{{{letters}}}" if units_regex.search(f"0{letters}") else letters
 
 
 def _algebraic(parsed: list[Any]) -> bool:
@@ -350,6 +231,24 @@ def interval_against_points(gold: Any, answer: Any, answer_text: str = "", optio
     )
 
 
+def imaginary_unit(x: Any, other: Any) -> Any:
+    """`x` with its variable `i` as the imaginary unit when the other side is a closed non-real number.
+
+    math-verify reads `i` as a variable and `\\sqrt{-1}` as sympy's I, so `i` scored 0 against `\\sqrt{-1}` (and `2i`
+    against `\\sqrt{-4}`). Only when `i` is the one variable in `x`: there it cannot stand for anything else.
+    """
+    if not (isinstance(x, sympy.Expr) and _closed_number(other)):
+        return x
+    symbols = x.free_symbols
+    if not symbols or any(getattr(s, "name", None) != "i" for s in symbols):
+        return x
+    try:
+        non_real = sympy.im(sympy.N(other, 30)) != 0
+    except (TypeError, ValueError, ArithmeticError):
+        return x
+    return x.subs({s: sympy.I for s in symbols}) if non_real else x
+
+
 def _pair_correct(gold: Any, answer: Any, options: MathOptions, answer_text: str = "") -> bool:
     orders, values = assigned_values(gold), listed_values(answer)
     if orders and values is not None:  # gold `x = 1, y = 2`, answer `2, 1`: math-verify pairs them sorted by value
@@ -359,6 +258,7 @@ def _pair_correct(gold: Any, answer: Any, options: MathOptions, answer_text: str
         )
     if interval_against_points(gold, answer, answer_text, options):
         return False
+    gold, answer = imaginary_unit(gold, answer), imaginary_unit(answer, gold)
     # Gold first: math-verify is asymmetric (assignments and intervals are read from the gold side).
     same = verify(
         gold,
@@ -403,7 +303,7 @@ def _words(text: str) -> str:
     previous = None
     while previous != text:  # \\boxed{\\text{Yes}}: unwrap from the inside out
         previous, text = text, _TEXT_WRAPPER.sub(r"\1", text)
-    text = _ESCAPED_DOLLAR.sub("", text).replace("$", " ")
+    text = ESCAPED_DOLLAR.sub("", text).replace("$", " ")
     return " ".join(text.split()).strip(" .,;:!?()'\"").casefold()
 
 
@@ -415,8 +315,8 @@ def word_gold(gold: str) -> str | None:
 
 def _word_verdict(words: str, region: str) -> MathVerdict:
     """A words-only gold math-verify reads as nothing: the answer's words (its last box, if any) decide."""
-    boxes = list(_BOX_START.finditer(region))
-    said = region[boxes[-1].start() : _box_end(region, boxes[-1].end())] if boxes else region
+    boxes = list(BOX_START.finditer(region))
+    said = region[boxes[-1].start() : box_end(region, boxes[-1].end())] if boxes else region
     correct = _words(said) == words
     return MathVerdict("correct" if correct else "incorrect", correct, said[:200], "compared as words")
 
