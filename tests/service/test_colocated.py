@@ -106,6 +106,9 @@ def test_a_push_to_a_colocated_replica_is_refused(tmp_path: Path, redis_url: str
         status = replica_status(replica.address)
         assert status.weight_version < 10**6
         wait_for(lambda: any(r["step"] >= 2 for r in read_metrics(tmp_path / "out")), 120, "step 2", proc, log)
+        # After an update it names its version, not a sha256 of the learner's tensors (nothing travels to check).
+        now = replica_status(replica.address)
+        assert now.weight_version > 0 and now.weight_checksum == f"in-process-v{now.weight_version}", now
         assert httpx.get(f"http://127.0.0.1:{json.loads(config.read_text())['http_port']}/healthz").status_code == 200
     finally:
         proc.kill()
