@@ -103,6 +103,30 @@ def test_verify_code(live_reward: Any) -> None:
     assert (r.json()["passed"], r.json()["total"]) == (2, 4)
 
 
+def test_verify_code_judges_unittest_and_pytest_tests_as_those_tools_do(live_reward: Any) -> None:
+    """Tests written for unittest (`unittest.main()`) or pytest (uncalled `def test_*`, KodCode's `from solution
+    import`), through the API as a user sends them: the right function passes, a wrong one or an object that equals
+    anything fails. Before, unittest.main() failed every answer and an uncalled pytest function passed every one."""
+    unittest_tests = (
+        "import unittest\n\nclass T(unittest.TestCase):\n    def test_add(self):\n"
+        "        self.assertEqual(add(1, 2), 3)\n\nif __name__ == '__main__':\n    unittest.main()\n"
+    )
+    pytest_tests = "from solution import add\n\ndef test_add():\n    assert add(1, 2) == 3\n"
+    answers = {
+        "right": "def add(a, b):\n    return a + b\n",
+        "wrong": "def add(a, b):\n    return a - b\n",
+        "always equal": "class E:\n    def __eq__(self, o):\n        return True\n\ndef add(a, b):\n    return E()\n",
+    }
+    verdicts = {}
+    for name, code in answers.items():
+        body = {"code": code, "tests": [{"assert": unittest_tests}, {"assert": pytest_tests}]}
+        r = post(live_reward, "/v1/verify/code", body)
+        assert r.status_code == 200, r.text
+        verdicts[name] = [t["verdict"] for t in r.json()["tests"]]
+    assert verdicts["right"] == ["pass", "pass"], verdicts
+    assert "pass" not in verdicts["wrong"] + verdicts["always equal"], verdicts
+
+
 CPP_SUM = (
     "```cpp\n#include <iostream>\nint main(){ long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }\n```"
 )

@@ -370,6 +370,13 @@ def test_per_test_limits(sandbox: Sandbox) -> None:
         run_code_tests(sandbox, code, [{"stdin": "", "expected_stdout": "", "timeout_s": -1}])
 
 
+# Neither `unittest.main()` (it exits before the proof of completion: every candidate fails) nor
+# `unittest.main(exit=False)` (failures are printed, not raised: every candidate passes) judges; this does.
+UNITTEST_RUN = (
+    "assert unittest.TextTestRunner().run(unittest.defaultTestLoader.loadTestsFromTestCase(T)).wasSuccessful()"
+)
+UNITTEST = "import unittest\nclass T(unittest.TestCase):\n    def test_1(self):\n        {check}\n" + UNITTEST_RUN
+
 ALWAYS_EQUAL = """class AlwaysEqual:
     def __eq__(self, other): return True
     def __ne__(self, other): return False
@@ -393,6 +400,27 @@ def pair(a): return [AlwaysEqual(), a]
         "assert add(1, 2) in [3, 4]",
         "def check(candidate):\n    assert candidate(1, 2) == 3\n\ncheck(add)",
         "assert all(add(a, b) == a + b for a, b in [(1, 2), (2, 2)])",
+        # A check that raises or exits instead of `assert` (these passed the guard of asserts alone).
+        "if add(1, 2) != 3:\n    raise AssertionError",
+        "if not add(1, 2) == 3:\n    raise ValueError('wrong')",
+        "if add(1, 2) == 3:\n    pass\nelse:\n    raise AssertionError",
+        "import sys\nif add(1, 2) != 3:\n    print('FAIL')\n    sys.exit(1)",
+        # unittest's assertion methods, in tests that make a failed test method fail the program (see UNITTEST).
+        *(
+            UNITTEST.format(check=check)
+            for check in (
+                "self.assertEqual(add(1, 2), 3)",
+                "self.assertEqual(3, add(1, 2), msg='sum')",
+                "self.assertEqual(first=add(1, 2), second=3)",
+                "self.assertTrue(add(1, 2) == 3)",
+                "self.assertFalse(add(1, 2) != 3)",
+                "self.assertAlmostEqual(add(1, 2), 3)",
+                "self.assertIn(add(1, 2), [3, 4])",
+                "self.assertListEqual(pair(1), [3, 1])",
+                "self.assertLess(add(1, 2), 4)",
+            )
+        ),
+        UNITTEST.format(check="self.assertEqual(add(1, 2), 3)").replace(UNITTEST_RUN, "T('test_1').test_1()"),
     ],
 )
 def test_an_object_built_to_equal_anything_does_not_pass(sandbox: Sandbox, tests: str) -> None:
@@ -429,18 +457,49 @@ def test_an_object_built_to_equal_anything_does_not_pass(sandbox: Sandbox, tests
             "class Row(list):\n    def __getitem__(s, i): return list.__getitem__(s, i)\ndef f(): return Row([1, 2])",
             "assert f() == [1, 2] and 2 in f()",
         ),
+        ("def add(a, b): return a + b", "if add(1, 2) != 3 or not add(1, 2) in (3,):\n    raise AssertionError"),
+        (
+            "class Node:\n    def __init__(s, v): s.v = v\n    def __eq__(s, o): return isinstance(o, Node) and s.v == o.v\n"
+            "def f(): return Node(1)",
+            "if f() != Node(1):\n    raise AssertionError\n"
+            + UNITTEST.format(check="self.assertEqual(f(), Node(1)); self.assertIn(f(), [Node(1)])"),
+        ),
+        (
+            "from collections import Counter, namedtuple\nfrom dataclasses import dataclass\nP = namedtuple('P', 'x y')\n"
+            "@dataclass\nclass D:\n    x: int\ndef f(): return P(1, 2)\ndef g(): return Counter('aab')\n"
+            "def h(): return D(1)",
+            UNITTEST.format(
+                check="self.assertEqual(f(), (1, 2)); self.assertEqual(g(), {'a': 2, 'b': 1}); "
+                "self.assertEqual(h(), D(1)); self.assertTupleEqual(tuple(f()), (1, 2))"
+            ),
+        ),
+        (
+            "def f(x): return [x + 0.1, 2]",
+            "class Approx:\n    def __init__(s, v): s.v = v\n    def __eq__(s, o): return abs(o - s.v) < 1e-6\n"
+            + UNITTEST.format(
+                check="self.assertAlmostEqual(f(1)[0], 1.1); self.assertListEqual(f(1), [1.1, 2]); "
+                "self.assertCountEqual(f(1), [2, 1.1]); self.assertTrue(f(1)[1] == 2); self.assertIn(2, f(1)); "
+                "self.assertGreater(f(1)[0], 1); self.assertEqual(f(0.2)[0], Approx(0.3)); "
+                "self.assertRaises(ZeroDivisionError, lambda: 1 / 0); self.assertIsNone(None)"
+            ),
+        ),
     ],
 )
 def test_right_answers_still_pass_the_guarded_comparisons(sandbox: Sandbox, code: str, tests: str) -> None:
     assert _verdicts(sandbox, code, [{"assert": tests}]) == ["pass"]
 
 
-def test_guarded_rewrites_only_the_comparisons_of_asserts() -> None:
+def test_guarded_rewrites_only_the_comparisons_of_checks() -> None:
     tests = "x = 1 == 1\nassert f(1) == 3, 'message'\nassert f(2) is None\n"
     program = guarded(tests)
     assert program.startswith(GUARD)
     body = program[len(GUARD) :]
     assert "x = 1 == 1" in body and "assert f(2) is None" in body
     assert "assert __grpo_compare__('==', f(1), 3), 'message'" in body
-    assert guarded("print(1 == 1)") == "print(1 == 1)"  # no assert: as written
+    assert guarded("print(1 == 1)") == "print(1 == 1)"  # no check: as written
+    assert guarded("if x == 1:\n    print(x)") == "if x == 1:\n    print(x)"  # an `if` that does not fail the tests
+    checks = guarded("if f(1) != 3:\n    raise E\nself.assertTrue(f(2) == 4)\nself.assertEqual(f(3), 5, msg='m')")
+    assert "if __grpo_compare__('!=', f(1), 3):" in checks
+    assert "self.assertTrue(__grpo_compare__('==', f(2), 4))" in checks
+    assert "__grpo_assertion__(self.assertEqual, f(3), 5, msg='m')" in checks
     assert guarded("assert (") == "assert ("  # does not parse: fails as written

@@ -11,6 +11,13 @@ the assertion fails, saying why. Objects of the candidate's classes on both side
 its own `__eq__` against one the tests built with it), as do plain values, the tests' own helpers (`Approx(0.5)`) and
 the candidate's namedtuples and dataclasses (their comparisons are not the candidate's code).
 
+The same goes for the other ways a test states a check: the comparisons in the condition of an `if` that raises or
+exits (`if f(1) != 3: raise AssertionError`), and in the arguments of a unittest-style assertion method
+(`self.assertTrue(f(1) == 3)`), whose two compared arguments are checked too (`self.assertEqual(f(1), 3)`,
+`assertAlmostEqual`, `assertIn`, `assertListEqual`, ...: PAIRED), whatever object the method is called on. Such a
+method's failure fails the tests however they run it (`unittest.main()`, an unchecked runner, pytest-style functions:
+verifiers/frameworks.py).
+
 What this does not stop: code written against this harness (it can rebind the names used here, or set its
 `__name__`); see grpo/reward/sandbox/languages.py for the threat model of the sandbox's proof.
 """
@@ -22,8 +29,21 @@ import functools
 import threading
 
 GUARD_NAME = "__grpo_compare__"
+CALL_NAME = "__grpo_assertion__"  # calls a PAIRED method after checking its two compared arguments as GUARD_NAME does
 _OPERATORS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.In: "in",
               ast.NotIn: "not in"}  # fmt: skip
+# unittest.TestCase's methods that compare their first two arguments (with the aliases unittest still has or had).
+PAIRED = frozenset({
+    "assertEqual", "assertNotEqual", "assertAlmostEqual", "assertNotAlmostEqual", "assertListEqual",
+    "assertTupleEqual", "assertSetEqual", "assertDictEqual", "assertSequenceEqual", "assertMultiLineEqual",
+    "assertCountEqual", "assertGreater", "assertGreaterEqual", "assertLess", "assertLessEqual", "assertIn",
+    "assertNotIn", "assertDictContainsSubset", "assertItemsEqual", "assertEquals", "assertNotEquals",
+    "assertAlmostEquals", "assertNotAlmostEquals", "failUnlessEqual", "failIfEqual", "failUnlessAlmostEqual",
+    "failIfAlmostEqual",
+})  # fmt: skip
+# Where a comparison is the check itself: the arguments of these (assertTrue(a == b)) and of PAIRED.
+CHECKING = PAIRED | {"assertTrue", "assertFalse", "assert_", "failUnless", "failIf"}
+_EXITS = frozenset({"exit", "quit", "_exit"})  # exit(1), sys.exit(1), os._exit(1)
 
 # Defined after the candidate has run and before the tests (the candidate is `__candidate__`, see code.program_for).
 GUARD = f'''
@@ -50,18 +70,31 @@ def {GUARD_NAME}_make():
                     return found
         return None
 
-    def compare(op, left, right):
+    def check(op, left, right):
         mine, theirs = foreign(left, [10_000]), foreign(right, [10_000])
         if (mine is None) != (theirs is None):
             kind = (mine or theirs).__name__
             raise AssertionError(f"`{{op}}` between an object of the candidate's class {{kind}}, which compares by its "
                                  "own methods, and a plain value: not judged equal")
+
+    def compare(op, left, right):
+        check(op, left, right)
         return ops[op](left, right)
 
-    return compare
+    # The compared arguments' names in unittest's methods, for those given by keyword (`first=f(1), second=3`).
+    compared = {{"first", "second", "member", "container", "a", "b", "list1", "list2", "tuple1", "tuple2", "set1",
+                "set2", "seq1", "seq2", "d1", "d2", "subset", "dictionary"}}
+
+    def call(method, /, *args, **kwargs):
+        pair = [*args[:2], *(value for key, value in kwargs.items() if key in compared)][:2]
+        if len(pair) == 2:
+            check(getattr(method, "__name__", "assertion"), *pair)
+        return method(*args, **kwargs)
+
+    return compare, call
 
 
-{GUARD_NAME} = {GUARD_NAME}_make()
+{GUARD_NAME}, {CALL_NAME} = {GUARD_NAME}_make()
 del {GUARD_NAME}_make
 '''
 
@@ -78,11 +111,53 @@ def parse(source: str) -> ast.Module:
 
 
 class _Comparisons(ast.NodeTransformer):
-    """Every single comparison inside an assert statement, as a call of the guard."""
+    """Every single comparison inside a check (an assert statement, the condition of an `if` that fails the tests,
+    the arguments of an assertion method) as a call of the guard, and a PAIRED method's call through CALL_NAME, which
+    checks its two compared arguments. `changed`: whether it rewrote anything."""
+
+    def __init__(self) -> None:
+        self.changed = False
 
     def visit_Assert(self, node: ast.Assert) -> ast.Assert:
+        self.changed = True
         node.test = _Guarded().visit(node.test)
         return node
+
+    def visit_If(self, node: ast.If) -> ast.If:
+        self.generic_visit(node)
+        if _fails(node.body) or _fails(node.orelse):
+            self.changed = True
+            node.test = _Guarded().visit(node.test)
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.Call:
+        # `x.assertEqual(a, b)` -> `CALL_NAME(x.assertEqual, a, b)`: the method is looked up before its arguments are
+        # evaluated, as before; given by keyword or unpacked (`*pair`), its arguments are checked all the same.
+        self.generic_visit(node)
+        method = node.func.attr if isinstance(node.func, ast.Attribute) else None
+        if method not in CHECKING:
+            return node
+        self.changed = True
+        node.args = [_Guarded().visit(arg) for arg in node.args]
+        for keyword in node.keywords:
+            keyword.value = _Guarded().visit(keyword.value)
+        if method in PAIRED:
+            return ast.copy_location(
+                ast.Call(ast.Name(CALL_NAME, ast.Load()), [node.func, *node.args], node.keywords), node
+            )
+        return node
+
+
+def _fails(body: list[ast.stmt]) -> bool:
+    """Whether a block ends by failing the tests: a `raise`, or an exit (`sys.exit(1)`)."""
+    if not body:
+        return False
+    last = body[-1]
+    if isinstance(last, ast.Raise):
+        return True
+    call = last.value if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) else None
+    name = call and (call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", None))
+    return name in _EXITS
 
 
 class _Guarded(ast.NodeTransformer):
@@ -97,12 +172,14 @@ class _Guarded(ast.NodeTransformer):
 
 @functools.lru_cache(maxsize=64)  # the same tests for every candidate of a task
 def guarded(tests: str) -> str:
-    """The assert tests with their comparisons guarded, the guard defined before them; as they are when they do not
-    parse (they fail as written) or hold no assert statement."""
+    """The assert tests with their checks' comparisons guarded (_Comparisons), the guard defined before them; as they
+    are when they do not parse (they fail as written) or hold no check."""
     try:
         tree = parse(tests)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return tests
-    if not any(isinstance(node, ast.Assert) for node in ast.walk(tree)):
+    rewrite = _Comparisons()
+    tree = rewrite.visit(tree)
+    if not rewrite.changed:
         return tests
-    return GUARD + ast.unparse(ast.fix_missing_locations(_Comparisons().visit(tree)))
+    return GUARD + ast.unparse(ast.fix_missing_locations(tree))

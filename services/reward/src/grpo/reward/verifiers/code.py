@@ -17,6 +17,7 @@ from grpo.reward.sandbox import ExecResult, Limits, Sandbox
 from grpo.reward.sandbox.build_cache import build_checker, build_program
 from grpo.reward.sandbox.languages import Launch, run_launch
 from grpo.reward.verifiers.assert_guard import guarded, parse
+from grpo.reward.verifiers.frameworks import harnessed
 
 VERDICTS = ("pass", "fail", "compile_error", "timeout", "runtime_error", "memory_limit", "process_limit",
             "output_limit", "skipped", "checker_error", "sandbox_error")  # fmt: skip
@@ -337,9 +338,12 @@ def program_for(code: str, test: dict[str, Any]) -> tuple[str, str]:
     """(program, stdin) for one test: assert tests run after the candidate in the same program, the candidate as a
     module that is not `__main__` (as HumanEval's harness runs it: its `if __name__ == "__main__":` demo, which may
     read stdin or exit, is not the function under test), the tests as `__main__` (their own guard runs), their
-    comparisons guarded against the candidate's always-equal objects (assert_guard)."""
+    comparisons guarded against the candidate's always-equal objects (assert_guard); tests written for unittest or
+    pytest (`unittest.main()`, `def test_x():`, `from solution import f`) inside the harness that judges them as
+    those tools do (frameworks)."""
     if "assert" in test:
-        program = _not_main(code) + "\n__name__ = '__main__'\n" + guarded(test["assert"]) + "\n"
+        tests = test["assert"]
+        program = _not_main(code) + "\n__name__ = '__main__'\n" + harnessed(tests, guarded(tests)) + "\n"
         return program, test.get("stdin", "")
     return code, test.get("stdin", "")
 
