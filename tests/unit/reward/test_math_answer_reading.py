@@ -375,3 +375,22 @@ def test_scientific_notation_is_the_number_an_integer_gold_wants() -> None:
 )
 def test_i_is_the_imaginary_unit_against_a_non_real_gold(answer: str, gold: str, status: str) -> None:
     check(answer, gold, status)
+
+
+# 15. A decimal is the exact number it writes: math-verify multiplied out a binary float, so `6.022 \times 10^{23}` was
+# 602200000000000027262976 and matched neither the integer it writes nor `6.022e23`.
+@pytest.mark.parametrize(
+    ("answer", "gold", "status"),
+    [
+        (R("", "602200000000000000000000"), "6.022 \\times 10^{23}", "correct"),  # was incorrect
+        ("\\boxed{6.022 \\times 10^{23}}", "602200000000000000000000", "correct"),  # was incorrect
+        (R("", "6.022e23"), "6.022 \\times 10^{23}", "correct"),  # was incorrect
+        ("\\boxed{6.02 \\times 10^{23}}", "6.022 \\times 10^{23}", "incorrect"),
+        (R("", "602200000000000000000001"), "6.022 \\times 10^{23}", "incorrect"),
+        # Only the digits written count: a float's approximation of 2^64 is not 2^64.
+        ("\\boxed{1.8446744073709552 \\times 10^{19}}", "18446744073709551616", "incorrect"),
+        ("\\boxed{1.6 \\times 10^{-30}}", "1.5 \\times 10^{-30}", "incorrect"),
+    ],
+)
+def test_a_decimal_is_the_exact_number_it_writes(answer: str, gold: str, status: str) -> None:
+    check(answer, gold, status)

@@ -268,7 +268,27 @@ def _pair_correct(gold: Any, answer: Any, options: MathOptions, answer_text: str
         allow_set_relation_comp=options.allow_set_relation_comp,
         timeout_seconds=None,
     )
+    if not same and equal_as_written(gold, answer):
+        return True
     return bool(same) and not numerically_different(gold, answer, options.precision)
+
+
+def equal_as_written(gold: Any, answer: Any) -> bool:
+    """Whether two closed numbers, one written with a decimal, are equal once each decimal is the exact number it
+    writes (`6.022` is 3011/500).
+
+    math-verify multiplies out a binary float, so `6.022 \\times 10^{23}` became 602200000000000027262976 and neither
+    `602200000000000000000000` nor that notation matched the other (rounding to `precision` decimal places cannot
+    absorb the error of a number that large). Only the digits written count: `1.8446744073709552 \\times 10^{19}` is
+    not 2^64.
+    """
+    if not (_closed_number(gold) and _closed_number(answer)) or not (gold.has(sympy.Float) or answer.has(sympy.Float)):
+        return False
+    try:
+        exact = [x.xreplace({f: sympy.Rational(str(f)) for f in x.atoms(sympy.Float)}).doit() for x in (gold, answer)]
+        return bool(exact[0].is_Rational and exact[1].is_Rational and exact[0] == exact[1])
+    except (TypeError, ValueError, ArithmeticError):
+        return False
 
 
 def undefined_number(parsed: list[Any]) -> bool:
