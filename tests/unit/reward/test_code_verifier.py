@@ -428,6 +428,18 @@ def test_an_object_built_to_equal_anything_does_not_pass(sandbox: Sandbox, tests
     assert _verdicts(sandbox, ALWAYS_EQUAL, [{"assert": tests}]) == ["runtime_error"]
 
 
+@pytest.mark.parametrize("method", ["functools.partialmethod(lambda s, o: True)", "property(lambda s: lambda o: True)"])
+def test_an_always_equal_comparison_that_is_not_the_candidates_function_does_not_pass(
+    sandbox: Sandbox, method: str
+) -> None:
+    """`__eq__` as a partialmethod or a property answering true for anything is no function of the candidate's module:
+    the guard, which looked at the method's module, let them pass (a bare builtin such as `operator.is_not` is not
+    bound to the instance, so it raises on its own)."""
+    code = f"import functools\nclass E:\n    __eq__ = {method}\n    __hash__ = None\ndef add(a, b): return E()\n"
+    [result] = run_code_tests(sandbox, code, [{"assert": "assert add(1, 2) == 3"}], timeout_s=10.0)
+    assert result.verdict == "runtime_error" and "the candidate's class E" in result.stderr, result.stderr[-2000:]
+
+
 @pytest.mark.parametrize(
     ("code", "tests"),
     [

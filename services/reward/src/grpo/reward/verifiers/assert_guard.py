@@ -48,17 +48,28 @@ _EXITS = frozenset({"exit", "quit", "_exit"})  # exit(1), sys.exit(1), os._exit(
 # Defined after the candidate has run and before the tests (the candidate is `__candidate__`, see code.program_for).
 GUARD = f'''
 def {GUARD_NAME}_make():
-    import operator
+    import operator, types
     ops = {{"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
            ">=": operator.ge, "in": lambda a, b: a in b, "not in": lambda a, b: a not in b}}
     # What a comparison calls (a list subclass of the candidate's with its own __getitem__ still compares as a list).
     names = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__")
 
+    def own(kind):
+        """Whether the class compares by the candidate's code: a method the candidate wrote, or in a class of its own
+        any comparison that is not a plain function (`__eq__ = operator.is_not` is a builtin of no module of its);
+        a dataclass's generated methods are functions of another module."""
+        if any(getattr(getattr(kind, n, None), "__module__", None) == "__candidate__" for n in names):
+            return True
+        return any(
+            getattr(c, "__module__", None) == "__candidate__" and any(
+                vars(c).get(n) is not None and not isinstance(vars(c)[n], types.FunctionType) for n in names)
+            for c in getattr(kind, "__mro__", ()))
+
     def foreign(value, budget, depth=0):
         """The candidate's class with comparisons of its own, in value or its items (10,000 items at most, 20 deep),
         else None."""
         kind = type(value)
-        if any(getattr(getattr(kind, n, None), "__module__", None) == "__candidate__" for n in names):
+        if own(kind):
             return kind
         if kind in (list, tuple, set, frozenset, dict) and budget[0] > 0 and depth < 20:
             for item in (*value.keys(), *value.values()) if kind is dict else value:
