@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from grpo.reward.sandbox import ExecResult, Sandbox
-from grpo.reward.verifiers.assert_guard import GUARD, guarded
+from grpo.reward.verifiers.assert_guard import GUARD, LINES_NAME, guarded
 from grpo.reward.verifiers.code import (
     CANDIDATE_NAME,
     Judge,
@@ -212,7 +214,7 @@ def test_validate_tests_names_the_bad_test(tests: list[object], message: str) ->
 def test_program_for_appends_the_assert_program() -> None:
     assert program_for("def f(): return 1", {"assert": "assert f() == 1"}) == (
         f"__name__ = {CANDIDATE_NAME!r}; __import__('sys').modules[__name__] = __import__('sys').modules['__main__']"
-        "\ndef f(): return 1\n__name__ = '__main__'\n" + guarded("assert f() == 1") + "\n",
+        f"\ndef f(): return 1\n__name__ = '__main__'\n{LINES_NAME} = 2\n" + guarded("assert f() == 1") + "\n",
         "",
     )
     assert program_for("print(input())", {"stdin": "7\n", "expected_stdout": "7"}) == ("print(input())", "7\n")
@@ -247,7 +249,11 @@ def test_the_candidate_of_an_assert_program_is_not_main_and_still_compiles(candi
     ],
 )
 def test_a_candidate_that_does_not_parse_or_ends_lines_in_cr_is_run_as_it_is(candidate: str) -> None:
-    assert program_for(candidate, {"assert": "f()"})[0] == candidate + "\n__name__ = '__main__'\nf()\n"
+    lines = len(re.findall(r"\r\n|\r|\n", candidate)) + 1  # as Python counts them: a lone \r ends a line
+    assert (
+        program_for(candidate, {"assert": "f()"})[0]
+        == f"{candidate}\n__name__ = '__main__'\n{LINES_NAME} = {lines}\nf()\n"
+    )
 
 
 def _verdicts(sandbox: Sandbox, code: str, tests: list[dict[str, str]], **kw: float) -> list[str]:
@@ -426,6 +432,24 @@ def pair(a): return [AlwaysEqual(), a]
 def test_an_object_built_to_equal_anything_does_not_pass(sandbox: Sandbox, tests: str) -> None:
     """The AlwaysEqual hack: a returned object whose `__eq__` (and `__lt__`, `__sub__`, ...) answers true passed."""
     assert _verdicts(sandbox, ALWAYS_EQUAL, [{"assert": tests}]) == ["runtime_error"]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "def add(a, b):\n    class E:\n        def __eq__(self, other):\n            return True\n    return E()\n",
+        "def add(a, b):\n    class E:\n        __eq__ = lambda s, o: True\n        __hash__ = None\n    return E()\n",
+        "import functools, operator\ndef add(a, b):\n"
+        "    return type('E', (), {'__eq__': functools.partial(operator.is_not, None), '__hash__': None})()\n",
+    ],
+    ids=["a class made when called", "its lambda", "type() with a partial"],
+)
+def test_an_always_equal_class_the_candidate_makes_when_called_does_not_pass(sandbox: Sandbox, code: str) -> None:
+    """A class the candidate's function makes while the tests run gets the module name of that moment, `__main__`:
+    the guard, which judged a comparison by its module, let `def f(): class E: __eq__ = ...` pass every assert."""
+    for tests in ("assert add(1, 2) == 3", "def check(candidate):\n    assert candidate(1, 2) == 3\n\ncheck(add)"):
+        [result] = run_code_tests(sandbox, code, [{"assert": tests}], timeout_s=10.0)
+        assert result.verdict == "runtime_error" and "the candidate's class E" in result.stderr, result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("method", ["functools.partialmethod(lambda s, o: True)", "property(lambda s: lambda o: True)"])

@@ -29,6 +29,7 @@ import functools
 import threading
 
 GUARD_NAME = "__grpo_compare__"
+LINES_NAME = "__grpo_candidate_lines__"  # set by code.program_for: the candidate's code is the program's lines 1..N
 CALL_NAME = "__grpo_assertion__"  # calls a PAIRED method after checking its two compared arguments as GUARD_NAME does
 _OPERATORS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.In: "in",
               ast.NotIn: "not in"}  # fmt: skip
@@ -48,22 +49,44 @@ _EXITS = frozenset({"exit", "quit", "_exit"})  # exit(1), sys.exit(1), os._exit(
 # Defined after the candidate has run and before the tests (the candidate is `__candidate__`, see code.program_for).
 GUARD = f'''
 def {GUARD_NAME}_make():
-    import operator, types
+    import operator, sys, types
     ops = {{"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
            ">=": operator.ge, "in": lambda a, b: a in b, "not in": lambda a, b: a not in b}}
     # What a comparison calls (a list subclass of the candidate's with its own __getitem__ still compares as a list).
     names = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__")
+    # Whose code a function is, by where it was written: a class the candidate makes when the tests call it gets the
+    # module name of that moment (`__main__`), so the module alone let `def f(): class E: __eq__ = ...` through.
+    program, candidate_lines = sys._getframe().f_code.co_filename, globals().get("{LINES_NAME}", 0)
+
+    def written(entry):
+        """"candidate" or "tests" for code written in the program (a function, or a property, partialmethod,
+        staticmethod, classmethod or partial around one), "__candidate__"'s code wherever it was compiled, else None."""
+        for _ in range(5):
+            code = getattr(entry, "__code__", None)
+            if isinstance(code, types.CodeType):
+                if code.co_filename == program:
+                    return "candidate" if code.co_firstlineno <= candidate_lines else "tests"
+                return "candidate" if getattr(entry, "__module__", None) == "__candidate__" else None
+            inner = [getattr(entry, a, None) for a in ("fget", "func", "__func__", "__wrapped__")]
+            entry = next((x for x in inner if x is not None), None)
+            if entry is None:
+                return None
+        return None
 
     def own(kind):
-        """Whether the class compares by the candidate's code: a method the candidate wrote, or in a class of its own
-        any comparison that is not a plain function (`__eq__ = operator.is_not` is a builtin of no module of its);
-        a dataclass's generated methods are functions of another module."""
-        if any(getattr(getattr(kind, n, None), "__module__", None) == "__candidate__" for n in names):
-            return True
-        return any(
-            getattr(c, "__module__", None) == "__candidate__" and any(
-                vars(c).get(n) is not None and not isinstance(vars(c)[n], types.FunctionType) for n in names)
-            for c in getattr(kind, "__mro__", ()))
+        """Whether the class compares by the candidate's code: a comparison the candidate wrote anywhere in its
+        classes, or in a class of the program's any comparison that is no function of the tests' or of a library's
+        (`__eq__ = functools.partial(...)`); a dataclass's generated methods are functions of no one's lines."""
+        for c in getattr(kind, "__mro__", ()):
+            ours = getattr(c, "__module__", None) in ("__candidate__", "__main__")
+            for n in names:
+                entry = vars(c).get(n)
+                if entry is None:
+                    continue
+                whose = written(entry)
+                if whose == "candidate" or (whose is None and ours and not isinstance(entry, types.FunctionType)):
+                    return True
+        return False
 
     def foreign(value, budget, depth=0):
         """The candidate's class with comparisons of its own, in value or its items (10,000 items at most, 20 deep),

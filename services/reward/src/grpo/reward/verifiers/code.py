@@ -16,7 +16,7 @@ from grpo.reward.output import returned_stderr, returned_stdout, stream_bytes
 from grpo.reward.sandbox import ExecResult, Limits, Sandbox
 from grpo.reward.sandbox.build_cache import build_checker, build_program
 from grpo.reward.sandbox.languages import Launch, run_launch
-from grpo.reward.verifiers.assert_guard import guarded, parse
+from grpo.reward.verifiers.assert_guard import LINES_NAME, guarded, parse
 from grpo.reward.verifiers.frameworks import harnessed
 
 VERDICTS = ("pass", "fail", "compile_error", "timeout", "runtime_error", "memory_limit", "process_limit",
@@ -342,8 +342,11 @@ def program_for(code: str, test: dict[str, Any]) -> tuple[str, str]:
     pytest (`unittest.main()`, `def test_x():`, `from solution import f`) inside the harness that judges them as
     those tools do (frameworks)."""
     if "assert" in test:
-        tests = test["assert"]
-        program = _not_main(code) + "\n__name__ = '__main__'\n" + harnessed(tests, guarded(tests)) + "\n"
+        tests, candidate = test["assert"], _not_main(code)
+        lines = len(re.findall(r"\r\n|\r|\n", candidate)) + 1  # as Python counts them (assert_guard reads it)
+        program = (
+            f"{candidate}\n__name__ = '__main__'\n{LINES_NAME} = {lines}\n" + harnessed(tests, guarded(tests)) + "\n"
+        )
         return program, test.get("stdin", "")
     return code, test.get("stdin", "")
 
