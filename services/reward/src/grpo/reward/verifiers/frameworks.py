@@ -30,8 +30,9 @@ The candidate's own tests do not count: its TestCases' results and its `test*` f
 `__candidate__`) are not the tests'. A skip raised through the candidate's code (`raise unittest.SkipTest` or
 `pytest.skip()` in the function under test) is an error, not a skip; so is a `pytest.skip`/`pytest.xfail` that the
 tests' code did not call by name (`map(pytest.skip, ...)` returned for the tests to iterate). The candidate cannot
-import pytest while it is defined (there is none then, as before); its own `pytest` in sys.modules is replaced. Whatever the candidate raises out of a test ends the run or fails it;
-SystemExit from it still ends the program before the proof.
+import pytest while it is defined (there is none then, as before); its own `pytest` in sys.modules is replaced.
+Whatever the candidate raises out of a test ends the run or fails it; SystemExit from it still ends the program before
+the proof.
 
 What this does not stop: a candidate that tampers with the unittest machinery the tests share with it while they run
 (replacing `TestResult.addFailure` from inside the function under test); see languages.py's threat model. The
