@@ -23,6 +23,7 @@ BENCHES = [
     "bench_eval.py",  # ~1 min: a 500-problem evaluation through the services vs in-process
     "bench_footprint.py",  # ~2 min: RSS/PSS of every process of the demo stack, ready and peak
     "bench_episodes.py",  # ~3 min: episodes vs single-turn through the services, and a timed episode batch
+    "bench_python_session.py",  # ~15 s: python calls in a session (replaying the earlier ones) vs fresh programs
     "bench_weight_broadcast.py",
     "bench_trainer.py",
     "bench_packing.py",  # ~6 min on 1 CPU thread: packed vs padded Learner steps, peak RSS per arm

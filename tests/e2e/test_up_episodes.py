@@ -1,7 +1,9 @@
 """Multi-turn episodes through `grpo up -c stack.yaml`, as a user runs them: Redis, the reward service, a rollout
 replica and the trainer as real processes, the tool model (tests/support/tool_model.py: `<code>print(6*7)</code>`,
-then `<answer>42</answer>` after the result) on a trainer config with `tools: [python]`. Every episode's call runs
-in the reward service's sandbox, the books balance, and the greedy evaluation answers from the tool's output."""
+then `<answer>42</answer>` after the result) on a trainer config with `tools: [python]` and `python_session: true`.
+Every episode's call runs in the reward service's sandbox, the books balance, and the greedy evaluation (the tool
+model's two-call prompt: `x = 6*7`, then `print(x)`) answers from the second call's output, which only a session
+can give."""
 
 from __future__ import annotations
 
@@ -15,13 +17,16 @@ import pytest
 import yaml
 
 from tests.support.compose_episode import GROUP_SIZE, PROMPTS_PER_STEP, STEPS, TRAINER, episode_files
+from tests.support.tool_model import STATE_PROMPT, TOOL_RESULT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_grpo_up_runs_episodes_whose_tool_calls_run_in_the_sandbox(tmp_path: Path) -> None:
     model, folder = episode_files(tmp_path)
-    trainer = {**TRAINER, "model": str(model), "train_data": "train.jsonl", "eval_data": "eval.jsonl"}
+    trainer = {**TRAINER, "model": str(model), "train_data": "train.jsonl", "eval_data": "eval.jsonl",
+               "python_session": True}  # fmt: skip
+    (folder / "eval.jsonl").write_text((json.dumps({"prompt": STATE_PROMPT, "gold": TOOL_RESULT}) + "\n") * 2)
     stack = {"run_id": "episodes", "rollout": {"model": str(model), "torch_threads": 1}, "trainer": trainer}
     (folder / "stack.yaml").write_text(yaml.safe_dump(stack, sort_keys=False))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
@@ -43,6 +48,6 @@ def test_grpo_up_runs_episodes_whose_tool_calls_run_in_the_sandbox(tmp_path: Pat
     assert succeeded >= 0.5 * sum(calls), steps
     evals = [r for r in rows if "eval/tool_calls_mean" in r]
     assert evals, rows
-    for r in evals:  # greedy: print(6*7) ran, printed 42, and the model answered from <output>42</output>
-        assert (r["eval/tool_calls_mean"], r["eval/tool_success_rate"], r["eval/accuracy"]) == (1.0, 1.0, 1.0), r
+    for r in evals:  # greedy: x = 6*7 ran, then print(x) printed 42, and the model answered from <output>42</output>
+        assert (r["eval/tool_calls_mean"], r["eval/tool_success_rate"], r["eval/accuracy"]) == (2.0, 1.0, 1.0), r
     assert rows[-1]["tasks/balanced"] == 1.0, rows[-1]

@@ -52,6 +52,8 @@ def episode_task(task_id: str, prompt: str, *, n: int = 2, max_new_tokens: int =
 TASKS = [
     episode_task("tool", tm.TOOL_PROMPT),
     episode_task("error", tm.ERROR_PROMPT, n=1),
+    episode_task("session", tm.STATE_PROMPT, n=2, python_session=True),  # the second call sees the first's x
+    episode_task("no_session", tm.STATE_PROMPT, n=1),
     episode_task("unknown", tm.TOOL_PROMPT, n=1, tools=["echo"], max_turns=2),
     episode_task("turns", tm.TOOL_PROMPT, n=1, max_turns=1),
     episode_task("calls", tm.TOOL_PROMPT, n=1, max_tool_calls=0),
@@ -189,6 +191,26 @@ def test_a_probe_of_episodes_that_agree_ends_the_group(groups: dict[str, Any], t
     for sample in group.samples:
         check_episode(sample, ids, mask)
         assert sample.reward == 1.0 and sample.episode.tool_calls == 1
+
+
+def test_a_python_session_carries_state_from_call_to_call(groups: dict[str, Any], tokenizer: Any) -> None:
+    """python_session: the second call prints the x the first set (as a notebook's cells); without it each call is
+    a fresh program and the second one's result is a NameError."""
+    first, second = (f"<code>{code}</code>" for code in tm.STATE_CALLS)
+    ids, mask = expected(tokenizer, [(first, True), ("<output></output>", False), (second, True),
+                                     ("<output>42</output>", False), ("<answer>42</answer>", True),
+                                     ("EOS", True)])  # fmt: skip
+    assert groups["session"].status == "ok" and len(groups["session"].samples) == 2
+    for sample in groups["session"].samples:
+        check_episode(sample, ids, mask)
+        e = sample.episode
+        assert (e.turns, e.tool_calls, e.tool_errors, e.end) == (3, 2, 0, "answer")
+        assert sample.reward == 1.0
+    (alone,) = groups["no_session"].samples
+    head, _ = expected(tokenizer, [(first, True), ("<output></output>", False), (second, True),
+                                   ("<output>Error: NameError: name 'x' is not defined</output>", False)])  # fmt: skip
+    assert list(alone.completion.token_ids[: len(head)]) == head
+    assert alone.episode.tool_errors == 1
 
 
 def test_a_failing_program_is_a_result_the_model_sees(groups: dict[str, Any], tokenizer: Any) -> None:

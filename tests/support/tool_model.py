@@ -1,9 +1,11 @@
-"""A tiny model that uses the python tool: the built-in tiny Qwen2, fine-tuned in seconds on three fixed episodes.
+"""A tiny model that uses the python tool: the built-in tiny Qwen2, fine-tuned in seconds on four fixed episodes.
 
 Greedy decoding, with the episode runner feeding tool results back as tokens, gives:
 
 * TOOL_PROMPT (tagged): ``<code>print(6*7)</code>``; after ``<output>42</output>``: ``<answer>42</answer>`` + EOS.
 * ERROR_PROMPT (tagged): ``<code>print(6/0)</code>``; after the error result: ``<answer>none</answer>`` + EOS.
+* STATE_PROMPT (tagged): ``<code>x = 6*7</code>``; after ``<output></output>``: ``<code>print(x)</code>``; after
+  ``<output>42</output>`` (a python session's answer; a fresh program's is a NameError): ``<answer>42</answer>`` + EOS.
 * CHAT_PROMPT (chat): ``<tool_call>\\n{"name": "python", "arguments": {"code": "print(6*7)"}}\\n</tool_call>`` + EOS;
   after the chat template's tool message: ``<answer>42</answer>`` + EOS.
 
@@ -35,12 +37,14 @@ ERROR_CODE, ERROR_RESULT, ERROR_ANSWER = (
     "Error: ZeroDivisionError: division by zero",
     "<answer>none</answer>",
 )
+STATE_PROMPT = "Set x to 6 * 7, then print x. Use python.\n"
+STATE_CALLS = ("x = 6*7", "print(x)")
 CHAT_PROMPT = "Compute 6 * 7 with a tool call.\n"
 CHAT_CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(6*7)"}}\n</tool_call>'
 
 RECIPE: dict[str, Any] = {
-    "version": 1,
-    "steps": 80,
+    "version": 2,
+    "steps": 120,
     "lr": 3e-3,
     "seed": 0,
     "tiny": recipe_hash(),
@@ -49,7 +53,7 @@ RECIPE: dict[str, Any] = {
 
 
 def episodes(tokenizer: Any) -> list[tuple[str, list[tuple[str, bool]]]]:
-    """(prompt, [(segment text, trained?)]) of the three training episodes; EOS is added after the last segment
+    """(prompt, [(segment text, trained?)]) of the four training episodes; EOS is added after the last segment
     (and after the chat call, which ends its turn)."""
     eos = tokenizer.eos_token
     return [
@@ -57,6 +61,9 @@ def episodes(tokenizer: Any) -> list[tuple[str, list[tuple[str, bool]]]]:
                        (TOOL_ANSWER + eos, True)]),
         (ERROR_PROMPT, [(f"<code>{ERROR_CODE}</code>", True), (render_tagged_result(ERROR_RESULT), False),
                         (ERROR_ANSWER + eos, True)]),
+        (STATE_PROMPT, [(f"<code>{STATE_CALLS[0]}</code>", True), (render_tagged_result(""), False),
+                        (f"<code>{STATE_CALLS[1]}</code>", True), (render_tagged_result(TOOL_RESULT), False),
+                        (TOOL_ANSWER + eos, True)]),
         (CHAT_PROMPT, [(CHAT_CALL + eos, True), (render_chat_result(TOOL_RESULT, tokenizer), False),
                        (TOOL_ANSWER + eos, True)]),
     ]  # fmt: skip

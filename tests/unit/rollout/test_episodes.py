@@ -131,6 +131,7 @@ def test_a_stop_between_turns_abandons_the_batch(service: RolloutService) -> Non
         ({"max_tool_calls": -1}, "must be >= 0"),
         ({"tool_timeout_s": -1.0}, "tool_timeout_s and tool_memory_mb must be >= 0"),
         ({"tool_memory_mb": 8}, "episode.tool_memory_mb 8 is under the sandbox's 16 MB"),
+        ({"python_session": True, "tools": ["echo"]}, "episode.python_session needs the 'python' tool"),
     ],
 )
 def test_bad_rules_name_the_field(changes: dict[str, Any], message: str) -> None:

@@ -45,6 +45,7 @@ def test_tools_make_every_task_an_episode(data: Path) -> None:
         assert (ep.max_total_tokens, ep.max_tool_output_chars, ep.tool_timeout_s, ep.tool_memory_mb) == (
             96, 200, 2.5, 256)  # fmt: skip
         assert task.sampling.max_new_tokens == 32  # each turn's limit
+        assert not ep.python_session  # each call a fresh program, unless asked
     explicit = parse_settings(["--train-data", str(data), "--tools", '["python"]', "--max-tool-calls", "0",
                                "--max-episode-tokens", "50"])  # fmt: skip
     ep = build_task(row, "t", 0, task_spec(explicit, resolve_algo(explicit))).episode
@@ -65,6 +66,14 @@ def test_the_episode_budget_is_the_length_budget(data: Path) -> None:
     with pytest.raises(DataError, match="leave no room for max_episode_tokens 64 in the model's context of 70"):
         fit_prompts(rows, lambda row: 10, s, context=70)
     assert fit_prompts(rows, lambda row: 10, s, context=74)[1] == 10
+
+
+def test_python_session_is_carried_and_needs_the_python_tool(data: Path) -> None:
+    s = parse_settings(["--train-data", str(data), "--tools", '["python"]', "--python-session"])
+    assert build_task(load_rows(data)[0], "t", 0, task_spec(s, resolve_algo(s))).episode.python_session
+    for tools in ("[]", '["echo"]'):
+        with pytest.raises(ValidationError, match=r"python_session shares state .* has no python: add python to tools"):
+            parse_settings(["--train-data", str(data), "--tools", tools, "--python-session"])
 
 
 @pytest.mark.parametrize("preset", ["prm", "vineppo"])

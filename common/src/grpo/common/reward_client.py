@@ -125,6 +125,7 @@ class RewardClient:
         timeout_s: float | None = None,
         memory_mb: int | None = None,
         return_output_bytes: int | None = None,
+        read_back: Sequence[str] = (),
     ) -> pb.ExecuteResponse:
         """Run one program in the reward service's sandbox (the Execute rpc, retried as `score` is).
 
@@ -141,6 +142,7 @@ class RewardClient:
             request.memory_mb = memory_mb
         if return_output_bytes is not None:
             request.return_output_bytes = return_output_bytes
+        request.read_back.extend(read_back)
         return self._call(self.stub.Execute, request, "Execute", extra_s=IDLE_FACTOR_MAX * (timeout_s or 0.0))  # type: ignore[no-any-return]
 
     def close(self) -> None:

@@ -52,7 +52,7 @@ class ProbeSpec(_message.Message):
     def __init__(self, size: _Optional[int] = ..., on: _Optional[str] = ...) -> None: ...
 
 class EpisodeSpec(_message.Message):
-    __slots__ = ("tools", "tool_format", "max_turns", "max_tool_calls", "max_total_tokens", "max_tool_output_chars", "tool_timeout_s", "tool_memory_mb")
+    __slots__ = ("tools", "tool_format", "max_turns", "max_tool_calls", "max_total_tokens", "max_tool_output_chars", "tool_timeout_s", "tool_memory_mb", "python_session")
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_FORMAT_FIELD_NUMBER: _ClassVar[int]
     MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class EpisodeSpec(_message.Message):
     MAX_TOOL_OUTPUT_CHARS_FIELD_NUMBER: _ClassVar[int]
     TOOL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     TOOL_MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_SESSION_FIELD_NUMBER: _ClassVar[int]
     tools: _containers.RepeatedScalarFieldContainer[str]
     tool_format: str
     max_turns: int
@@ -69,7 +70,8 @@ class EpisodeSpec(_message.Message):
     max_tool_output_chars: int
     tool_timeout_s: float
     tool_memory_mb: int
-    def __init__(self, tools: _Optional[_Iterable[str]] = ..., tool_format: _Optional[str] = ..., max_turns: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_tool_output_chars: _Optional[int] = ..., tool_timeout_s: _Optional[float] = ..., tool_memory_mb: _Optional[int] = ...) -> None: ...
+    python_session: bool
+    def __init__(self, tools: _Optional[_Iterable[str]] = ..., tool_format: _Optional[str] = ..., max_turns: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_tool_output_chars: _Optional[int] = ..., tool_timeout_s: _Optional[float] = ..., tool_memory_mb: _Optional[int] = ..., python_session: _Optional[bool] = ...) -> None: ...
 
 class EpisodeStats(_message.Message):
     __slots__ = ("turns", "tool_calls", "tool_errors", "tool_timeouts", "malformed_calls", "end", "tool_s")

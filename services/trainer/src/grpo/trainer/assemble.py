@@ -72,6 +72,7 @@ def episode_rules(settings: TrainerSettings) -> queue_pb2.EpisodeSpec | None:
         max_tool_output_chars=settings.tool_output_chars,
         tool_timeout_s=settings.tool_timeout_s,
         tool_memory_mb=settings.tool_memory_mb,
+        python_session=settings.python_session,
     )
 
 

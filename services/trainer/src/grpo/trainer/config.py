@@ -188,6 +188,10 @@ class TrainerSettings(ServiceSettings):
     """A tool result longer than this keeps its head and tail (` … ` between) before it is appended."""
     tool_memory_mb: int = Field(0, ge=0)
     """Memory limit of one python tool call (0: the reward service's default)."""
+    python_session: bool = False
+    """An episode's python calls share their state, as a notebook's cells do: each call runs after the episode's
+    earlier calls, replayed with their output hidden (python's `random` seeded, so that they draw the same again;
+    a call that ran past a limit is not replayed). False: each call is a fresh program."""
     overlong_prompts: Literal["error", "drop"] = "error"
     """A prompt whose tokens plus max_new_tokens exceed the model's context fails every time it is sampled: refuse
     the run naming its row (`error`), or leave such rows out, counted in the log (`drop`)."""

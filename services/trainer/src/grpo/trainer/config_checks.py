@@ -59,6 +59,9 @@ def check_algorithm(settings: TrainerSettings) -> None:
         )
     if settings.tools:
         check_tools(settings, algo.credit)
+    if settings.python_session and "python" not in settings.tools:
+        raise ValueError(f"python_session shares state between an episode's python calls; tools {settings.tools} "
+                         "has no python: add python to tools, or drop python_session")  # fmt: skip
     check_probe(settings, algo)
     if algo.refill_zero_variance and not algo.skip_zero_variance:
         raise ValueError(

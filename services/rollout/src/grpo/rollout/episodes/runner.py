@@ -208,7 +208,7 @@ class EpisodeRunner:
         limit = rules.limits.timeout_s
         python = isinstance(self.tools.get(call.name), PythonTool)
         deadline = None if python else time.monotonic() + limit
-        return _InFlight(e, self.pool.submit(self._call, call, rules), deadline, limit)
+        return _InFlight(e, self.pool.submit(self._call, call, rules, e), deadline, limit)
 
     def _collect(self, in_flight: list[_InFlight], rules: Rules) -> list[Episode]:
         """Answer the calls that have finished (or are past their deadline), taking them out of `in_flight`; the
@@ -265,15 +265,19 @@ class EpisodeRunner:
         if len(ids) >= room:
             e.end("max_total_tokens", "length")
 
-    def _call(self, call: ToolCall, rules: Rules) -> tuple[ToolResult, float, float]:
+    def _call(self, call: ToolCall, rules: Rules, e: Episode) -> tuple[ToolResult, float, float]:
+        """Run one call (on the pool: an episode has one call at a time, so its session is this thread's alone)."""
         started = time.monotonic()
+        tool = self.tools.get(call.name)
         if call.error is not None:
             result = ToolResult(error_text(call.error), error=True, malformed=True)
-        elif call.name not in rules.tools or call.name not in self.tools:
+        elif call.name not in rules.tools or tool is None:
             known = ", ".join(rules.tools) or "none"
             result = ToolResult(error_text(f"unknown tool {call.name!r} (tools: {known})"), error=True, malformed=True)
+        elif rules.python_session and isinstance(tool, PythonTool):
+            result = tool(call.arguments, rules.limits, e.session)
         else:
-            result = self.tools[call.name](call.arguments, rules.limits)
+            result = tool(call.arguments, rules.limits)
         finished = time.monotonic()
         return result, finished - started, finished
 

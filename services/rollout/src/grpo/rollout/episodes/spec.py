@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 from grpo.common.tool_formats import CHAT_STOPS, FORMATS, TAGGED, TAGGED_STOP
-from grpo.rollout.episodes.tools import Limits
+from grpo.rollout.episodes.tools import PYTHON, Limits, PythonSession
 from grpo.v1 import queue_pb2
 
 DEFAULT_TOOL_TIMEOUT_S = 5.0
@@ -23,6 +23,7 @@ class Rules:
     max_tool_calls: int
     max_total_tokens: int
     limits: Limits
+    python_session: bool = False  # an episode's python calls share their state (tools.PythonSession)
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -46,9 +47,13 @@ def episode_rules(spec: queue_pb2.EpisodeSpec, max_new_tokens: int, known_tools:
     if unknown:
         raise ValueError(f"episode.tools names {unknown}, which this replica does not have (it has "
                          f"{sorted(known_tools)}; plug-ins come from the rollout's tool_plugins setting)")  # fmt: skip
+    if spec.python_session and PYTHON not in spec.tools:
+        raise ValueError(
+            f"episode.python_session needs the {PYTHON!r} tool in episode.tools (it has {list(spec.tools)})"
+        )
     limits = Limits(spec.tool_timeout_s or DEFAULT_TOOL_TIMEOUT_S, spec.tool_memory_mb, spec.max_tool_output_chars)
     total = spec.max_total_tokens or spec.max_turns * max_new_tokens
-    return Rules(tuple(spec.tools), fmt, spec.max_turns, spec.max_tool_calls, total, limits)
+    return Rules(tuple(spec.tools), fmt, spec.max_turns, spec.max_tool_calls, total, limits, spec.python_session)
 
 
 def episode_seed(seed: int, task: int, episode: int, turn: int) -> int:
@@ -70,6 +75,7 @@ class Episode:
     stats: queue_pb2.EpisodeStats = field(default_factory=queue_pb2.EpisodeStats)
     answer: str = ""  # the model's last turn, less any tool call in it: what the reward scores
     answer_start: int = 0  # where that turn's tokens begin in token_ids
+    session: PythonSession = field(default_factory=PythonSession)  # its python calls so far, for python_session
     finish_reason: str = "stop"
     text: str = ""  # the whole episode decoded, once it has ended
 

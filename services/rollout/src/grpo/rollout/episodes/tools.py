@@ -1,7 +1,8 @@
 """The tools an episode may call: the built-in `python` (the reward service's sandbox) and user plug-ins.
 
 A tool takes the call's arguments and the episode's limits and returns a ToolResult: the text the model will see
-and how the call went. A program's own failure (an exception, its timeout) is a result; a failure of our
+and how the call went. With `python_session` the episode's python calls share their state, as a notebook's cells
+do: each call runs after the episode's earlier calls, replayed with their output hidden (`session_program`). A program's own failure (an exception, its timeout) is a result; a failure of our
 infrastructure (the reward service unreachable after its client's retries, its sandbox broken) raises
 ToolInfrastructureError, so the batch fails instead of showing the model an error it did not cause.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from grpo.common.plugins import import_function
@@ -50,27 +51,102 @@ class Tool(Protocol):
 
 Execute = Callable[..., reward_pb2.ExecuteResponse]  # RewardClient.execute
 
+# A call whose program ended so is replayed by the calls after it: it ran to its end or to its exception (whose
+# state up to it stays, as in a notebook). A call past a limit is not: replayed, it would fail every later call.
+_REPLAYED = frozenset({"ok", "runtime_error"})
+# Written by a session program when its new call has returned to it (normally, by an exception or sys.exit) and read
+# back: a call that left by os._exit or a signal never did, and replayed it would end every later call silently.
+ENDED_FILE = ".grpo-call-ended"
+SESSION_SEED = 0  # python's `random` is seeded so, in a session: a replayed call draws what it drew the first time
+
+# The program of a call in a session. Earlier calls run first, in the program's own namespace (`__main__`), with
+# stdout and stderr sent to /dev/null at the descriptor level (a subprocess's output too); an exception of theirs
+# was shown when they ran, and is passed over. The call then runs as it would alone: its exception ends the program
+# with a traceback whose last line is the exception, as a plain run's.
+SESSION_PROGRAM = """\
+def __grpo_session(earlier, code, seed):
+    import os, random, sys
+    space, ended = globals(), os.path.abspath({ended!r})
+    del space["__grpo_session"]
+    random.seed(seed)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved, null = (os.dup(1), os.dup(2)), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    try:
+        for number, source in enumerate(earlier, 1):
+            try:
+                exec(compile(source, f"<call {{number}}>", "exec"), space)
+            except BaseException:
+                pass
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+    try:
+        exec(compile(code, f"<call {{len(earlier) + 1}}>", "exec"), space)
+    finally:
+        open(ended, "w").close()
+
+
+__grpo_session({earlier!r}, {code!r}, {seed!r})
+"""
+
+
+def session_program(earlier: list[str], code: str, seed: int = SESSION_SEED) -> str:
+    """The program that runs `code` after the `earlier` calls of its session, whose output is hidden."""
+    return SESSION_PROGRAM.format(earlier=earlier, code=code, seed=seed, ended=ENDED_FILE)
+
+
+@dataclass
+class PythonSession:
+    """One episode's python state: the calls to replay, and the CPU seconds the last replayed program took, which
+    the next call's time limit adds to the episode's tool_timeout_s (twice over: replaying is not free of noise),
+    so that replaying the earlier calls never counts against the new one."""
+
+    calls: list[str] = field(default_factory=list)
+    replay_cpu_s: float = 0.0
+
+    def after(self, code: str, response: reward_pb2.ExecuteResponse) -> None:
+        """Keep `code` for the calls after it, if it ended so that replaying it is safe."""
+        if response.status in _REPLAYED and ENDED_FILE in response.files:
+            self.calls.append(code)
+            self.replay_cpu_s = response.cpu_s
+
 
 class PythonTool:
-    """Runs `arguments["code"]` in the reward service's sandbox through its Execute rpc (RewardClient.execute)."""
+    """Runs `arguments["code"]` in the reward service's sandbox through its Execute rpc (RewardClient.execute);
+    with a `session`, after that session's earlier calls (see PythonSession)."""
 
     def __init__(self, execute: Execute) -> None:
         self.execute = execute
 
-    def __call__(self, arguments: Mapping[str, Any], limits: Limits) -> ToolResult:
+    def __call__(
+        self, arguments: Mapping[str, Any], limits: Limits, session: PythonSession | None = None
+    ) -> ToolResult:
         code = arguments.get("code")
         if not isinstance(code, str) or not code.strip():
             return ToolResult(error_text('python takes {"code": "<python source>"}'), error=True, malformed=True)
         # Enough bytes for the head and tail the cut keeps (a character is at most 4 bytes), with a margin.
         output_bytes = max(4 * limits.output_chars + 1024, 4096) if limits.output_chars > 0 else None
+        program, timeout_s = code, limits.timeout_s
+        read_back: tuple[str, ...] = ()
+        if session is not None:
+            program, read_back = session_program(session.calls, code), (ENDED_FILE,)
+            timeout_s += 2 * session.replay_cpu_s
         try:
-            response = self.execute(
-                code, timeout_s=limits.timeout_s, memory_mb=limits.memory_mb or None, return_output_bytes=output_bytes
-            )
+            response = self.execute(program, timeout_s=timeout_s, memory_mb=limits.memory_mb or None,
+                                    return_output_bytes=output_bytes, read_back=read_back)  # fmt: skip
         except RewardServiceError as exc:
             raise ToolInfrastructureError(f"python tool: reward service: {exc}") from exc
         if response.status == "sandbox_error":  # the sandbox broke, not the program
             raise ToolInfrastructureError(f"python tool: sandbox error: {response.stderr.strip()[-500:]}")
+        if session is not None:
+            session.after(code, response)
         return ToolResult(
             result_text(response, limits.timeout_s), error=response.status != "ok", timeout=response.status == "timeout"
         )
