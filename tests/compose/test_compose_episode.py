@@ -3,8 +3,9 @@
 Needs a Docker engine with the images built (`make test-compose` builds them first). An override file mounts a
 tiny model that calls the python tool (tests/support/tool_model.py: `<code>print(6*7)</code>`, then
 `<answer>42</answer>` after the result) into rollout and trainer, and runs the trainer on a config with
-`tools: [python]` for two GRPO steps. The checks: the trainer exits 0, its metrics show episodes of two turns
-whose one tool call each succeeded and whose answer was right, and the reward service's own counter shows the
+`tools: [python]` and `python_session: true` for two GRPO steps. The checks: the trainer exits 0, its metrics show
+evaluation episodes of three turns whose two tool calls (the second printing what the first set) succeeded and
+whose answer was right, and the reward service's own counter shows the
 calls were executed by its sandbox over gRPC (Execute), the path the chart's NetworkPolicies keep open.
 """
 
@@ -68,8 +69,8 @@ def test_an_episode_calls_the_python_tool_in_the_reward_sandbox(stack: Stack) ->
     evals = [r for r in rows if "eval/tool_calls_mean" in r]
     steps = [r for r in rows if "rollout/tool_calls_mean" in r]
     assert len(evals) == 2 and len(steps) == STEPS, rows  # before GRPO and at its last step; every step
-    for r in evals:  # greedy: print(6*7) ran and printed 42; the model read <output>42</output> and answered
-        assert (r["eval/tool_calls_mean"], r["eval/tool_success_rate"], r["eval/turns_mean"]) == (1.0, 1.0, 2.0), r
+    for r in evals:  # greedy, a python session: x = 6*7, then print(x) printed 42; the model read it and answered
+        assert (r["eval/tool_calls_mean"], r["eval/tool_success_rate"], r["eval/turns_mean"]) == (2.0, 1.0, 3.0), r
         assert r["eval/accuracy"] == 1.0 and r["eval/episode_end/answer"] == 1.0, r
         assert r["eval/env_token_share"] > 0.0, r  # the result's tokens are in the episode (masked out of the loss)
     for r in steps:  # sampled at T=1: most episodes call the tool; a sampled program may fail (the model sees why)

@@ -17,16 +17,13 @@ import pytest
 import yaml
 
 from tests.support.compose_episode import GROUP_SIZE, PROMPTS_PER_STEP, STEPS, TRAINER, episode_files
-from tests.support.tool_model import STATE_PROMPT, TOOL_RESULT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_grpo_up_runs_episodes_whose_tool_calls_run_in_the_sandbox(tmp_path: Path) -> None:
     model, folder = episode_files(tmp_path)
-    trainer = {**TRAINER, "model": str(model), "train_data": "train.jsonl", "eval_data": "eval.jsonl",
-               "python_session": True}  # fmt: skip
-    (folder / "eval.jsonl").write_text((json.dumps({"prompt": STATE_PROMPT, "gold": TOOL_RESULT}) + "\n") * 2)
+    trainer = {**TRAINER, "model": str(model), "train_data": "train.jsonl", "eval_data": "eval.jsonl"}
     stack = {"run_id": "episodes", "rollout": {"model": str(model), "torch_threads": 1}, "trainer": trainer}
     (folder / "stack.yaml").write_text(yaml.safe_dump(stack, sort_keys=False))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}

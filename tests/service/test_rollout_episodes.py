@@ -17,7 +17,7 @@ import torch
 
 from grpo.common.queue import RunQueue, connect
 from grpo.common.tiny_model import cache_root
-from grpo.common.tool_formats import render_chat_result, render_tagged_result
+from grpo.common.tool_formats import render_chat_result, render_markdown_result, render_tagged_result
 from grpo.local.redis_server import RedisServer
 from grpo.rollout.engines.hf import HFEngine
 from grpo.rollout.service import RolloutService
@@ -60,10 +60,11 @@ TASKS = [
     episode_task("total", tm.TOOL_PROMPT, n=1, max_total_tokens=26),  # 21 for the call, 5 of its output
     episode_task("turn_length", tm.TOOL_PROMPT, n=1, max_new_tokens=5),
     episode_task("chat", tm.CHAT_PROMPT, n=1, tool_format="chat", max_new_tokens=80),
-    episode_task("seeded", tm.TOOL_PROMPT, n=3, temperature=1.0, seed=7),
+    episode_task("markdown", tm.MARKDOWN_PROMPT, n=1, tool_format="markdown", max_new_tokens=48),
+    episode_task("seeded", tm.TOOL_PROMPT, n=3, temperature=2.0, seed=7),  # T=2: the sharp tool model still differs
     # Another batch (its rules differ in a way that changes nothing here), where it is again the first task: the
     # seeds of a task's episodes come from (seed, its index in the batch, the episode's index, the turn).
-    episode_task("seeded_again", tm.TOOL_PROMPT, n=3, temperature=1.0, seed=7, max_tool_output_chars=201),
+    episode_task("seeded_again", tm.TOOL_PROMPT, n=3, temperature=2.0, seed=7, max_tool_output_chars=201),
     # adaptive group size: 2 episodes of 4 first; greedy, they agree, so the group ends at the probe
     episode_task("probed", tm.TOOL_PROMPT, n=4, probe=queue_pb2.ProbeSpec(size=2, on="reward")),
 ]
@@ -279,6 +280,21 @@ def test_chat_format_episode(groups: dict[str, Any], tokenizer: Any) -> None:
     assert sample.reward == 1.0
 
 
+def markdown_episode(tokenizer: Any) -> tuple[list[int], list[int]]:
+    return expected(tokenizer, [(tm.MARKDOWN_CALL, True), (render_markdown_result("42"), False),
+                                ("<answer>42</answer>", True), ("EOS", True)])  # fmt: skip
+
+
+def test_markdown_format_episode(groups: dict[str, Any], tokenizer: Any, model_path: Path) -> None:
+    """The turn stops at ```output; the last ```python block runs; its result and a closing fence follow."""
+    (sample,) = groups["markdown"].samples
+    ids, mask = markdown_episode(tokenizer)
+    check_episode(sample, ids, mask, reference_logprobs(model_path, list(groups["markdown"].prompt_token_ids), ids))
+    assert sample.completion.text == tm.MARKDOWN_CALL + "\n42\n```\n<answer>42</answer>"
+    assert (sample.episode.turns, sample.episode.tool_calls, sample.episode.tool_errors) == (2, 1, 0)
+    assert sample.reward == 1.0
+
+
 def test_seeded_episodes_are_reproducible(groups: dict[str, Any]) -> None:
     first, again = groups["seeded"], groups["seeded_again"]
     assert first.status == again.status == "ok"
@@ -306,7 +322,7 @@ def test_the_same_episodes_through_vllm(
     run = "episodes-vllm"
     queue = RunQueue(connect(redis_server.url), run)
     queue.ensure_groups()
-    tasks = [t for t in TASKS if t.task_id in ("tool", "error", "chat")]
+    tasks = [t for t in TASKS if t.task_id in ("tool", "error", "chat", "markdown")]
     queue.publish_tasks(tasks)
     args = ("--engine", "vllm", "--model", str(model_path), "--redis-url", redis_server.url, "--reward-addr",
             reward_service.grpc_addr, "--replica-id", "vllm1", "--advertise-host", "127.0.0.1")  # fmt: skip
@@ -331,3 +347,4 @@ def test_the_same_episodes_through_vllm(
     ids, mask = expected(tokenizer, [(tm.CHAT_CALL, True), ("EOS", True), (render_chat_result("42", tokenizer), False),
                                      ("<answer>42</answer>", True), ("EOS", True)])  # fmt: skip
     check_episode(found["chat"].samples[0], ids, mask)
+    check_episode(found["markdown"].samples[0], *markdown_episode(tokenizer))

@@ -1,5 +1,5 @@
 """The compose episode test's files (tests/compose/test_compose_episode.py): the tool model and a trainer config
-with `tools: [python]`, mounted into the containers by a compose override. Kept here so that a unit test can check
+with `tools: [python]` and `python_session: true`, mounted into the containers by a compose override. Kept here so that a unit test can check
 the override and the config without Docker (tests/unit/deploy/test_deploy_tools.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from grpo.common.tiny_model import cache_root
-from tests.support.tool_model import TOOL_PROMPT, TOOL_RESULT, tool_model_path
+from tests.support.tool_model import STATE_PROMPT, TOOL_PROMPT, TOOL_RESULT, tool_model_path
 
 STEPS, PROMPTS_PER_STEP, GROUP_SIZE = 2, 2, 4
 TRAINER: dict[str, object] = {  # the trainer's config inside its container (the folder below is mounted at /episode)
@@ -31,6 +31,7 @@ TRAINER: dict[str, object] = {  # the trainer's config inside its container (the
     "tool_format": "tagged",
     "max_turns": 3,
     "tool_timeout_s": 5.0,
+    "python_session": True,  # evaluation asks for x set in one call and printed in the next
     "eval_every": STEPS,
     "eval_size": 4,
     "checkpoint_every": STEPS,
@@ -54,7 +55,8 @@ def episode_files(root: Path) -> tuple[Path, Path]:
     folder.mkdir()
     row = json.dumps({"prompt": TOOL_PROMPT, "gold": TOOL_RESULT})
     (folder / "train.jsonl").write_text((row + "\n") * 8)
-    (folder / "eval.jsonl").write_text((row + "\n") * 2)
+    # two calls, the second printing what the first set: only a python session answers it
+    (folder / "eval.jsonl").write_text((json.dumps({"prompt": STATE_PROMPT, "gold": TOOL_RESULT}) + "\n") * 2)
     (folder / "trainer.yaml").write_text(yaml.safe_dump(TRAINER, sort_keys=False))
     for path in [folder, *folder.iterdir()]:
         path.chmod(0o755 if path.is_dir() else 0o644)

@@ -1,4 +1,4 @@
-"""A tiny model that uses the python tool: the built-in tiny Qwen2, fine-tuned in seconds on four fixed episodes.
+"""A tiny model that uses the python tool: the built-in tiny Qwen2, fine-tuned in seconds on five fixed episodes.
 
 Greedy decoding, with the episode runner feeding tool results back as tokens, gives:
 
@@ -6,6 +6,8 @@ Greedy decoding, with the episode runner feeding tool results back as tokens, gi
 * ERROR_PROMPT (tagged): ``<code>print(6/0)</code>``; after the error result: ``<answer>none</answer>`` + EOS.
 * STATE_PROMPT (tagged): ``<code>x = 6*7</code>``; after ``<output></output>``: ``<code>print(x)</code>``; after
   ``<output>42</output>`` (a python session's answer; a fresh program's is a NameError): ``<answer>42</answer>`` + EOS.
+* MARKDOWN_PROMPT (markdown): ``MARKDOWN_CALL`` (a ```python block, then ```output); after the result and its closing
+  fence: ``<answer>42</answer>`` + EOS.
 * CHAT_PROMPT (chat): ``<tool_call>\\n{"name": "python", "arguments": {"code": "print(6*7)"}}\\n</tool_call>`` + EOS;
   after the chat template's tool message: ``<answer>42</answer>`` + EOS.
 
@@ -24,7 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from grpo.common.tiny_model import recipe_hash
-from grpo.common.tool_formats import QWEN_TOOL_MESSAGE, render_chat_result, render_tagged_result
+from grpo.common.tool_formats import (
+    QWEN_TOOL_MESSAGE,
+    render_chat_result,
+    render_markdown_result,
+    render_tagged_result,
+)
 from tests.support.trained_model import fit, trained_once
 
 log = logging.getLogger(__name__)
@@ -39,11 +46,13 @@ ERROR_CODE, ERROR_RESULT, ERROR_ANSWER = (
 )
 STATE_PROMPT = "Set x to 6 * 7, then print x. Use python.\n"
 STATE_CALLS = ("x = 6*7", "print(x)")
+MARKDOWN_PROMPT = "What is 6 * 7? Use a python block.\n"
+MARKDOWN_CALL = "```python\nprint(6*7)\n```\n```output"
 CHAT_PROMPT = "Compute 6 * 7 with a tool call.\n"
 CHAT_CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(6*7)"}}\n</tool_call>'
 
 RECIPE: dict[str, Any] = {
-    "version": 2,
+    "version": 3,
     "steps": 120,
     "lr": 3e-3,
     "seed": 0,
@@ -53,7 +62,7 @@ RECIPE: dict[str, Any] = {
 
 
 def episodes(tokenizer: Any) -> list[tuple[str, list[tuple[str, bool]]]]:
-    """(prompt, [(segment text, trained?)]) of the four training episodes; EOS is added after the last segment
+    """(prompt, [(segment text, trained?)]) of the five training episodes; EOS is added after the last segment
     (and after the chat call, which ends its turn)."""
     eos = tokenizer.eos_token
     return [
@@ -64,6 +73,8 @@ def episodes(tokenizer: Any) -> list[tuple[str, list[tuple[str, bool]]]]:
         (STATE_PROMPT, [(f"<code>{STATE_CALLS[0]}</code>", True), (render_tagged_result(""), False),
                         (f"<code>{STATE_CALLS[1]}</code>", True), (render_tagged_result(TOOL_RESULT), False),
                         (TOOL_ANSWER + eos, True)]),
+        (MARKDOWN_PROMPT, [(MARKDOWN_CALL, True), (render_markdown_result(TOOL_RESULT), False),
+                           (TOOL_ANSWER + eos, True)]),
         (CHAT_PROMPT, [(CHAT_CALL + eos, True), (render_chat_result(TOOL_RESULT, tokenizer), False),
                        (TOOL_ANSWER + eos, True)]),
     ]  # fmt: skip

@@ -15,10 +15,13 @@ from grpo.common.tool_formats import (
     cut_result,
     error_text,
     parse_chat,
+    parse_markdown,
     parse_tagged,
     render_chat_result,
+    render_markdown_result,
     render_tagged_result,
     result_text,
+    turn_stops,
     without_calls,
 )
 from grpo.v1 import reward_pb2
@@ -67,12 +70,51 @@ def test_empty_code_is_a_malformed_call(turn: str) -> None:
         ("<tool_call>{oops}</tool_call> The answer is 7.", "chat", " The answer is 7."),  # a malformed call too
         ('<tool_call>{"code": "x = 3"}</tool_call>a<tool_call>{"code": "x = 4"}</tool_call>b', "chat", "ab"),
         ('Let me compute.<tool_call>{"name": "python", "arguments": {"code": "x = 15282', "chat", "Let me compute."),
+        ("Check:\n```python\nprint(4821*317 - 1528257)\n```\n```output", "markdown", "Check:\n"),
+        ("Computing:\n```python\nans = 1528257\nprint(an", "markdown", "Computing:\n"),  # cut off by a limit
+        ("The answer is 42.", "markdown", "The answer is 42."),
     ],
 )
 def test_a_turn_without_its_calls_keeps_everything_but_the_code(turn: str, fmt: str, left: str) -> None:
     """What an episode that ends on a turn other than an answer is scored on: the code of a call that was never
     run, or that a limit cut off, is no answer (its number was read as one and paid by the math check)."""
     assert without_calls(turn, fmt) == left
+
+
+@pytest.mark.parametrize(
+    ("turn", "code"),
+    [
+        ("```python\nprint(6*7)\n```\n```output", "print(6*7)\n"),
+        ("Let me check.\n```python\nx = 6*7\nprint(x)\n```\n```output\n  ", "x = 6*7\nprint(x)\n"),
+        ("```py\nprint(1)\n```\n```output", "print(1)\n"),
+        ("```python\nprint(1)\n```output", "print(1)"),  # the block's closing fence left out
+        ("```python\nprint(1)\n```\nthen\n```python\nprint(2)\n```\n```output", "print(2)\n"),  # the last block
+    ],
+)
+def test_markdown_call_is_the_last_python_block_before_output(turn: str, code: str) -> None:
+    call = parse_markdown(turn)
+    assert call is not None and call.error is None and call.name == "python"
+    assert call.arguments == {"code": code}
+    assert turn_stops("markdown") == ("```output",)
+
+
+@pytest.mark.parametrize(
+    ("turn", "result"),
+    [
+        ("The answer is 42.", None),
+        ("```python\nprint(1)\n```\nSo 1.", None),  # code the model never asked to run: part of its answer
+        ("So:\n```output", "no ```python block before ```output"),
+        ("```python\n  \n```\n```output", "empty code block"),
+    ],
+)
+def test_markdown_turns_that_are_answers_or_malformed(turn: str, result: str | None) -> None:
+    call = parse_markdown(turn)
+    assert (call.error if call is not None else None) == result
+    assert (call is None) == (result is None)
+
+
+def test_markdown_result_closes_the_output_block() -> None:
+    assert render_markdown_result("42") == "\n42\n```\n"
 
 
 def test_tagged_result_is_exactly_output_tags() -> None:

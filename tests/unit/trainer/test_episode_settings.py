@@ -68,9 +68,13 @@ def test_the_episode_budget_is_the_length_budget(data: Path) -> None:
     assert fit_prompts(rows, lambda row: 10, s, context=74)[1] == 10
 
 
-def test_python_session_is_carried_and_needs_the_python_tool(data: Path) -> None:
-    s = parse_settings(["--train-data", str(data), "--tools", '["python"]', "--python-session"])
-    assert build_task(load_rows(data)[0], "t", 0, task_spec(s, resolve_algo(s))).episode.python_session
+def test_python_session_and_the_markdown_format_are_carried(data: Path) -> None:
+    s = parse_settings(["--train-data", str(data), "--tools", '["python"]', "--python-session", "--tool-format",
+                        "markdown"])  # fmt: skip
+    episode = build_task(load_rows(data)[0], "t", 0, task_spec(s, resolve_algo(s))).episode
+    assert episode.python_session and episode.tool_format == "markdown"
+    with pytest.raises(ValidationError, match="tool_format"):
+        parse_settings(["--train-data", str(data), "--tools", '["python"]', "--tool-format", "fenced"])
     for tools in ("[]", '["echo"]'):
         with pytest.raises(ValidationError, match=r"python_session shares state .* has no python: add python to tools"):
             parse_settings(["--train-data", str(data), "--tools", tools, "--python-session"])

@@ -1,12 +1,15 @@
 """Tool-call syntax of multi-turn episodes: parsing a model turn, and the exact text the environment answers with.
 
-Two formats (EpisodeSpec.tool_format, docs/multi-turn.md):
+Three formats (EpisodeSpec.tool_format, docs/multi-turn.md):
 
 * ``tagged`` (the tiny model): the model writes ``<code>`` + python source + ``</code>``; the turn stops at
   ``</code>`` (TAGGED_STOP); the environment appends ``<output>`` + result + ``</output>``.
 * ``chat`` (Hermes / Qwen2.5): the model writes ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``
   and ends its turn with its EOS token; the result goes back as the chat template's tool message, followed by the
   generation prompt of the next assistant turn.
+* ``markdown`` (tool-integrated reasoning as Qwen2.5-Math-Instruct, ToRA and ToRL write it): the model writes a
+  ```` ```python ```` block, closes it and opens ```` ```output ````; the turn stops there (MARKDOWN_STOP); the
+  environment appends ``\\n`` + result + ``\\n```\\n``.
 
 Pure: no torch; a tokenizer, where one is needed, is anything with ``apply_chat_template`` (transformers).
 
@@ -27,12 +30,15 @@ from typing import Any
 
 TAGGED = "tagged"
 CHAT = "chat"
-FORMATS = (TAGGED, CHAT)
+MARKDOWN = "markdown"
+FORMATS = (TAGGED, CHAT, MARKDOWN)
 
 TAGGED_STOP = "</code>"
 """The stop string of a tagged turn: generation stops once the model closes its code block."""
 CHAT_STOPS: tuple[str, ...] = ()
 """A chat turn stops at the model's EOS token (which the engines always stop at): no stop string."""
+MARKDOWN_STOP = "```output"
+"""The stop string of a markdown turn: the model has closed its python block and asks for the output."""
 CUT_MARK = "..."
 """What stands for the middle of a result cut by `cut_result`. ASCII: a tokenizer without a token for "…" (the
 demo's character tokenizer) would drop it, and the model would see the head and tail run together."""
@@ -44,6 +50,8 @@ QWEN_TOOL_MESSAGE = "\n<|im_start|>user\n<tool_response>\n{result}\n</tool_respo
 _CODE_OPEN = "<code>"
 _FENCE = re.compile(r"\A\s*```[A-Za-z0-9_+-]*[ \t]*\n(?P<body>.*?)\n?[ \t]*```\s*\Z", re.DOTALL)
 _TOOL_CALL = re.compile(r"<tool_call>(?P<body>.*?)</tool_call>", re.DOTALL)
+_PYTHON_OPEN = "```py"  # ```python or ```py, as models write either
+_PYTHON_FENCE = re.compile(r"```(?:python3?|py)[ \t]*\n")
 
 
 @dataclass(frozen=True)
@@ -188,8 +196,12 @@ def without_calls(turn_text: str, tool_format: str) -> str:
     'It is 42. '
     >>> without_calls('Sure.<tool_call>{"name": "python", "arguments": {"code": "x = 15', CHAT)
     'Sure.'
+    >>> without_calls("It is 42.\\n```python\\nprint(6*7)\\n```\\n```output", MARKDOWN)
+    'It is 42.\\n'
     """
-    opener, closer = (_CODE_OPEN, TAGGED_STOP) if tool_format == TAGGED else ("<tool_call>", "</tool_call>")
+    opener, closer = {TAGGED: (_CODE_OPEN, TAGGED_STOP), MARKDOWN: (_PYTHON_OPEN, MARKDOWN_STOP)}.get(
+        tool_format, ("<tool_call>", "</tool_call>")
+    )
     kept, at = [], 0
     while (start := turn_text.find(opener, at)) >= 0:
         kept.append(turn_text[at:start])
@@ -198,6 +210,70 @@ def without_calls(turn_text: str, tool_format: str) -> str:
             return "".join(kept)
         at = end + len(closer)
     return "".join(kept) + turn_text[at:]
+
+
+# ---- markdown (Qwen2.5-Math TIR, ToRA, ToRL) ---------------------------------------------------------------------
+
+
+def parse_markdown(turn_text: str) -> ToolCall | None:
+    """The ``python`` call of a markdown turn: the LAST ```` ```python ```` block before the ```` ```output ```` that
+    ends the turn (trailing whitespace allowed); None when the turn ends otherwise (then the turn is the answer).
+
+    The block's closing fence may be missing (```` ```python\\nprint(1)\\n```output ````: the code runs to
+    ```` ```output ````). No python block before ```` ```output ````, or empty code, is a malformed call.
+
+    >>> parse_markdown("Let me compute.\\n```python\\nprint(6*7)\\n```\\n```output").arguments["code"]
+    'print(6*7)\\n'
+    >>> parse_markdown("```output").error
+    'no ```python block before ```output'
+    >>> parse_markdown("The answer is 42.") is None
+    True
+    """
+    body = turn_text.rstrip()
+    if not body.endswith(MARKDOWN_STOP):
+        return None
+    before = body[: -len(MARKDOWN_STOP)].rstrip()
+    opened = list(_PYTHON_FENCE.finditer(before))
+    if not opened:
+        return ToolCall("python", {}, body, error="no ```python block before ```output")
+    start = opened[-1]
+    code = before[start.end() :]
+    code = code[:-3] if code.endswith("```") else code
+    if not code.strip():
+        return ToolCall("python", {"code": code}, body[start.start() :], error="empty code block")
+    return ToolCall("python", {"code": code}, body[start.start() :])
+
+
+def render_markdown_result(result: str) -> str:
+    """The environment's answer to a markdown call, after the model's ```` ```output ````: ``\\n`` + result +
+    ``\\n```\\n`` (the output block, closed, and the line after it)."""
+    return f"\n{result}\n```\n"
+
+
+# ---- the three formats alike ------------------------------------------------------------------------------------
+
+
+def parse_call(turn_text: str, tool_format: str) -> ToolCall | None:
+    """The tool call that ends a turn written in `tool_format`, or None (the turn is the answer)."""
+    if tool_format == TAGGED:
+        return parse_tagged(turn_text)
+    if tool_format == MARKDOWN:
+        return parse_markdown(turn_text)
+    return parse_chat(turn_text)
+
+
+def render_result(result: str, tool_format: str, tokenizer: Any = None) -> str:
+    """The environment's text for a call's `result` in `tool_format` (chat: through `tokenizer`'s template)."""
+    if tool_format == TAGGED:
+        return render_tagged_result(result)
+    if tool_format == MARKDOWN:
+        return render_markdown_result(result)
+    return render_chat_result(result, tokenizer)
+
+
+def turn_stops(tool_format: str) -> tuple[str, ...]:
+    """The stop strings that end a turn on its tool call in `tool_format`."""
+    return {TAGGED: (TAGGED_STOP,), MARKDOWN: (MARKDOWN_STOP,)}.get(tool_format, CHAT_STOPS)
 
 
 # ---- results ----------------------------------------------------------------------------------------------------

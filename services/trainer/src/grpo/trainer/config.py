@@ -169,10 +169,11 @@ class TrainerSettings(ServiceSettings):
     Non-empty: every task, training and evaluation, is a multi-turn episode (docs/multi-turn.md): the model acts, a
     tool's result is appended as tokens it did not sample (never trained on), until it answers without a call or a
     limit ends the episode; the reward scores its final answer. Empty: one completion per sample."""
-    tool_format: Literal["tagged", "chat"] = "tagged"
-    """How the model calls a tool: `tagged` (`<code>…</code>`, answered with `<output>…</output>`; any model) or
+    tool_format: Literal["tagged", "chat", "markdown"] = "tagged"
+    """How the model calls a tool: `tagged` (`<code>…</code>`, answered with `<output>…</output>`; any model),
     `chat` (the chat template's `<tool_call>` JSON and tool messages, Qwen/Hermes style; needs a tokenizer with a chat
-    template and apply_chat_template: true)."""
+    template and apply_chat_template: true) or `markdown` (a ```python block, then ```output, answered with the
+    result and a closing fence: Qwen2.5-Math-Instruct's tool-integrated reasoning, ToRA, ToRL)."""
     max_turns: int = Field(4, ge=1)
     """Model turns per episode at most (the last one must answer: a call in it ends the episode unrun)."""
     max_tool_calls: int | None = Field(None, ge=0)

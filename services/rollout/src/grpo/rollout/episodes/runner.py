@@ -29,17 +29,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
 
-from grpo.common.tool_formats import (
-    TAGGED,
-    ToolCall,
-    cut_result,
-    error_text,
-    parse_chat,
-    parse_tagged,
-    render_chat_result,
-    render_tagged_result,
-    without_calls,
-)
+from grpo.common.tool_formats import ToolCall, cut_result, error_text, parse_call, render_result, without_calls
 from grpo.rollout.engines.base import PromptOutput, Sample, SamplingParams
 from grpo.rollout.episodes.spec import Episode, Rules, episode_seed
 from grpo.rollout.episodes.tools import PythonTool, Tool, ToolResult
@@ -179,7 +169,7 @@ class EpisodeRunner:
         e.stats.turns += 1
         e.answer = self.decode(tokens) if cut else sample.text
         full = len(e.token_ids) >= rules.max_total_tokens
-        call = parse_tagged(e.answer) if rules.tool_format == TAGGED else parse_chat(e.answer)
+        call = parse_call(e.answer, rules.tool_format)
         stopped = cut or sample.finish_reason == "length"
         if call is not None or stopped:
             # Code is never the answer: should the episode end on this turn (a limit, or the call's result filling
@@ -256,9 +246,7 @@ class EpisodeRunner:
         e.stats.malformed_calls += result.malformed
         e.stats.tool_s += seconds
         text = cut_result(result.text, rules.limits.output_chars)
-        rendered = (
-            render_tagged_result(text) if rules.tool_format == TAGGED else render_chat_result(text, self.tokenizer)
-        )
+        rendered = render_result(text, rules.tool_format, self.tokenizer)
         ids = list(self.tokenizer.encode(rendered, add_special_tokens=False))  # encoded once, kept as is
         room = rules.max_total_tokens - len(e.token_ids)
         e.add(ids[:room], None)

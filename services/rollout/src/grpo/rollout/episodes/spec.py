@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from grpo.common.tool_formats import CHAT_STOPS, FORMATS, TAGGED, TAGGED_STOP
+from grpo.common.tool_formats import FORMATS, TAGGED, turn_stops
 from grpo.rollout.episodes.tools import PYTHON, Limits, PythonSession
 from grpo.v1 import queue_pb2
 
@@ -27,7 +27,7 @@ class Rules:
 
     @property
     def stops(self) -> tuple[str, ...]:
-        return (TAGGED_STOP,) if self.tool_format == TAGGED else CHAT_STOPS
+        return turn_stops(self.tool_format)
 
 
 def episode_rules(spec: queue_pb2.EpisodeSpec, max_new_tokens: int, known_tools: set[str]) -> Rules:
