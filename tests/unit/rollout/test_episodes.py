@@ -9,15 +9,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from grpo.common.tiny_model import cache_root
+from grpo.common.tool_formats import ToolCall
 from grpo.rollout.engines.base import PromptOutput, SamplingParams
 from grpo.rollout.engines.hf import HFEngine
 from grpo.rollout.episodes.runner import EpisodeRunner, Interrupted, WeightsChanged
-from grpo.rollout.episodes.spec import Rules, episode_rules, episode_seed
+from grpo.rollout.episodes.spec import Episode, Rules, episode_rules, episode_seed
 from grpo.rollout.episodes.tools import PluginTool, ToolInfrastructureError, ToolResult, load_tools
 from grpo.rollout.service import RolloutService
 from grpo.rollout.settings import RolloutSettings
@@ -155,8 +156,13 @@ def test_episode_seeds_differ_by_every_part_and_repeat() -> None:
 
 
 def test_tool_plugins_are_checked(tmp_path: Path) -> None:
-    tools = load_tools({"echo": "builtins:repr"}, execute=None)
+    tools = load_tools({"echo": "builtins:repr", "notes": "tests.support.notes_tool:notes"}, execute=None)
     assert tools["echo"]({"x": 1}, rules().limits).text == "{'x': 1}"
+    notes, state = tools["notes"], {}
+    assert isinstance(notes, PluginTool) and notes.stateful and not cast(PluginTool, tools["echo"]).stateful
+    assert notes({"write": "a"}, rules().limits, state).text == "noted (1)"
+    assert notes({"read": True}, rules().limits, state).text == "a"
+    assert notes({"read": True}, rules().limits, {}).text == "no notes"  # another episode's state
     with pytest.raises(ValueError, match="cannot import module 'no_such_module'"):
         load_tools({"x": "no_such_module:fn"}, None)
     with pytest.raises(ValueError, match="'builtins' has no callable 'nothing'"):
@@ -373,3 +379,60 @@ def test_the_engine_seeds_each_prompt_apart_from_its_batch(service: RolloutServi
         outputs, _, _ = service.generate(batch, replace(params, seeds=seeds))
         assert outputs[at].samples[0].token_ids == alone.samples[0].token_ids
         assert outputs[at].samples[0].logprobs == pytest.approx(alone.samples[0].logprobs, abs=1e-4)
+
+
+def state_prompt(service: RolloutService) -> list[list[int]]:
+    return [service.tokenizer.encode(tm.STATE_PROMPT, add_special_tokens=False)]
+
+
+def test_a_stateful_plug_in_keeps_one_state_per_episode(service: RolloutService) -> None:
+    """A plug-in with a `state` parameter gets one dict per episode, the same at each of its calls: the tool model's
+    two-call episode (x = 6*7, then print(x)) reads in its second call what its first stored, and no other
+    episode's state."""
+    seen: list[tuple[str, int]] = []
+
+    def notebook(args: dict[str, Any], state: dict[str, Any]) -> str:
+        seen.append((args["code"], id(state)))
+        if args["code"] == "x = 6*7":
+            state["x"] = 42
+            return ""
+        return str(state.get("x", "NameError: name 'x' is not defined"))
+
+    r = runner(service, notebook)
+    batch = r.run(state_prompt(service), rules(), GREEDY)
+    r.close()
+    result = [t for text in ("<output></output>", "<output>42</output>")
+              for t in service.tokenizer.encode(text, add_special_tokens=False)]  # fmt: skip
+    for episode in batch.episodes[0]:
+        assert env_tokens(service, episode) == result
+        assert episode.answer == "<answer>42</answer>" and episode.stats.tool_calls == 2
+    assert [code for code, _ in seen].count("print(x)") == 2
+    states = {}
+    for code, state in seen:
+        states.setdefault(state, []).append(code)
+    assert sorted(states.values()) == [["x = 6*7", "print(x)"]] * 2  # two episodes, a state each, both calls in it
+
+
+def test_a_stateful_plug_in_past_its_deadline_loses_its_state(service: RolloutService) -> None:
+    """A call past tool_timeout_s runs on in its thread and may still change the state: the episode's later calls
+    to that tool are answered with an error saying so, never with a state that may be half-written. (The tool model
+    never calls again after an error, so the runner's own submit and collect drive the two calls here.)"""
+    release = threading.Event()
+
+    def slow_first(args: dict[str, Any], state: dict[str, Any]) -> str:
+        if args["code"] == "slow":
+            release.wait(10)
+            state["x"] = "half-written"
+        return str(state.get("x", "fresh"))
+
+    r = runner(service, slow_first)
+    episode, limits = Episode(0, 0), rules(tool_timeout_s=0.3)
+    in_flight = [r._submit(episode, ToolCall("python", {"code": "slow"}), limits)]
+    r._collect(in_flight, limits)  # past the deadline: answered as timed out while the call runs on
+    release.set()
+    assert episode.stats.tool_timeouts == 1 and not in_flight
+    result, _, _ = r._call(ToolCall("python", {"code": "print(x)"}), limits, episode)
+    r.close()
+    assert result.error and result.text == "Error: python's state is lost: an earlier call ran past 0.3s"
+    fresh, _, _ = r._call(ToolCall("python", {"code": "print(x)"}), limits, Episode(0, 1))  # another episode
+    assert fresh.text == "fresh" and not fresh.error

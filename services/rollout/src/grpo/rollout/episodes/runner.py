@@ -32,7 +32,9 @@ from typing import Any
 from grpo.common.tool_formats import ToolCall, cut_result, error_text, parse_call, render_result, without_calls
 from grpo.rollout.engines.base import PromptOutput, Sample, SamplingParams
 from grpo.rollout.episodes.spec import Episode, Rules, episode_seed
-from grpo.rollout.episodes.tools import PythonTool, Tool, ToolResult
+from grpo.rollout.episodes.tools import PluginTool, PythonTool, Tool, ToolResult
+
+LOST = object()  # an episode's state of a stateful plug-in after one of its calls ran past its deadline
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class _InFlight:
     future: Future[tuple[ToolResult, float, float]]  # (result, seconds it ran, when it finished)
     deadline: float | None
     limit: float
+    tool: str  # the called tool's name
 
 
 class EpisodeRunner:
@@ -198,7 +201,7 @@ class EpisodeRunner:
         limit = rules.limits.timeout_s
         python = isinstance(self.tools.get(call.name), PythonTool)
         deadline = None if python else time.monotonic() + limit
-        return _InFlight(e, self.pool.submit(self._call, call, rules, e), deadline, limit)
+        return _InFlight(e, self.pool.submit(self._call, call, rules, e), deadline, limit, call.name)
 
     def _collect(self, in_flight: list[_InFlight], rules: Rules) -> list[Episode]:
         """Answer the calls that have finished (or are past their deadline), taking them out of `in_flight`; the
@@ -236,9 +239,11 @@ class EpisodeRunner:
         if f.future.done():
             result, seconds, _ = f.future.result()
         else:  # a plug-in past its deadline
-            f.future.cancel()
+            started = not f.future.cancel()
             result = ToolResult(error_text(f"timed out after {f.limit:g}s"), error=True, timeout=True)
             seconds = f.limit
+            if started and f.tool in f.episode.states:  # its thread runs on and may change the state: trust none
+                f.episode.states[f.tool] = LOST
         e = f.episode
         e.stats.tool_calls += 1
         e.stats.tool_errors += result.error
@@ -264,6 +269,13 @@ class EpisodeRunner:
             result = ToolResult(error_text(f"unknown tool {call.name!r} (tools: {known})"), error=True, malformed=True)
         elif rules.python_session and isinstance(tool, PythonTool):
             result = tool(call.arguments, rules.limits, e.session)
+        elif isinstance(tool, PluginTool) and tool.stateful:
+            state = e.states.setdefault(call.name, {})
+            if state is LOST:
+                result = ToolResult(error_text(f"{call.name}'s state is lost: an earlier call ran past "
+                                               f"{rules.limits.timeout_s:g}s"), error=True)  # fmt: skip
+            else:
+                result = tool(call.arguments, rules.limits, state)
         else:
             result = tool(call.arguments, rules.limits)
         finished = time.monotonic()

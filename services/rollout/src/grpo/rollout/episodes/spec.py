@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from grpo.common.tool_formats import FORMATS, TAGGED, turn_stops
 from grpo.rollout.episodes.tools import PYTHON, Limits, PythonSession
@@ -76,6 +77,8 @@ class Episode:
     answer: str = ""  # the model's last turn, less any tool call in it: what the reward scores
     answer_start: int = 0  # where that turn's tokens begin in token_ids
     session: PythonSession = field(default_factory=PythonSession)  # its python calls so far, for python_session
+    # per stateful plug-in (PluginTool.stateful), its state in this episode; LOST after a call past its deadline
+    states: dict[str, Any] = field(default_factory=dict)
     finish_reason: str = "stop"
     text: str = ""  # the whole episode decoded, once it has ended
 

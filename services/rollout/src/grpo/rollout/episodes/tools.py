@@ -9,6 +9,7 @@ ToolInfrastructureError, so the batch fails instead of showing the model an erro
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -153,18 +154,32 @@ class PythonTool:
 
 
 class PluginTool:
-    """A user function `fn(arguments: dict) -> str`; whatever it raises becomes an `Error: ...` result."""
+    """A user function `fn(arguments: dict) -> str`, or `fn(arguments: dict, state: dict) -> str` to keep state
+    across an episode's calls: `state` is one dict per episode (empty at its first call), the same object at every
+    call of that episode, and no other episode's. Whatever it raises becomes an `Error: ...` result."""
 
-    def __init__(self, name: str, fn: Callable[[dict[str, Any]], Any]) -> None:
+    def __init__(self, name: str, fn: Callable[..., Any]) -> None:
         self.name, self.fn = name, fn
+        self.stateful = takes_state(fn)
 
-    def __call__(self, arguments: Mapping[str, Any], limits: Limits) -> ToolResult:
+    def __call__(self, arguments: Mapping[str, Any], limits: Limits, state: dict[str, Any] | None = None) -> ToolResult:
         try:
-            value = self.fn(dict(arguments))
+            value = (
+                self.fn(dict(arguments), {} if state is None else state) if self.stateful else self.fn(dict(arguments))
+            )
         except Exception as exc:  # the plug-in's own failure: the model sees it, as a program's exception
             log.debug("tool %s raised", self.name, exc_info=True)
             return ToolResult(error_text(f"{type(exc).__name__}: {exc}"), error=True)
         return ToolResult(value if isinstance(value, str) else str(value))
+
+
+def takes_state(fn: Callable[..., Any]) -> bool:
+    """Whether a plug-in keeps state: its signature has a parameter named `state` (builtins without a signature
+    do not)."""
+    try:
+        return "state" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def load_tools(plugins: Mapping[str, str], execute: Execute | None) -> dict[str, Tool]:
