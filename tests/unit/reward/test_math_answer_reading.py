@@ -177,6 +177,14 @@ def test_a_gold_with_digits_and_no_math_still_cannot_judge() -> None:
         # \\fbox is a box (math-verify found it only inside `$...$`: the answer was unparseable, 0).
         ("The answer is \\fbox{3}.", "3", "correct"),
         ("\\fbox{4}", "3", "incorrect"),
+        # Spacing and delimiters latex2sympy cannot read, which math-verify's fallback to a number inside used to absorb
+        # (section 17 ends that fallback): `~` is a space, `\\left.` nothing, a leading `\\approx` states the value.
+        ("\\boxed{4~\\text{cm}}", "4", "correct"),  # was incorrect
+        ("\\boxed{5 \\times 10^{3}~\\text{J}}", "5000", "correct"),  # was incorrect
+        ("The answer is $4~\\text{cm}$.", "4", "correct"),
+        ("\\boxed{\\left. 5 \\right.}", "5", "correct"),
+        ("\\boxed{\\approx 5}", "5", "correct"),
+        ("\\boxed{5 ~\\text{cm}}", "6", "incorrect"),
     ],
 )
 def test_notation_is_normalised(answer: str, gold: str, status: str) -> None:
@@ -348,6 +356,10 @@ def test_an_answer_label_in_a_box_is_not_part_of_the_answer(answer: str, gold: s
         ("\\boxed{300}", "3e^{2}", "incorrect"),
         (R("", "2e-1"), "2e - 1", "correct"),
         (R("", "2e-1"), "0.2", "incorrect"),
+        # Alone in a box, too (was 1.2·e·3): a box with more in it keeps Euler's e, as above.
+        ("\\boxed{1.2e3}", "1200", "correct"),  # was incorrect
+        ("\\boxed{1.5e10}", "1.5 \\times 10^{10}", "correct"),  # was incorrect
+        ("\\boxed{1.3e3}", "1200", "incorrect"),
     ],
 )
 def test_scientific_notation_in_plain_text_is_a_number(answer: str, gold: str, status: str) -> None:
@@ -393,4 +405,114 @@ def test_i_is_the_imaginary_unit_against_a_non_real_gold(answer: str, gold: str,
     ],
 )
 def test_a_decimal_is_the_exact_number_it_writes(answer: str, gold: str, status: str) -> None:
+    check(answer, gold, status)
+
+
+# 16. A hedge offers several values for one answer ("either 3 or 4"). math-verify read one of them (the first after
+# "answer is", else the last; `\lor` it could not read at all, so the box's last number), and a hedge was paid whenever
+# that one was the gold: a policy learns to hedge. Each of these was paid for 3 or for 4; now neither. Beside each, the
+# same answer committed to 4, which is still read and paid.
+HEDGES = [
+    ("The answer is either 3 or 4.", "The answer is 4."),
+    ("The answer is 3 or 4.", "The answer is 4."),
+    ("Either 3 or 4.", "4."),
+    ("It's either 3 or 4.", "It's 4."),
+    ("The answer is 3 (or 4).", "The answer is 4 (or 2^2)."),
+    ("The answer is 3, or possibly 4.", "The answer is 4, or equivalently 2^2."),
+    ("3 or possibly 4", "4"),
+    ("3, but possibly 4", "4"),
+    ("Maybe 3, maybe 4.", "Surely 4."),
+    ("3 and/or 4", "4"),
+    ("The answer is 3 and 4.", "The answer is 4 and only 4."),
+    ("The answer is 3, 4.", "The answer is 4."),
+    ("The answer is $3$ (or $4$).", "The answer is $4$."),
+    ("$3$ or possibly $4$", "$4$"),
+    ("\\boxed{3}, or possibly 4", "\\boxed{4}, or 2^2"),
+    ("The answer is 3 or \\boxed{4}", "The answer is \\boxed{4}"),
+    ("\\boxed{3 \\lor 4}", "\\boxed{4}"),
+    ("\\boxed{3 \\vee 4}", "\\boxed{4}"),
+    ("\\boxed{3 \\quad \\lor \\quad 4}", "\\boxed{\\quad 4}"),
+    ("$3 \\lor 4$", "$4$"),
+    ("\\[3 \\vee 4\\]", "\\[4\\]"),
+    ("So the answer is 3 \\lor 4", "So the answer is 4"),
+    ("x = 3 \\lor x = 4", "x = 4"),
+    ("\\boxed{x = 3 \\lor x = 4}", "\\boxed{x = 4}"),
+    ("The answer is x = 3 or x = 4.", "The answer is x = 4."),
+    ("\\boxed{3\\text{ (or 4)}}", "\\boxed{4\\text{ (or 2^2)}}"),
+    ("\\boxed{3 \\text{ (or } 4\\text{)}}", "\\boxed{4 \\text{ (or } 2^2\\text{)}}"),
+    ("\\boxed{3\\ (\\text{or}\\ 4)}", "\\boxed{4}"),
+    ("\\boxed{3 ~\\text{or}~ 4}", "\\boxed{~4}"),
+    ("\\boxed{3 \\operatorname{or} 4}", "\\boxed{4}"),
+]
+
+
+@pytest.mark.parametrize(("answer", "committed"), HEDGES)
+def test_a_hedge_is_wrong_whichever_of_its_values_is_the_gold(answer: str, committed: str) -> None:
+    for completion in (answer, R("", answer)):
+        check(completion, "3", "incorrect")
+        check(completion, "4", "incorrect")
+    check(committed, "4", "correct")
+    check(R("", committed), "4", "correct")
+    check(committed, "3", "incorrect")
+
+
+# A hedge is read as the set of its values, so a gold that is that set or disjunction still matches it. One value said
+# twice, or values named before the answer, are no hedge; nor is a logic formula (`p \lor q`, compared as written).
+@pytest.mark.parametrize(
+    ("answer", "gold", "status"),
+    [
+        ("The answer is 3 or 4.", "3, 4", "correct"),  # was incorrect (3)
+        ("The answer is either 3 or 4.", "\\{3,4\\}", "correct"),  # was incorrect
+        ("The roots are 3 and 4.", "3, 4", "correct"),  # was incorrect (4)
+        ("\\boxed{3 \\lor 4}", "3, 4", "correct"),  # was incorrect
+        ("\\boxed{x = 3 \\lor x = 4}", "x=3 \\text{ or } x=4", "correct"),  # was incorrect
+        ("The answer is x = 3 or x = 4.", "x=3 \\text{ or } x=4", "correct"),  # was incorrect
+        ("\\boxed{\\text{either } 3 \\text{ or } 4}", "3, 4", "correct"),  # was incorrect
+        ("\\boxed{3 \\text{ or } 4}", "3 \\lor 4", "correct"),  # was unparseable_gold
+        ("\\boxed{x=3 \\text{ or } x=4}", "x=3 \\text{ or } x=4", "correct"),
+        ("\\boxed{3 \\lor 4}", "3 \\lor 4", "correct"),
+        ("\\boxed{3, 4}", "3, 4", "correct"),
+        ("\\boxed{\\{3,4\\}}", "\\{3,4\\}", "correct"),
+        # Not hedges: the answer is one value.
+        ("either way, the answer is 4", "4", "correct"),
+        ("either way, the answer is 4", "3", "incorrect"),
+        ("The answer is 4 (or 2^2).", "4", "correct"),
+        ("The answer is $\\frac12$ (or $0.5$).", "\\frac{1}{2}", "correct"),
+        ("Let n be 3 or 4. Only n=4 works, so the answer is 4.", "4", "correct"),
+        ("\\boxed{2}. It takes 2 or 3 steps.", "2", "correct"),
+        ("The answer is 2 (it takes 2 or 3 steps).", "2", "correct"),
+        ("The answer is 12 and 3 of them are red.", "12", "correct"),
+        # A logic formula keeps its `\lor`, and is compared as written.
+        ("\\boxed{p \\lor q}", "p \\lor q", "correct"),
+        ("\\boxed{\\neg p \\vee q}", "\\neg p \\vee q", "correct"),
+        ("\\boxed{x_1 \\lor x_2}", "x_1 \\lor x_2", "correct"),
+        ("\\boxed{p \\land q}", "p \\lor q", "unparseable_gold"),
+    ],
+)
+def test_a_hedge_is_read_as_the_set_of_its_values(answer: str, gold: str, status: str) -> None:
+    check(answer, gold, status)
+    check(R("", answer), gold, status)
+
+
+# 17. Math that cannot be read as a whole is not read piecemeal: math-verify gave up on `\boxed{3 \mid 4}` and took
+# the last number inside it, so any operator it cannot read between two values was a hedge paid for the second.
+@pytest.mark.parametrize(
+    ("answer", "gold", "status"),
+    [
+        ("\\boxed{3 \\mid 4}", "4", "incorrect"),  # was correct
+        ("\\boxed{3 | 4}", "4", "incorrect"),  # was correct
+        ("\\boxed{3 \\land 4}", "4", "incorrect"),  # was correct
+        ("\\boxed{3 \\wedge 4}", "4", "incorrect"),  # was correct
+        ("\\boxed{3 \\cup 4}", "4", "incorrect"),  # was correct
+        ("\\boxed{3 \\text{ (possibly } 4)}", "4", "incorrect"),  # was correct
+        ("\\boxed{3 \\sqcup 4}", "4", "incorrect"),  # was correct
+        ("\\boxed{2x \\lor 3x}", "3", "incorrect"),  # was correct: the 3 of `3x`
+        ("The answer is $3 \\cup 4$.", "3", "incorrect"),  # was correct: `$3` read as 3 dollars
+        # Readable math around it is still read.
+        ("So we get 5. $\\Box$", "5", "correct"),
+        ("$5$; $\\text{QED}\\,\\Box$", "5", "correct"),
+        ("The answer is $p \\lor q$.", "p \\lor q", "correct"),
+    ],
+)
+def test_a_number_is_not_read_from_inside_math_that_cannot_be_read(answer: str, gold: str, status: str) -> None:
     check(answer, gold, status)

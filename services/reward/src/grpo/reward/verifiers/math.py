@@ -9,6 +9,10 @@ without `$`) is read as LaTeX; plain numbers with thousands separators as number
 numbers (`-2, 1`) as the set of its items, never its last number (the comma rule above `_THOUSANDS`). Scientific
 notation outside math (`1.2e3`, `2.5E-3`) is the number it denotes; in LaTeX `e` stays Euler's (math_text).
 
+A hedge, one answer offering several values ("either 3 or 4", `\\boxed{3 \\lor 4}`, "3 (or 4)"), is read as the set of
+its values, whichever of them math-verify read: it matches a gold that is that set or disjunction, never one value.
+Nor is an answer a number picked out of a box or math span math-verify cannot read (`\\boxed{3 \\mid 4}` was 4).
+
 math-verify compares numbers after rounding (`evalf` + chop), so it calls `1/2^{99}` equal
 to `1/2^{98}` and `1/2004!` equal to `1/2006!`. Every pair it accepts is re-checked here:
 exact rationals are compared exactly, other closed numbers by a relative difference at
@@ -41,7 +45,9 @@ from grpo.reward.verifiers.math_text import (
     answer_region,
     box_end,
     final_answer_sentence,
+    hedge,
     keep_variables,
+    math_spans,
     normalise,
 )
 from grpo.reward.verifiers.math_types import MathOptions, MathVerdict
@@ -85,6 +91,7 @@ _OPERATION = re.compile(
 )
 # `1.2 \\times 10^{3}`, and `10^{16}` alone: how large numbers are written, not a restated question.
 _SCIENTIFIC = re.compile(r"(?:[+-]?\d+(?:\.\d+)?\s*(?:\\times|\\cdot|×|\*)\s*)?10\s*\^\s*\{?\s*[+-]?\d+\s*\}?")
+_HEDGE_VALUES_READ = 16  # a hedge with more values is not parsed as a set (`_hedged`)
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|boxed|fbox)\s*\{([^{}]*)\}")
 
 
@@ -125,8 +132,11 @@ def _prose(text: str) -> bool:
     return bool(_PROSE_WORD.search(words) or _SHORT_PROSE.search(words))
 
 
-def _parse(text: str, options: MathOptions) -> list[Any]:
-    """Parse text that may be bare math (`1-\\frac1{e}`), delimited LaTeX, or prose with an answer in it."""
+def _parse(text: str, options: MathOptions, *, answer: bool = False) -> list[Any]:
+    """Parse text that may be bare math (`1-\\frac1{e}`), delimited LaTeX, or prose with an answer in it.
+
+    An answer (`answer`) is never read from inside math that cannot be read as a whole (`_read_answer`).
+    """
     text = normalise(text)
     if not text:
         return []
@@ -140,7 +150,32 @@ def _parse(text: str, options: MathOptions) -> list[Any]:
         parsed = parse(f"${text}$", [_EXTRACTORS["latex"]], parsing_timeout=None)  # type: ignore[arg-type]
         if parsed:
             return list(parsed)
+    if answer:
+        return _read_answer(text, targets)
     return list(parse(text, targets, parsing_timeout=None))  # type: ignore[arg-type]
+
+
+def _read_answer(text: str, targets: list[Any]) -> list[Any]:
+    """math-verify's reading of an answer, but not a number picked out of a box or math span it cannot read.
+
+    When its first choice fails (`\\boxed{3 \\mid 4}`, `$3 \\cup 4$`), math-verify went on to its plain-number reader,
+    which took the last number inside that box: any unreadable operator between two values was a hedge paid for the
+    second. Such math is blanked out before the rest is read; the failed match stays as text (a `p \\lor q` gold).
+    """
+    first = list(parse(text, targets, parsing_timeout=None, extraction_mode="first_match"))  # type: ignore[arg-type]
+    if _has_math(first):
+        return first
+    rest = list(parse(_without_unreadable_math(text), targets, parsing_timeout=None))  # type: ignore[arg-type]
+    return rest if _has_math(rest) else first
+
+
+def _without_unreadable_math(text: str) -> str:
+    """The text with each box or math span that reads as nothing on its own replaced by spaces (indices unchanged)."""
+    for start, end in math_spans(text):
+        alone = parse(text[start:end], [_EXTRACTORS["latex"]], parsing_timeout=None, extraction_mode="first_match")
+        if not _has_math(list(alone)):
+            text = text[:start] + " " * (end - start) + text[end:]
+    return text
 
 
 def _one_number(text: str, options: MathOptions) -> bool:
@@ -166,10 +201,39 @@ def _parse_answer(region: str, options: MathOptions) -> tuple[list[Any], str]:
     """The answer's parse and the text it came from: a final-answer sentence after the last box, else the region."""
     sentence = final_answer_sentence(region)
     if sentence is not None:
-        parsed = _parse(sentence, options)
+        parsed = _parse(sentence, options, answer=True)
         if _has_math(parsed):  # "the final answer is above": the box stays the answer
             return parsed, sentence
-    return _parse(region, options), region
+    return _parse(region, options, answer=True), region
+
+
+def _hedged(region: str, extracted: str, options: MathOptions) -> tuple[list[Any], str] | None:
+    """The set of values a hedge offers ("either 3 or 4") and its text, when the answer read is one of them; None
+    when there is no hedge, or its values are one value written twice (`4 (or 2^2)`, `$\\frac12$ (or $0.5$)`).
+
+    Read as that set, a hedge matches a gold that is the same set or disjunction (`3, 4`, `x = 3 \\text{ or } x = 4`),
+    never one of its values.
+    """
+    values = hedge(region, extracted)
+    if values is None or _one_value(values, options):
+        return None
+    offered = ", ".join(values)
+    if len(values) > _HEDGE_VALUES_READ:  # no gold is a set that large: its text only, not thousands of parses
+        return [offered], offered
+    return _parse(offered, options) or [offered], offered
+
+
+def _one_value(values: list[str], options: MathOptions) -> bool:
+    """Whether a hedge's values are one value written several ways; stops at the first that differs."""
+    first = _math(_parse(values[0], options))
+    return first is not None and all(
+        (other := _math(_parse(value, options))) is not None and _pair_correct(first, other, options)
+        for value in values[1:]
+    )
+
+
+def _math(parsed: list[Any]) -> Any:
+    return next((p for p in parsed if not isinstance(p, str)), None)
 
 
 def _closed_number(x: Any) -> bool:
@@ -415,6 +479,9 @@ def verify_math(answer: str, gold: str, options: MathOptions | None = None) -> M
                 "unparseable_answer", False, region[:200], "no final answer could be parsed"
             )
         extracted, gold_text = _extracted(answer_parsed, region), _extracted(gold_parsed, gold)
+        hedged = _hedged(region, extracted, options)
+        if hedged is not None:  # "either 3 or 4": the answer is both values, whichever one was read
+            answer_parsed, extracted = hedged
         by_choice = _choice_correct((gold_text, gold_parsed), (extracted, answer_parsed), options)
         correct = (
             by_choice
