@@ -80,7 +80,7 @@ def test_replaying_does_not_count_against_the_new_calls_limit(tool: PythonTool) 
     session = PythonSession()
     results = run(tool, session, spin, spin, spin, "print(n)", limits=limits)
     assert texts(results) == ["", "", "", "3"], texts(results)
-    assert session.replay_cpu_s > 0.9  # the third call's program: three spins
+    assert session.replay_s > 0.9  # the third call's program: three spins
 
 
 def test_a_replayed_call_draws_the_same_random_numbers(tool: PythonTool) -> None:
@@ -97,3 +97,34 @@ def test_a_session_program_runs_as_main_and_keeps_its_errors_plain(tool: PythonT
     assert texts(results) == ["main", "Error: ZeroDivisionError: division by zero", results[2].text]
     assert results[2].error and "SyntaxError" in results[2].text
     assert "__grpo_session" not in texts(run(tool, session, "print(sorted(k for k in globals() if 'grpo' in k))"))[0]
+
+
+def test_a_call_that_rebinds_builtins_or_breaks_stdout_breaks_only_itself(tool: PythonTool) -> None:
+    """The calls share the namespace the wrapper runs in: `open = sum(xs)` or `len = 3` must not break the wrapper's
+    own open or len, and a call that broke sys.stdout loses only its own output, as in a notebook."""
+    results = run(tool, PythonSession(), "xs = [1, 2, 3]\nopen = sum(xs)\nprint(open)", "len = 3\nprint(len)",
+                  "print(open + len)", "import sys\nsys.stdout = None", "print('after')")  # fmt: skip
+    assert texts(results)[:3] == ["6", "3", "9"], texts(results)
+    assert not any(r.error for r in results), texts(results)
+
+
+def test_an_earlier_calls_atexit_handler_does_not_print_again(tool: PythonTool) -> None:
+    session = PythonSession()
+    first, second = run(tool, session, "import atexit\natexit.register(print, 'bye')", "print('hi')")
+    assert (first.text, second.text) == ("bye", "hi")
+
+
+def test_a_session_too_long_to_run_is_an_error_the_model_sees(tool: PythonTool) -> None:
+    """Each call resends the earlier ones: past the reward service's max_code_chars (200,000) the model is told,
+    instead of the batch failing as if the service were broken."""
+    session = PythonSession()
+    chunk = "x = 1  # " + "#" * 60_000
+    results = run(tool, session, chunk, chunk, chunk, chunk)
+    assert [r.error for r in results] == [False, False, False, True]
+    assert results[3].text.startswith("Error: this call and the session's earlier calls are too long to run (")
+    assert len(session.calls) == 3  # not kept: the next call starts from the three before it
+
+
+def test_the_episodes_of_a_group_draw_their_own_random_numbers(tool: PythonTool) -> None:
+    draws = [run(tool, PythonSession(seed), "import random\nprint(random.random())")[0].text for seed in (1, 2, 1)]
+    assert draws[0] != draws[1] and draws[0] == draws[2]

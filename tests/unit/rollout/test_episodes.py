@@ -431,8 +431,27 @@ def test_a_stateful_plug_in_past_its_deadline_loses_its_state(service: RolloutSe
     r._collect(in_flight, limits)  # past the deadline: answered as timed out while the call runs on
     release.set()
     assert episode.stats.tool_timeouts == 1 and not in_flight
-    result, _, _ = r._call(ToolCall("python", {"code": "print(x)"}), limits, episode)
-    r.close()
+    result = r._submit(episode, ToolCall("python", {"code": "print(x)"}), limits).future.result()[0]
     assert result.error and result.text == "Error: python's state is lost: an earlier call ran past 0.3s"
-    fresh, _, _ = r._call(ToolCall("python", {"code": "print(x)"}), limits, Episode(0, 1))  # another episode
-    assert fresh.text == "fresh" and not fresh.error
+    fresh = r._submit(Episode(0, 1), ToolCall("python", {"code": "print(x)"}), limits).future.result()[0]
+    r.close()
+    assert fresh.text == "fresh" and not fresh.error  # another episode's state
+
+
+def test_a_plug_ins_deadline_counts_from_when_its_call_starts(service: RolloutService) -> None:
+    """Four episodes' 0.3 s calls on one pool thread under a 0.5 s limit: each waits for the ones before it, and
+    none is timed out for that wait (a stateful plug-in would lose its state to it)."""
+
+    def slow(args: dict[str, Any], state: dict[str, Any]) -> str:
+        time.sleep(0.3)
+        return "done"
+
+    r = runner(service, slow, concurrency=1)
+    limits = rules(tool_timeout_s=0.5)
+    episodes = [Episode(0, i) for i in range(4)]
+    in_flight = [r._submit(e, ToolCall("python", {"code": "x"}), limits) for e in episodes]
+    while in_flight:
+        r._collect(in_flight, limits)
+    r.close()
+    assert [e.stats.tool_timeouts for e in episodes] == [0, 0, 0, 0]
+    assert all(e.token_ids for e in episodes)

@@ -73,6 +73,19 @@ def test_empty_code_is_a_malformed_call(turn: str) -> None:
         ("Check:\n```python\nprint(4821*317 - 1528257)\n```\n```output", "markdown", "Check:\n"),
         ("Computing:\n```python\nans = 1528257\nprint(an", "markdown", "Computing:\n"),  # cut off by a limit
         ("The answer is 42.", "markdown", "The answer is 42."),
+        # An answer between two blocks stays; the blocks and ```output go (each block ends at its closing fence).
+        (
+            "```python\nx = 2\n```\nSo the answer is \\boxed{2}.\nCheck:\n```python\nprint(x)\n```\n```output",
+            "markdown",
+            "\nSo the answer is \\boxed{2}.\nCheck:\n",
+        ),
+        (
+            "```python\nx = 2\n```\nSo the answer is \\boxed{2}. Let me think",
+            "markdown",
+            "\nSo the answer is \\boxed{2}. Let me think",
+        ),
+        ("Let me check.\n```python\nprint(4821*317 - 1528257)\n```", "markdown", "Let me check.\n"),
+        ("So:\n```Python\nprint(7)\n```\nDone.", "markdown", "So:\n\nDone."),
     ],
 )
 def test_a_turn_without_its_calls_keeps_everything_but_the_code(turn: str, fmt: str, left: str) -> None:
@@ -89,6 +102,11 @@ def test_a_turn_without_its_calls_keeps_everything_but_the_code(turn: str, fmt: 
         ("```py\nprint(1)\n```\n```output", "print(1)\n"),
         ("```python\nprint(1)\n```output", "print(1)"),  # the block's closing fence left out
         ("```python\nprint(1)\n```\nthen\n```python\nprint(2)\n```\n```output", "print(2)\n"),  # the last block
+        ("```python\nprint(1)\n```\nNow run it:\n```output", "print(1)\n"),  # words after the block: no code
+        ("1. First:\n   ```python\n   x = 1\n   print(x)\n   ```\n```output", "x = 1\nprint(x)\n"),  # indented
+        ("```python\r\nprint(1)\r\n```\r\n```output", "print(1)\n"),  # CRLF
+        ("```Python\nprint(1)\n```\n```output", "print(1)\n"),
+        ("``` python\nprint(1)\n```\n```output", "print(1)\n"),
     ],
 )
 def test_markdown_call_is_the_last_python_block_before_output(turn: str, code: str) -> None:

@@ -50,8 +50,10 @@ QWEN_TOOL_MESSAGE = "\n<|im_start|>user\n<tool_response>\n{result}\n</tool_respo
 _CODE_OPEN = "<code>"
 _FENCE = re.compile(r"\A\s*```[A-Za-z0-9_+-]*[ \t]*\n(?P<body>.*?)\n?[ \t]*```\s*\Z", re.DOTALL)
 _TOOL_CALL = re.compile(r"<tool_call>(?P<body>.*?)</tool_call>", re.DOTALL)
-_PYTHON_OPEN = "```py"  # ```python or ```py, as models write either
-_PYTHON_FENCE = re.compile(r"```(?:python3?|py)[ \t]*\n")
+# A markdown python block opens with ```python (or ```py, ```python3, any case, indented in a list item) and closes
+# at the first line holding only ```; CRLF line ends too.
+_PYTHON_FENCE = re.compile(r"(?P<indent>[ \t]*)```[ \t]*(?:python3?|py)[ \t]*\r?\n", re.IGNORECASE)
+_CLOSING_FENCE = re.compile(r"^[ \t]*```[ \t]*\r?$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -199,9 +201,9 @@ def without_calls(turn_text: str, tool_format: str) -> str:
     >>> without_calls("It is 42.\\n```python\\nprint(6*7)\\n```\\n```output", MARKDOWN)
     'It is 42.\\n'
     """
-    opener, closer = {TAGGED: (_CODE_OPEN, TAGGED_STOP), MARKDOWN: (_PYTHON_OPEN, MARKDOWN_STOP)}.get(
-        tool_format, ("<tool_call>", "</tool_call>")
-    )
+    if tool_format == MARKDOWN:
+        return _without_markdown_calls(turn_text)
+    opener, closer = (_CODE_OPEN, TAGGED_STOP) if tool_format == TAGGED else ("<tool_call>", "</tool_call>")
     kept, at = [], 0
     while (start := turn_text.find(opener, at)) >= 0:
         kept.append(turn_text[at:start])
@@ -232,16 +234,44 @@ def parse_markdown(turn_text: str) -> ToolCall | None:
     body = turn_text.rstrip()
     if not body.endswith(MARKDOWN_STOP):
         return None
-    before = body[: -len(MARKDOWN_STOP)].rstrip()
+    before = body[: -len(MARKDOWN_STOP)]
     opened = list(_PYTHON_FENCE.finditer(before))
     if not opened:
         return ToolCall("python", {}, body, error="no ```python block before ```output")
     start = opened[-1]
-    code = before[start.end() :]
-    code = code[:-3] if code.endswith("```") else code
+    closed = _CLOSING_FENCE.search(before, start.end())  # words between the block and ```output are not code
+    code = before[start.end() : closed.start() if closed else len(before)]
+    if not closed:  # ```output right after the code: a fence left on the last line is no code
+        code = code.rstrip()
+        code = code[:-3] if code.endswith("```") else code
+    code = _dedented(code.replace("\r\n", "\n"), start.group("indent"))
     if not code.strip():
         return ToolCall("python", {"code": code}, body[start.start() :], error="empty code block")
     return ToolCall("python", {"code": code}, body[start.start() :])
+
+
+def _dedented(code: str, indent: str) -> str:
+    """A block's code without the indent its opening fence had (a block in a list item)."""
+    if not indent:
+        return code
+    return "".join(line[len(indent) :] if line.startswith(indent) else line for line in code.splitlines(True))
+
+
+def _without_markdown_calls(turn_text: str) -> str:
+    """A markdown turn less its python blocks (each up to its closing fence, an unclosed one to the end) and the
+    ```output that asked to run one."""
+    kept, at = [], 0
+    while (opened := _PYTHON_FENCE.search(turn_text, at)) is not None:
+        kept.append(turn_text[at : opened.start()])
+        closed = _CLOSING_FENCE.search(turn_text, opened.end())
+        if closed is None:
+            return "".join(kept)
+        at = closed.end()
+    rest, tail = turn_text[at:], turn_text[at:].rstrip()
+    if tail.endswith(MARKDOWN_STOP):  # the request to run the block, and the line break before it
+        rest = tail[: -len(MARKDOWN_STOP)]
+        rest = rest if rest.strip() else ""
+    return "".join(kept) + rest
 
 
 def render_markdown_result(result: str) -> str:

@@ -23,16 +23,25 @@ still out are abandoned), and after `restarts` such starts WeightsChanged (retry
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from grpo.common.tool_formats import ToolCall, cut_result, error_text, parse_call, render_result, without_calls
+from grpo.common.tool_formats import (
+    MARKDOWN,
+    ToolCall,
+    cut_result,
+    error_text,
+    parse_call,
+    render_result,
+    without_calls,
+)
 from grpo.rollout.engines.base import PromptOutput, Sample, SamplingParams
 from grpo.rollout.episodes.spec import Episode, Rules, episode_seed
-from grpo.rollout.episodes.tools import PluginTool, PythonTool, Tool, ToolResult
+from grpo.rollout.episodes.tools import PluginTool, PythonSession, PythonTool, Tool, ToolResult
 
 LOST = object()  # an episode's state of a stateful plug-in after one of its calls ran past its deadline
 
@@ -59,14 +68,20 @@ class EpisodeBatch:
 
 @dataclass(eq=False)  # compared by identity
 class _InFlight:
-    """A tool call sent to the pool; a plug-in's result reads as timed out past `deadline` (None: python, whose
-    sandbox bounds the run itself)."""
+    """A tool call sent to the pool; a plug-in's result reads as timed out `limit` seconds after the call started
+    (not after it was queued: a call waiting for a pool thread is not running late). A python call has no deadline
+    here: its sandbox bounds the run itself."""
 
     episode: Episode
-    future: Future[tuple[ToolResult, float, float]]  # (result, seconds it ran, when it finished)
-    deadline: float | None
     limit: float
     tool: str  # the called tool's name
+    timed: bool  # a plug-in's: past its deadline, its result reads as timed out
+    started: float | None = None  # set by the pool thread when the call starts
+    future: Future[tuple[ToolResult, float, float]] = field(init=False)  # (result, seconds it ran, when it finished)
+
+    @property
+    def deadline(self) -> float | None:
+        return self.started + self.limit if self.timed and self.started is not None else None
 
 
 class EpisodeRunner:
@@ -115,7 +130,10 @@ class EpisodeRunner:
         raise AssertionError("unreachable")
 
     def _run_once(self, prompt_ids: list[list[int]], rules: Rules, params: SamplingParams) -> EpisodeBatch:
-        episodes = [[Episode(t, i) for i in range(params.n)] for t in range(len(prompt_ids))]
+        episodes = [
+            [Episode(t, i, session=PythonSession(session_seed(params.seed, t, i))) for i in range(params.n)]
+            for t in range(len(prompt_ids))
+        ]
         ready = [e for group in episodes for e in group]
         in_flight: list[_InFlight] = []
         version: tuple[int, str] | None = None
@@ -174,10 +192,12 @@ class EpisodeRunner:
         full = len(e.token_ids) >= rules.max_total_tokens
         call = parse_call(e.answer, rules.tool_format)
         stopped = cut or sample.finish_reason == "length"
-        if call is not None or stopped:
+        if call is not None or stopped or rules.tool_format == MARKDOWN:
             # Code is never the answer: should the episode end on this turn (a limit, or the call's result filling
             # the budget), it is scored without its calls, a cut-off one too. Should it go on, the next turn's text
-            # replaces this. (An answer turn is scored as written.)
+            # replaces this. A markdown answer turn may hold python blocks it never ran (its stop is ```output, not
+            # the block's end): they go too (`print(4821*317 - 1528257)` was paid as 1528257). Other answer turns
+            # hold no call and are scored as written.
             e.answer = without_calls(e.answer, rules.tool_format)
         if stopped:
             e.end("max_total_tokens" if full else "length", "length")
@@ -197,11 +217,11 @@ class EpisodeRunner:
 
     def _submit(self, e: Episode, call: ToolCall, rules: Rules) -> _InFlight:
         """Send the call to the pool. The sandbox bounds a python run itself (and its client the rpc); a plug-in
-        gets tool_timeout_s from now, then its result reads as timed out (its thread runs on)."""
-        limit = rules.limits.timeout_s
+        gets tool_timeout_s from when it starts, then its result reads as timed out (its thread runs on)."""
         python = isinstance(self.tools.get(call.name), PythonTool)
-        deadline = None if python else time.monotonic() + limit
-        return _InFlight(e, self.pool.submit(self._call, call, rules, e), deadline, limit, call.name)
+        f = _InFlight(e, rules.limits.timeout_s, call.name, timed=not python)
+        f.future = self.pool.submit(self._call, call, rules, f)
+        return f
 
     def _collect(self, in_flight: list[_InFlight], rules: Rules) -> list[Episode]:
         """Answer the calls that have finished (or are past their deadline), taking them out of `in_flight`; the
@@ -239,10 +259,11 @@ class EpisodeRunner:
         if f.future.done():
             result, seconds, _ = f.future.result()
         else:  # a plug-in past its deadline
-            started = not f.future.cancel()
+            f.future.cancel()  # past a deadline the call has started: this only keeps a finished one's result out
             result = ToolResult(error_text(f"timed out after {f.limit:g}s"), error=True, timeout=True)
             seconds = f.limit
-            if started and f.tool in f.episode.states:  # its thread runs on and may change the state: trust none
+            tool = self.tools.get(f.tool)
+            if isinstance(tool, PluginTool) and tool.stateful:  # its thread runs on and may change the state
                 f.episode.states[f.tool] = LOST
         e = f.episode
         e.stats.tool_calls += 1
@@ -258,9 +279,10 @@ class EpisodeRunner:
         if len(ids) >= room:
             e.end("max_total_tokens", "length")
 
-    def _call(self, call: ToolCall, rules: Rules, e: Episode) -> tuple[ToolResult, float, float]:
+    def _call(self, call: ToolCall, rules: Rules, f: _InFlight) -> tuple[ToolResult, float, float]:
         """Run one call (on the pool: an episode has one call at a time, so its session is this thread's alone)."""
-        started = time.monotonic()
+        started = f.started = time.monotonic()
+        e = f.episode
         tool = self.tools.get(call.name)
         if call.error is not None:
             result = ToolResult(error_text(call.error), error=True, malformed=True)
@@ -280,6 +302,12 @@ class EpisodeRunner:
             result = tool(call.arguments, rules.limits)
         finished = time.monotonic()
         return result, finished - started, finished
+
+
+def session_seed(seed: int | None, task: int, episode: int) -> int:
+    """An episode's python_session seed: from the sampling seed when there is one (as its turns' seeds are), else
+    drawn; either way its own, so that the episodes of a group draw differently."""
+    return episode_seed(seed, task, episode, -1) if seed is not None else random.getrandbits(63)
 
 
 def _finished_at(f: _InFlight, now: float) -> float:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import grpc
+
 from grpo.common.plugins import import_function
 from grpo.common.reward_client import RewardServiceError
 from grpo.common.tool_formats import error_text, result_text
@@ -58,65 +60,76 @@ _REPLAYED = frozenset({"ok", "runtime_error"})
 # Written by a session program when its new call has returned to it (normally, by an exception or sys.exit) and read
 # back: a call that left by os._exit or a signal never did, and replayed it would end every later call silently.
 ENDED_FILE = ".grpo-call-ended"
-SESSION_SEED = 0  # python's `random` is seeded so, in a session: a replayed call draws what it drew the first time
 
 # The program of a call in a session. Earlier calls run first, in the program's own namespace (`__main__`), with
 # stdout and stderr sent to /dev/null at the descriptor level (a subprocess's output too); an exception of theirs
-# was shown when they ran, and is passed over. The call then runs as it would alone: its exception ends the program
-# with a traceback whose last line is the exception, as a plain run's.
+# was shown when they ran, and is passed over, and their atexit handlers are dropped. The call then runs as it would
+# alone: its exception ends the program with a traceback whose last line is the exception, as a plain run's. The
+# wrapper holds its own builtins and modules from before any call runs: the calls write to the namespace it runs in
+# (`open = sum(xs)`, `len = 3` must not break it), and a call that broke sys.stdout breaks only its own output.
 SESSION_PROGRAM = """\
-def __grpo_session(earlier, code, seed):
-    import os, random, sys
-    space, ended = globals(), os.path.abspath({ended!r})
+def __grpo_session(earlier, code, seed, ended):
+    import atexit, os, random, sys
+    space, run, build, numbered, failure = globals(), exec, compile, enumerate, BaseException
+    ended, count, create = os.path.abspath(ended), len(earlier) + 1, open
     del space["__grpo_session"]
+
+    def flush():
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except failure:
+                pass
+
     random.seed(seed)
-    sys.stdout.flush()
-    sys.stderr.flush()
     saved, null = (os.dup(1), os.dup(2)), os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.dup2(null, 2)
     try:
-        for number, source in enumerate(earlier, 1):
+        for number, source in numbered(earlier, 1):
             try:
-                exec(compile(source, f"<call {{number}}>", "exec"), space)
-            except BaseException:
+                run(build(source, f"<call {{number}}>", "exec"), space)
+            except failure:
                 pass
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        flush()
+        atexit._clear()
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
         for fd in (*saved, null):
             os.close(fd)
     try:
-        exec(compile(code, f"<call {{len(earlier) + 1}}>", "exec"), space)
+        run(build(code, f"<call {{count}}>", "exec"), space)
     finally:
-        open(ended, "w").close()
+        create(ended, "w").close()
 
 
-__grpo_session({earlier!r}, {code!r}, {seed!r})
+__grpo_session({earlier!r}, {code!r}, {seed!r}, {ended!r})
 """
 
 
-def session_program(earlier: list[str], code: str, seed: int = SESSION_SEED) -> str:
-    """The program that runs `code` after the `earlier` calls of its session, whose output is hidden."""
+def session_program(earlier: list[str], code: str, seed: int) -> str:
+    """The program that runs `code` after the `earlier` calls of its session, whose output is hidden; python's
+    `random` seeded with `seed` first, so that a replayed call draws what it drew the first time."""
     return SESSION_PROGRAM.format(earlier=earlier, code=code, seed=seed, ended=ENDED_FILE)
 
 
 @dataclass
 class PythonSession:
-    """One episode's python state: the calls to replay, and the CPU seconds the last replayed program took, which
-    the next call's time limit adds to the episode's tool_timeout_s (twice over: replaying is not free of noise),
-    so that replaying the earlier calls never counts against the new one."""
+    """One episode's python state: the calls to replay, the episode's `random` seed (its own: the episodes of a
+    group draw differently, as without a session), and the seconds the last replayed program took (the larger of
+    its CPU and wall time), which the next call's time limit adds to the episode's tool_timeout_s (twice over:
+    replaying is not free of noise), so that replaying the earlier calls does not count against the new one."""
 
+    seed: int = 0
     calls: list[str] = field(default_factory=list)
-    replay_cpu_s: float = 0.0
+    replay_s: float = 0.0
 
     def after(self, code: str, response: reward_pb2.ExecuteResponse) -> None:
         """Keep `code` for the calls after it, if it ended so that replaying it is safe."""
         if response.status in _REPLAYED and ENDED_FILE in response.files:
             self.calls.append(code)
-            self.replay_cpu_s = response.cpu_s
+            self.replay_s = max(response.cpu_s, response.wall_s)
 
 
 class PythonTool:
@@ -137,12 +150,15 @@ class PythonTool:
         program, timeout_s = code, limits.timeout_s
         read_back: tuple[str, ...] = ()
         if session is not None:
-            program, read_back = session_program(session.calls, code), (ENDED_FILE,)
-            timeout_s += 2 * session.replay_cpu_s
+            program, read_back = session_program(session.calls, code, session.seed), (ENDED_FILE,)
+            timeout_s += 2 * session.replay_s
         try:
             response = self.execute(program, timeout_s=timeout_s, memory_mb=limits.memory_mb or None,
                                     return_output_bytes=output_bytes, read_back=read_back)  # fmt: skip
         except RewardServiceError as exc:
+            if exc.code == grpc.StatusCode.INVALID_ARGUMENT and "max_code_chars" in str(exc):  # the model's code
+                what = "this call and the session's earlier calls are" if session is not None else "the program is"
+                return ToolResult(error_text(f"{what} too long to run ({len(program)} characters)"), error=True)
             raise ToolInfrastructureError(f"python tool: reward service: {exc}") from exc
         if response.status == "sandbox_error":  # the sandbox broke, not the program
             raise ToolInfrastructureError(f"python tool: sandbox error: {response.stderr.strip()[-500:]}")
@@ -164,9 +180,10 @@ class PluginTool:
 
     def __call__(self, arguments: Mapping[str, Any], limits: Limits, state: dict[str, Any] | None = None) -> ToolResult:
         try:
-            value = (
-                self.fn(dict(arguments), {} if state is None else state) if self.stateful else self.fn(dict(arguments))
-            )
+            if self.stateful:  # by keyword: `fn(arguments, verbose=False, state=None)` gets it where it asks
+                value = self.fn(dict(arguments), state={} if state is None else state)
+            else:
+                value = self.fn(dict(arguments))
         except Exception as exc:  # the plug-in's own failure: the model sees it, as a program's exception
             log.debug("tool %s raised", self.name, exc_info=True)
             return ToolResult(error_text(f"{type(exc).__name__}: {exc}"), error=True)
