@@ -473,6 +473,9 @@ def test_a_hedge_is_wrong_whichever_of_its_values_is_the_gold(answer: str, commi
         ("\\boxed{3 \\lor 4}", "3 \\lor 4", "correct"),
         ("\\boxed{3, 4}", "3, 4", "correct"),
         ("\\boxed{\\{3,4\\}}", "\\{3,4\\}", "correct"),
+        # Cut off inside its box, a list may go on: no set is stated (a truncated answer is never paid).
+        ("\\boxed{-2, 1", "-2, 1", "incorrect"),
+        ("The answer is \\boxed{3 \\lor 4", "3, 4", "incorrect"),
         # Not hedges: the answer is one value.
         ("either way, the answer is 4", "4", "correct"),
         ("either way, the answer is 4", "3", "incorrect"),

@@ -214,6 +214,8 @@ def _hedged(region: str, extracted: str, options: MathOptions) -> tuple[list[Any
     Read as that set, a hedge matches a gold that is the same set or disjunction (`3, 4`, `x = 3 \\text{ or } x = 4`),
     never one of its values.
     """
+    if _unclosed_box(region):  # cut off inside its box (`\\boxed{-2, 1`): the list may go on, no set is stated
+        return None
     values = hedge(region, extracted)
     if values is None or _one_value(values, options):
         return None
@@ -221,6 +223,19 @@ def _hedged(region: str, extracted: str, options: MathOptions) -> tuple[list[Any
     if len(values) > _HEDGE_VALUES_READ:  # no gold is a set that large: its text only, not thousands of parses
         return [offered], offered
     return _parse(offered, options) or [offered], offered
+
+
+def _unclosed_box(region: str) -> bool:
+    """Whether a box of the region never closes (the text ends inside it)."""
+    for box in BOX_START.finditer(region):
+        depth = 1
+        for char in region[box.end() :]:
+            depth += {"{": 1, "}": -1}.get(char, 0)
+            if not depth:
+                break
+        if depth:
+            return True
+    return False
 
 
 def _one_value(values: list[str], options: MathOptions) -> bool:
