@@ -1,10 +1,13 @@
 """The tools an episode may call: the built-in `python` (the reward service's sandbox) and user plug-ins.
 
 A tool takes the call's arguments and the episode's limits and returns a ToolResult: the text the model will see
-and how the call went. With `python_session` the episode's python calls share their state, as a notebook's cells
-do: each call runs after the episode's earlier calls, replayed with their output hidden (`session_program`). A program's own failure (an exception, its timeout) is a result; a failure of our
+and how the call went. A program's own failure (an exception, its timeout) is a result; a failure of our
 infrastructure (the reward service unreachable after its client's retries, its sandbox broken) raises
 ToolInfrastructureError, so the batch fails instead of showing the model an error it did not cause.
+
+With `python_session` an episode's python calls share their state, as a notebook's cells do: each call runs after
+the episode's earlier calls, replayed with their output hidden (`session_program`). A plug-in with a `state`
+parameter keeps a dict per episode (`PluginTool`).
 """
 
 from __future__ import annotations
