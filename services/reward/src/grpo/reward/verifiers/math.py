@@ -226,14 +226,12 @@ def _hedged(region: str, extracted: str, options: MathOptions) -> tuple[list[Any
 
 
 def _unclosed_box(region: str) -> bool:
-    """Whether a box of the region never closes (the text ends inside it)."""
+    """Whether a box of the region never closes (the text ends inside it): `box_end` reaches the end without the
+    box's own brace, whose closing leaves the braces after the box's opening one short by one."""
     for box in BOX_START.finditer(region):
-        depth = 1
-        for char in region[box.end() :]:
-            depth += {"{": 1, "}": -1}.get(char, 0)
-            if not depth:
-                break
-        if depth:
+        end = box_end(region, box.end())
+        inside = region[box.end() : end]
+        if end == len(region) and inside.count("{") - inside.count("}") != -1:
             return True
     return False
 
